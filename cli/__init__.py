@@ -1,0 +1,1 @@
+"""graphrun.cli."""

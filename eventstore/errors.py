@@ -1,0 +1,60 @@
+"""The root of graphrun's error tree and the errors of the event store.
+
+Every error a user can see derives from :class:`GraphrunError`. It carries a
+message, optionally where it happened (``file:line``, a node id, a run id) and a
+hint that points at the fix; the CLI prints ``str(err)`` as one line on stderr and
+exits with the class's ``exit_code``.
+
+::
+
+    GraphrunError (exit 2)
+    ├── StoreError
+    │   ├── CorruptStoreError         not a graphrun database, or damaged
+    │   ├── UnknownRunError           no run with that id
+    │   ├── ConcurrentAppendError     another writer extended the run first
+    │   └── LeaseHeldError            another live process holds the run
+    ├── (runtime/errors.py adds the graph, template, run and replay errors)
+    └── ...
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class GraphrunError(Exception):
+    """Base of every error graphrun reports to a user."""
+
+    exit_code: ClassVar[int] = 2
+
+    def __init__(self, message: str, *, hint: str | None = None, where: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.where = where
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        if self.hint:
+            text = f"{text} ({self.hint})"
+        return text
+
+
+class StoreError(GraphrunError):
+    """A problem with the event store."""
+
+
+class CorruptStoreError(StoreError):
+    """The database file is damaged or belongs to something else."""
+
+
+class UnknownRunError(StoreError):
+    """No run has the given id."""
+
+
+class ConcurrentAppendError(StoreError):
+    """Another writer appended to the run first: the (run_id, seq) key is taken."""
+
+
+class LeaseHeldError(StoreError):
+    """Another live process is extending the run."""

@@ -1,0 +1,360 @@
+"""Every event graphrun records, as one tagged union.
+
+Events are facts in the past tense, frozen, and only ever gain optional fields
+with defaults (old logs must keep decoding; new readers skip unknown fields).
+Each carries the envelope ``run_id``, ``seq`` (1, 2, 3… per run, no gaps) and
+``ts`` (the wall clock when it was recorded); the JSON tag field is ``type``.
+
+Effect events (``ScriptFinished``, ``LlmCalled``, ``LlmResult``, ``ToolCalled``,
+``RetrievalDone``, ``ChildRunFinished``, ``HumanInputReceived``) record the
+outcome of something non-deterministic *before* the decider uses it; decision
+events (``NodeEntered``, ``NodeCompleted``, ``NodeFailed``, ``Run*``) record what
+the pure decider concluded, and are what replay compares.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+#: Version of the event schema written by this code. Bump it (and add an
+#: upcaster in ``codec.py``) only for a change that is not purely additive.
+SCHEMA_VERSION = 1
+
+
+class EventBase(msgspec.Struct, frozen=True, tag=True, tag_field="type", kw_only=True):
+    """The envelope every event has."""
+
+    run_id: str = ""
+    seq: int = 0
+    ts: float = 0.0
+
+
+# --- run lifecycle -----------------------------------------------------------
+
+
+class RunStarted(EventBase, frozen=True, kw_only=True):
+    """A run began. Holds everything needed to replay it without the files."""
+
+    graph_name: str
+    graph_source: str  # the full graph.yaml text
+    graph_hash: str  # "sha256:<hex>" of graph_source
+    graph_path: str = ""  # where graph.yaml was, for humans and `graphrun test`
+    agent_dir: str = ""
+    initial_state: dict[str, Any] = {}
+    initial_prompt: str = ""
+    parent_run_id: str | None = None
+    parent_node_id: str | None = None
+    started_by: str = ""  # OS user (or --as)
+    host: str = ""
+    forked_from: str | None = None  # run id this run was forked from
+    forked_at: int | None = None  # seq of the source run the fork copies up to
+    graphrun_version: str = ""
+    # Extra files the run depends on (scripts, tools), name -> "sha256:<hex>".
+    files: dict[str, str] = {}
+
+
+class RunResumed(EventBase, frozen=True, kw_only=True):
+    """A process took over a run that was interrupted or waiting."""
+
+    by: str = ""
+    host: str = ""
+    pid: int = 0
+    reason: str = ""  # "resume", "answer", "approve", ...
+
+
+class RunCompleted(EventBase, frozen=True, kw_only=True):
+    """The run reached an end node; ``output`` is the final result."""
+
+    node_id: str
+    output: str
+    duration_ms: float = 0.0
+
+
+class RunFailed(EventBase, frozen=True, kw_only=True):
+    """The run cannot continue."""
+
+    error: str
+    node_id: str | None = None
+    duration_ms: float = 0.0
+
+
+class RunCancelled(EventBase, frozen=True, kw_only=True):
+    """The run was cancelled (by its parent ending, a timeout, or a person)."""
+
+    reason: str
+    by: str = ""
+
+
+# --- node steps (decisions) ----------------------------------------------------
+
+
+class NodeEntered(EventBase, frozen=True, kw_only=True):
+    """The decider routed into a node; ``visit`` counts entries of this node (1-based)."""
+
+    node_id: str
+    node_type: str
+    visit: int
+
+
+class NodeCompleted(EventBase, frozen=True, kw_only=True):
+    """A node finished and routed on.
+
+    ``updates`` are the state keys the node set (explicit ``state_updates`` and
+    structured-output merges). ``merge_effect`` says the node's effect output (a
+    script's JSON object, minus ``_next``) was merged into state first; it is not
+    copied here, so the log records each value once.
+    """
+
+    node_id: str
+    visit: int
+    routed_to: str | None
+    updates: dict[str, Any] = {}
+    merge_effect: bool = False
+    failed: bool = False  # tolerant failure: the node failed but routed on
+    error: str | None = None
+    duration_ms: float = 0.0
+
+
+class NodeFailed(EventBase, frozen=True, kw_only=True):
+    """A node failed and the failure ends the run (no tolerant route)."""
+
+    node_id: str
+    visit: int
+    error: str
+    duration_ms: float = 0.0
+
+
+# --- effects (recorded outcomes) -----------------------------------------------
+
+
+class ScriptFinished(EventBase, frozen=True, kw_only=True):
+    """A script node's process ended (or was killed)."""
+
+    node_id: str
+    visit: int
+    script: str  # path relative to the agent directory
+    script_hash: str = ""  # "sha256:<hex>" of the script file when it ran
+    input_hash: str = ""  # "sha256:<hex>" of the GRAPH_STATE JSON it was given
+    exit_code: int | None = None  # None when killed by timeout / cancellation
+    output: dict[str, Any] | None = None  # stdout parsed, when it was a JSON object
+    stdout: str = ""  # raw stdout, only when it was *not* a JSON object
+    stderr: str = ""
+    duration_ms: float = 0.0
+    timed_out: bool = False
+    error: str | None = None  # why the script counts as failed, if it does
+
+
+class LlmCalled(EventBase, frozen=True, kw_only=True):
+    """One HTTP call to an LLM provider (one attempt of one turn)."""
+
+    node_id: str
+    visit: int
+    purpose: str = "main"  # "main", "extract" (structured-output extractor), "repair"
+    iteration: int = 1  # turn of the tool-call loop
+    attempt: int = 1
+    model: str = ""  # provider:model as resolved
+    url: str = ""
+    request: dict[str, Any] = {}  # the JSON body as sent (never headers or keys)
+    status: int | None = None  # HTTP status
+    response: dict[str, Any] | None = None  # the JSON body received
+    text: str | None = None  # assistant text of this response
+    tool_calls: list[dict[str, Any]] = []  # [{id, name, arguments}]
+    usage: dict[str, Any] = {}
+    latency_ms: float = 0.0
+    error: str | None = None
+    transient: bool = False
+
+
+class ToolCalled(EventBase, frozen=True, kw_only=True):
+    """A tool the model asked for ran (or was refused)."""
+
+    node_id: str
+    visit: int
+    iteration: int = 1
+    call_id: str = ""
+    name: str
+    arguments: str = ""  # JSON text as the model sent it
+    result: str = ""
+    is_error: bool = False
+    duration_ms: float = 0.0
+    source: str = ""  # "tools.sh", "tools.py", "global", "mcp:<server>"
+
+
+class LlmResult(EventBase, frozen=True, kw_only=True):
+    """What an llm node's calls amounted to: the final text, or why it failed.
+
+    ``extracted`` is the structured-output extractor's text when the fast path
+    (the main text parsed as JSON) did not succeed.
+    """
+
+    node_id: str
+    visit: int
+    text: str | None = None
+    error: str | None = None
+    extracted: str | None = None
+    extract_error: str | None = None
+    calls: int = 0
+
+
+class RetrievalDone(EventBase, frozen=True, kw_only=True):
+    """A rag node's retrieval ran; ``result`` is ``{"context": str, "sources": [...]}``."""
+
+    node_id: str
+    visit: int
+    query: str
+    top_k: int | None = None
+    result: dict[str, Any] | None = None
+    hits: list[dict[str, Any]] = []  # [{source, chunk, score}] for inspection
+    error: str | None = None
+    duration_ms: float = 0.0
+
+
+class ChildRunStarted(EventBase, frozen=True, kw_only=True):
+    """An agent node started a child run."""
+
+    node_id: str
+    visit: int
+    child_run_id: str
+    agent: str
+    prompt: str = ""
+
+
+class ChildRunFinished(EventBase, frozen=True, kw_only=True):
+    """A child run ended; ``output`` is its final text."""
+
+    node_id: str
+    visit: int
+    child_run_id: str
+    status: str  # "completed", "failed", "cancelled"
+    output: str | None = None
+    error: str | None = None
+    duration_ms: float = 0.0
+
+
+class HumanInputRequested(EventBase, frozen=True, kw_only=True):
+    """An input or approval node is waiting for a person."""
+
+    node_id: str
+    visit: int
+    kind: str  # "input" or "approval"
+    question: str
+    options: list[str] = []
+    default: str | None = None
+    approvers: list[str] = []
+
+
+class HumanInputReceived(EventBase, frozen=True, kw_only=True):
+    """A person answered. Who, from where, through what, and what they were shown."""
+
+    node_id: str
+    visit: int
+    answer: str
+    by: str  # claimed identity (--as) or the OS user
+    os_user: str = ""
+    host: str = ""
+    channel: str = ""  # "tty", "flag", "approve", "answer", "parent"
+    question: str = ""
+    options: list[str] = []
+
+
+# --- supervisor policies -------------------------------------------------------
+
+
+class TimeoutFired(EventBase, frozen=True, kw_only=True):
+    """A timeout expired: the run's ``settings.timeout`` or a node's own."""
+
+    scope: str  # "run" or "node"
+    timeout_s: float
+    node_id: str | None = None
+
+
+class VisitCapExceeded(EventBase, frozen=True, kw_only=True):
+    """A node was about to be entered more than ``max_loop_iterations`` times."""
+
+    node_id: str
+    visits: int
+    cap: int
+
+
+class ChildCancelled(EventBase, frozen=True, kw_only=True):
+    """The supervisor cancelled a still-running child run."""
+
+    child_run_id: str
+    reason: str
+    node_id: str | None = None
+
+
+Event = (
+    RunStarted
+    | RunResumed
+    | RunCompleted
+    | RunFailed
+    | RunCancelled
+    | NodeEntered
+    | NodeCompleted
+    | NodeFailed
+    | ScriptFinished
+    | LlmCalled
+    | ToolCalled
+    | LlmResult
+    | RetrievalDone
+    | ChildRunStarted
+    | ChildRunFinished
+    | HumanInputRequested
+    | HumanInputReceived
+    | TimeoutFired
+    | VisitCapExceeded
+    | ChildCancelled
+)
+
+EFFECT_TYPES: tuple[type, ...] = (
+    ScriptFinished,
+    LlmCalled,
+    ToolCalled,
+    LlmResult,
+    RetrievalDone,
+    ChildRunStarted,
+    ChildRunFinished,
+    HumanInputReceived,
+)
+DECISION_TYPES: tuple[type, ...] = (
+    NodeEntered,
+    NodeCompleted,
+    NodeFailed,
+    RunCompleted,
+    RunFailed,
+    HumanInputRequested,
+    VisitCapExceeded,
+)
+TERMINAL_TYPES: tuple[type, ...] = (RunCompleted, RunFailed, RunCancelled)
+
+__all__ = [
+    "DECISION_TYPES",
+    "EFFECT_TYPES",
+    "SCHEMA_VERSION",
+    "TERMINAL_TYPES",
+    "ChildCancelled",
+    "ChildRunFinished",
+    "ChildRunStarted",
+    "Event",
+    "EventBase",
+    "HumanInputReceived",
+    "HumanInputRequested",
+    "LlmCalled",
+    "LlmResult",
+    "NodeCompleted",
+    "NodeEntered",
+    "NodeFailed",
+    "RetrievalDone",
+    "RunCancelled",
+    "RunCompleted",
+    "RunFailed",
+    "RunResumed",
+    "RunStarted",
+    "ScriptFinished",
+    "TimeoutFired",
+    "ToolCalled",
+    "VisitCapExceeded",
+]
