@@ -95,3 +95,40 @@ class ListContext:
 
     def record(self, *events: Event) -> None:
         self.events.extend(events)
+
+
+class NodeActor:
+    """Base of the per-node-type actors: ``ask(Execute(task, ctx))`` performs one effect.
+
+    Subclasses set :meth:`perform`. The reply is whatever ``perform`` returns; an
+    exception travels back through the future to the supervisor, which records it
+    as the node's failure (an actor is only ever asked, never told, so no failure
+    is silent).
+    """
+
+    node_type: str = ""
+
+    def perform(self, task: Any, ctx: EffectContext) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} does not perform effects")
+
+
+def start_actor(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """Start a pykka actor whose ``on_receive`` calls ``cls.perform``."""
+    import pykka
+
+    from graphrun.actors.messages import Execute
+
+    class _Actor(pykka.ThreadingActor):  # type: ignore[misc]
+        use_daemon_thread = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.impl = cls(*args, **kwargs)
+
+        def on_receive(self, message: Any) -> Any:
+            if isinstance(message, Execute):
+                return self.impl.perform(message.task, message.ctx)
+            raise TypeError(f"{cls.__name__} got an unexpected message {message!r}")
+
+    _Actor.__name__ = _Actor.__qualname__ = cls.__name__
+    return _Actor.start()

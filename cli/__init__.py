@@ -1,1 +1,104 @@
-"""graphrun.cli."""
+"""The ``graphrun`` command: a lazy click group of thin commands.
+
+Command modules are imported only when their command runs, so ``graphrun --help``
+stays fast. Every :class:`GraphrunError` becomes one line on stderr and its
+exit code here, in one place; nothing else reaches the user as a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from graphrun.eventstore.errors import GraphrunError
+
+# command name -> (module, function, one-line help shown in `graphrun --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": ("run", "run_cmd", "Run a graph agent."),
+    "resume": ("run", "resume_cmd", "Continue an interrupted or waiting run."),
+    "approve": ("run", "approve_cmd", "Answer a waiting approval node and continue the run."),
+    "answer": ("run", "answer_cmd", "Answer a waiting input node and continue the run."),
+    "cancel": ("run", "cancel_cmd", "Cancel a run that is waiting or interrupted."),
+    "validate": ("replay", "validate_cmd", "Check a graph against every rule of the spec."),
+    "replay": ("replay", "replay_cmd", "Re-drive a recorded run and check it decides the same."),
+    "test": ("replay", "test_cmd", "Replay every recorded run in replays/ (or PATHs)."),
+    "runs": ("inspect", "runs_cmd", "List runs."),
+    "show": ("inspect", "show_cmd", "Show a run's state and path, at any point."),
+    "events": ("inspect", "events_cmd", "Print a run's event log."),
+    "audit": ("inspect", "audit_cmd", "Who decided what, and when; verify the hash chain."),
+    "diff": ("inspect", "diff_cmd", "Where two runs part ways."),
+    "fork": ("run", "fork_cmd", "Start a new run from a prefix of a recorded run."),
+    "export": ("transfer", "export_cmd", "Write a run (and its child runs) to a JSON-lines file."),
+    "import": ("transfer", "import_cmd", "Load runs from an exported JSON-lines file."),
+    "schema": ("replay", "schema_cmd", "Print the JSON Schema of graph.yaml."),
+}
+
+
+class LazyGroup(click.Group):
+    """Loads a command's module only when that command is used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        spec = COMMANDS.get(cmd_name)
+        if spec is None:
+            return None
+        module = importlib.import_module(f"graphrun.cli.{spec[0]}")
+        command: click.Command = getattr(module, spec[1])
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_) for name, (_m, _f, help_) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option("0.1.0", prog_name="graphrun")
+def cli() -> None:
+    """graphrun: run declarative YAML graph agents on an event-sourced runtime.
+
+    Every run is recorded, event by event, in an SQLite log: replay it, resume it
+    after a crash, test a changed graph against it, and audit who decided what.
+
+    Exit codes: 0 completed, 1 run failed (or replay diverged), 2 invalid graph or
+    bad input, 3 the run waits for a person.
+    """
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console entry point."""
+    try:
+        return cli.main(args=argv, prog_name="graphrun", standalone_mode=False)
+    except GraphrunError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if exc.exit_code == 1 else exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as exc:  # a bug in graphrun: one line, the traceback on request
+        import os
+
+        if os.environ.get("GRAPHRUN_DEBUG"):
+            raise
+        click.echo(
+            f"error: internal error: {type(exc).__name__}: {exc} "
+            "(set GRAPHRUN_DEBUG=1 for the traceback, and please report it)",
+            err=True,
+        )
+        sys.exit(70)
+
+
+__all__ = ["cli", "main"]

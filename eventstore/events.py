@@ -23,7 +23,9 @@ import msgspec
 SCHEMA_VERSION = 1
 
 
-class EventBase(msgspec.Struct, frozen=True, tag=True, tag_field="type", kw_only=True):
+class EventBase(
+    msgspec.Struct, frozen=True, tag=True, tag_field="type", kw_only=True, omit_defaults=True
+):
     """The envelope every event has."""
 
     run_id: str = ""

@@ -1,0 +1,404 @@
+"""The one seam LLM calls go through: pooled httpx clients, live or replaying.
+
+:class:`ClientFactory` hands out one ``httpx.Client`` per base URL (connections
+are reused across nodes and turns) and resolves model ids. Its transport is
+either live or a :class:`ReplayTransport` that answers from recorded
+``LlmCalled`` events, so replay swaps the seam, not the code that calls it.
+
+Live calls can be aborted from another thread: :meth:`ClientFactory.abort_on`
+ties the calling thread's in-flight request to a :class:`CancelToken`; when the
+token fires, the socket the request is using is shut down, so the request fails
+at once instead of waiting for the model to finish (and the server stops
+generating tokens nobody will read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from graphrun.actors.base import CancelToken
+from graphrun.actors.llmconfig import LlmConfig, LlmConfigError, ResolvedModel, load_llm_config
+from graphrun.actors.providers.base import RetryPolicy
+from graphrun.eventstore.errors import GraphrunError
+from graphrun.eventstore.events import LlmCalled
+
+if TYPE_CHECKING:
+    import httpx
+
+#: Seconds to wait for a TCP (and TLS) connection.
+CONNECT_TIMEOUT = 10.0
+#: Seconds to wait for a response when the node has no timeout (models can be slow).
+READ_TIMEOUT = 600.0
+
+
+class LlmReplayMissError(GraphrunError):
+    """A replayed run made an LLM request that the recording does not have."""
+
+
+def canonical_json(value: Any) -> str:
+    """One text per JSON value: sorted keys, no spaces (how requests are matched)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class ClientFactory:
+    """Pooled httpx clients per base URL, model resolution, and request aborts.
+
+    Args:
+        config: The LLM clients; ``None`` loads the built-in ones from the environment.
+        transport: An httpx transport to use instead of the network (a replay).
+        retry: Waits between attempts of transient failures.
+        connect_timeout: Seconds to connect.
+        read_timeout: Seconds to wait for a response when the call has no budget.
+    """
+
+    def __init__(
+        self,
+        config: LlmConfig | None = None,
+        *,
+        transport: Any = None,
+        retry: RetryPolicy | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        read_timeout: float = READ_TIMEOUT,
+    ) -> None:
+        self.config = config if config is not None else load_llm_config(None)
+        self.retry = retry if retry is not None else RetryPolicy()
+        self._transport = transport
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._clients: dict[str, httpx.Client] = {}
+        self._lock = threading.Lock()
+        self._aborts = _AbortRegistry()
+
+    @classmethod
+    def replay(cls, events: Iterable[LlmCalled], config: LlmConfig | None = None) -> ClientFactory:
+        """A factory whose every call is answered from ``events`` (no network, no waits)."""
+        recorded = [event for event in events if isinstance(event, LlmCalled)]
+        return cls(
+            config,
+            transport=ReplayTransport(recorded),
+            retry=RetryPolicy(base_delay=0.0, max_delay=0.0, retry_after_cap=0.0),
+        )
+
+    @property
+    def replaying(self) -> bool:
+        """Whether calls are served from a recording."""
+        return isinstance(self._transport, ReplayTransport)
+
+    def resolve(self, model_id: str) -> ResolvedModel:
+        """Resolve ``model_id``; when replaying, a client unknown here is taken
+        from the recording (the machine replaying need not have its config)."""
+        try:
+            return self.config.resolve(model_id)
+        except LlmConfigError:
+            if not isinstance(self._transport, ReplayTransport):
+                raise
+            recorded = self._transport.resolve(model_id)
+            if recorded is None:
+                raise
+            return recorded
+
+    def client(self, base_url: str) -> httpx.Client:
+        """The shared client for ``base_url`` (created on first use)."""
+        with self._lock:
+            existing = self._clients.get(base_url)
+            if existing is not None:
+                return existing
+            import httpx
+
+            transport = self._transport if self._transport is not None else self._live()
+            created = httpx.Client(
+                transport=transport,
+                timeout=httpx.Timeout(self._read_timeout, connect=self._connect_timeout),
+                follow_redirects=False,
+                # A replay must never leave the process, not even through a proxy.
+                trust_env=not isinstance(transport, ReplayTransport),
+            )
+            self._clients[base_url] = created
+            return created
+
+    @contextlib.contextmanager
+    def abort_on(self, token: CancelToken) -> Iterator[None]:
+        """While in this block, ``token`` firing aborts this thread's in-flight request."""
+        scope = _AbortScope()
+        remove = token.on_cancel(scope.abort)
+        self._aborts.enter(scope)
+        try:
+            yield
+        finally:
+            self._aborts.leave()
+            remove()
+
+    def close(self) -> None:
+        """Close every pooled client."""
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+    def __enter__(self) -> ClientFactory:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _live(self) -> Any:
+        import httpx
+
+        transport = httpx.HTTPTransport(
+            limits=httpx.Limits(max_connections=50, max_keepalive_connections=10),
+            retries=0,  # retries are ours: counted, recorded, and only for transient errors
+        )
+        # httpx has no public hook for the network backend; wrapping the pool's
+        # backend is what lets a cancellation shut down the socket in use. If a
+        # future httpx moves it, calls still work and are stopped by their timeout.
+        pool = getattr(transport, "_pool", None)
+        backend = getattr(pool, "_network_backend", None)
+        if backend is not None:
+            pool._network_backend = _AbortableBackend(backend, self._aborts)  # type: ignore[union-attr]
+        return transport
+
+
+# --- aborting in-flight requests ------------------------------------------------
+
+
+class _AbortScope:
+    """One thread's abortable region: the stream it is using, and whether to stop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.aborted = False
+        self._stream: Any = None
+
+    def begin_io(self, stream: Any) -> None:
+        with self._lock:
+            if self.aborted:
+                import httpcore
+
+                raise httpcore.ReadError("request cancelled")
+            self._stream = stream
+
+    def end_io(self) -> None:
+        with self._lock:
+            self._stream = None
+
+    def abort(self) -> None:
+        with self._lock:
+            self.aborted = True
+            stream = self._stream
+        if stream is not None:
+            sock = stream.get_extra_info("socket")
+            if sock is not None:
+                # shutdown (not close) wakes a recv blocked in another thread.
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+class _AbortRegistry:
+    """The current thread's :class:`_AbortScope`, if any."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def enter(self, scope: _AbortScope) -> None:
+        self._local.scope = scope
+
+    def leave(self) -> None:
+        self._local.scope = None
+
+    def current(self) -> _AbortScope | None:
+        return getattr(self._local, "scope", None)
+
+
+class _AbortableStream:
+    """An httpcore network stream that tells the thread's scope which socket is busy."""
+
+    def __init__(self, inner: Any, registry: _AbortRegistry) -> None:
+        self._inner = inner
+        self._registry = registry
+
+    def _io(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        scope = self._registry.current()
+        if scope is None:
+            return getattr(self._inner, method)(*args, **kwargs)
+        scope.begin_io(self)
+        try:
+            return getattr(self._inner, method)(*args, **kwargs)
+        finally:
+            scope.end_io()
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._io("read", max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._io("write", buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, *args: Any, **kwargs: Any) -> _AbortableStream:
+        return _AbortableStream(self._io("start_tls", *args, **kwargs), self._registry)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _AbortableBackend:
+    """Wraps httpcore's network backend so every stream is an :class:`_AbortableStream`."""
+
+    def __init__(self, inner: Any, registry: _AbortRegistry) -> None:
+        self._inner = inner
+        self._registry = registry
+
+    def _check(self) -> None:
+        scope = self._registry.current()
+        if scope is not None and scope.aborted:
+            import httpcore
+
+            raise httpcore.ConnectError("request cancelled")
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> _AbortableStream:
+        self._check()
+        return _AbortableStream(self._inner.connect_tcp(*args, **kwargs), self._registry)
+
+    def connect_unix_socket(self, *args: Any, **kwargs: Any) -> _AbortableStream:
+        self._check()
+        return _AbortableStream(self._inner.connect_unix_socket(*args, **kwargs), self._registry)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+# --- replay -----------------------------------------------------------------------
+
+
+class ReplayTransport:
+    """An httpx transport that answers requests from recorded ``LlmCalled`` events.
+
+    A request matches a recording with the same method, URL path and canonical
+    JSON body; when the same request was recorded several times (retries, a loop
+    visiting a node again) the recordings are served in their recorded order.
+    A recorded transport failure (no status) is raised again as one.
+    """
+
+    def __init__(self, events: Iterable[LlmCalled]) -> None:
+        self._events = list(events)
+        self._queues: dict[tuple[str, str, str], deque[LlmCalled]] = {}
+        for event in self._events:
+            key = ("POST", urlsplit(event.url).path, canonical_json(event.request))
+            self._queues.setdefault(key, deque()).append(event)
+        self._lock = threading.Lock()
+
+    def resolve(self, model_id: str) -> ResolvedModel | None:
+        """A :class:`ResolvedModel` for ``model_id`` built from the recording, if it has one."""
+        name, _, model = model_id.partition(":")
+        for event in self._events:
+            if event.model.partition(":")[0] != name or not event.url:
+                continue
+            parts = urlsplit(event.url)
+            path = parts.path
+            if path.endswith("/v1/messages"):
+                provider, base_path = "anthropic", path[: -len("/v1/messages")]
+            elif path.endswith("/chat/completions"):
+                provider, base_path = "openai", path[: -len("/chat/completions")]
+            else:
+                continue
+            return ResolvedModel(
+                provider=provider,
+                model=str(event.request.get("model") or model),
+                base_url=f"{parts.scheme}://{parts.netloc}{base_path}",
+                api_key=None,
+                client_name=name,
+            )
+        return None
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        import httpx
+
+        path = request.url.path
+        try:
+            body = json.loads(request.read() or b"null")
+        except ValueError:
+            body = None
+        key = (request.method, path, canonical_json(body))
+        with self._lock:
+            queue = self._queues.get(key)
+            event = queue.popleft() if queue else None
+        if event is None:
+            raise LlmReplayMissError(self._miss_message(request.method, path, body, key))
+        if event.status is None:
+            message = event.error or "recorded transport failure"
+            if "timed out" in message:
+                raise httpx.ReadTimeout(message, request=request)
+            raise httpx.ConnectError(message, request=request)
+        response = event.response if event.response is not None else {}
+        if set(response) == {"_raw"}:
+            content = str(response["_raw"]).encode("utf-8")
+        else:
+            content = json.dumps(response, ensure_ascii=False).encode("utf-8")
+        return httpx.Response(
+            event.status,
+            content=content,
+            headers={"content-type": "application/json"},
+            request=request,
+        )
+
+    def _miss_message(self, method: str, path: str, body: Any, key: tuple[str, str, str]) -> str:
+        model = body.get("model") if isinstance(body, dict) else None
+        text = f"no recorded LLM response matches {method} {path} (model {model!r})"
+        same_path = [event for event in self._events if urlsplit(event.url).path == path]
+        if key in self._queues:
+            return (
+                f"{text}: the recording has this request only {len(self._events_for(key))} time(s)"
+            )
+        if not same_path:
+            return f"{text}: the recording has no calls to {path}"
+        differing = min(
+            (_differing_keys(event.request, body) for event in same_path),
+            key=len,
+        )
+        return (
+            f"{text}: the closest recorded request differs in {', '.join(differing)}"
+            " (the prompt, model or settings changed since the run was recorded)"
+        )
+
+    def _events_for(self, key: tuple[str, str, str]) -> list[LlmCalled]:
+        return [
+            event
+            for event in self._events
+            if ("POST", urlsplit(event.url).path, canonical_json(event.request)) == key
+        ]
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def __enter__(self) -> ReplayTransport:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _differing_keys(recorded: dict[str, Any], body: Any) -> list[str]:
+    if not isinstance(body, dict):
+        return ["the whole body"]
+    keys = sorted(set(recorded) | set(body))
+    return [
+        key for key in keys if canonical_json(recorded.get(key)) != canonical_json(body.get(key))
+    ]
+
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "READ_TIMEOUT",
+    "ClientFactory",
+    "LlmReplayMissError",
+    "ReplayTransport",
+    "canonical_json",
+]

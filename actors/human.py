@@ -1,0 +1,455 @@
+"""Asking a person on a terminal, and who that person is.
+
+``input`` and ``approval`` nodes ask here when the run has a terminal. The prompt
+goes to the terminal (stderr), never stdout, which carries the run's result. A
+choice lists the node's options plus a final "Other (type your own answer)" entry
+that is always present: the spec allows a free-form answer to every question. The
+person picks with the arrow keys and Enter, types an option's number, types an
+option itself, or types anything else as a free-form answer. The interactive
+widget is prompt_toolkit's; on a dumb terminal (``TERM=dumb``) or one it cannot
+drive, a plain numbered prompt reads one line instead.
+
+The module also holds the two pure pieces the graph needs from human input: the
+answerer's :func:`identity` and the ``len(input) <op> <integer>`` grammar of an
+``input`` node's ``validation`` (:func:`parse_validation`).
+"""
+
+from __future__ import annotations
+
+import getpass
+import operator
+import os
+import re
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, TextIO
+
+from graphrun.eventstore.errors import GraphrunError
+
+if TYPE_CHECKING:
+    from prompt_toolkit.formatted_text import StyleAndTextTuples
+    from prompt_toolkit.key_binding import KeyPressEvent
+
+__all__ = [
+    "OTHER_LABEL",
+    "Answer",
+    "HumanInputAborted",
+    "HumanInputError",
+    "Identity",
+    "Validation",
+    "ask_choice",
+    "ask_text",
+    "identity",
+    "is_interactive",
+    "parse_validation",
+]
+
+OTHER_LABEL = "Other (type your own answer)"
+"""The last entry of every choice: the free-form answer the spec always allows."""
+
+_CHANNEL = "tty"
+
+
+class HumanInputError(GraphrunError):
+    """A person's answer could not be obtained or attributed."""
+
+
+class HumanInputAborted(HumanInputError):
+    """The person pressed Ctrl-C or closed the input (Ctrl-D) instead of answering."""
+
+    exit_code: ClassVar[int] = 130
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a person answered and through which channel (``"tty"`` here)."""
+
+    text: str
+    channel: str = _CHANNEL
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who answered: the claimed name, the OS account and the machine."""
+
+    by: str
+    os_user: str
+    host: str
+
+
+# --- who answers -----------------------------------------------------------------
+
+
+def identity(as_user: str | None) -> Identity:
+    """The answerer: the name claimed with ``--as``, else the OS user, plus the host.
+
+    The OS user and host are always recorded, so an audit can tell a claimed name
+    from the account that typed it.
+
+    Args:
+        as_user: The name given with ``--as``, or None to use the OS user.
+
+    Raises:
+        HumanInputError: ``as_user`` is given but blank.
+    """
+    os_user = _os_user()
+    if as_user is None:
+        return Identity(by=os_user, os_user=os_user, host=_host())
+    claimed = as_user.strip()
+    if not claimed:
+        raise HumanInputError(
+            "--as was given an empty name",
+            hint="pass --as NAME, or leave --as out to record the OS user",
+        )
+    return Identity(by=claimed, os_user=os_user, host=_host())
+
+
+def _os_user() -> str:
+    # getpass.getuser() raises when neither the environment nor the password
+    # database names the account (containers running as an unlisted uid).
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = ""
+    if user:
+        return user
+    getuid = getattr(os, "getuid", None)
+    return f"uid:{getuid()}" if getuid is not None else "unknown"
+
+
+def _host() -> str:
+    try:
+        return socket.gethostname() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def is_interactive() -> bool:
+    """Whether a person can be asked here: stdin and stderr are terminals.
+
+    ``GRAPHRUN_NO_TTY=1`` forces non-interactive, e.g. to test the path that
+    records ``HumanInputRequested`` from a real terminal.
+    """
+    if os.environ.get("GRAPHRUN_NO_TTY", "") == "1":
+        return False
+    return _isatty(sys.stdin) and _isatty(sys.stderr)
+
+
+def _isatty(stream: TextIO | None) -> bool:
+    if stream is None:
+        return False
+    try:
+        return stream.isatty()
+    except (ValueError, OSError):  # closed or detached stream
+        return False
+
+
+# --- asking ----------------------------------------------------------------------
+
+
+def ask_choice(
+    question: str,
+    options: list[str],
+    *,
+    stream_in: TextIO | None = None,
+    stream_out: TextIO | None = None,
+) -> Answer:
+    """Ask ``question`` with numbered ``options`` plus a free-form "Other" entry.
+
+    Typed text that is an option's number or equals an option (exactly, else
+    case-insensitively when only one option matches) selects that option; the
+    number of the "Other" entry asks for free text; anything else is returned
+    as the free-form answer. An empty line picks the highlighted option. Once
+    "Other" is chosen (by the arrows or its number), the next text is taken as
+    typed, even if it looks like a number.
+
+    Args:
+        question: The rendered question.
+        options: The rendered options, in order.
+        stream_in: Where to read from; defaults to stdin.
+        stream_out: Where the prompt is drawn; defaults to stderr.
+
+    Returns:
+        The chosen option, exactly as listed, or the person's own text.
+
+    Raises:
+        HumanInputAborted: On Ctrl-C or end of input.
+    """
+    stream_in = sys.stdin if stream_in is None else stream_in
+    stream_out = sys.stderr if stream_out is None else stream_out
+    if _can_drive(stream_in, stream_out):
+        try:
+            return Answer(_choice_widget(question, options, stream_in, stream_out))
+        except (KeyboardInterrupt, EOFError):
+            raise _aborted() from None
+        except (OSError, ValueError, RuntimeError):
+            pass  # the library could not drive this terminal: ask plainly
+    return Answer(_choice_plain(question, options, stream_in, stream_out))
+
+
+def ask_text(
+    question: str,
+    *,
+    default: str | None,
+    stream_in: TextIO | None = None,
+    stream_out: TextIO | None = None,
+) -> Answer:
+    """Ask ``question`` for a line of free text.
+
+    Args:
+        question: The rendered question.
+        default: The rendered default, shown in the prompt and returned when the
+            answer is empty (or only whitespace); None when the node has none.
+        stream_in: Where to read from; defaults to stdin.
+        stream_out: Where the prompt is drawn; defaults to stderr.
+
+    Returns:
+        The person's text, or ``default`` for an empty answer ("" without one).
+
+    Raises:
+        HumanInputAborted: On Ctrl-C or end of input.
+    """
+    stream_in = sys.stdin if stream_in is None else stream_in
+    stream_out = sys.stderr if stream_out is None else stream_out
+    text: str | None = None
+    if _can_drive(stream_in, stream_out):
+        try:
+            text = _text_widget(question, default, stream_in, stream_out)
+        except (KeyboardInterrupt, EOFError):
+            raise _aborted() from None
+        except (OSError, ValueError, RuntimeError):
+            text = None  # the library could not drive this terminal: ask plainly
+    if text is None:
+        text = _text_plain(question, default, stream_in, stream_out)
+    if not text.strip():
+        return Answer("" if default is None else default)
+    return Answer(text)
+
+
+def _aborted() -> HumanInputAborted:
+    return HumanInputAborted(
+        "no answer: the prompt was interrupted (Ctrl-C) or its input closed (Ctrl-D)",
+        hint="run the command again to answer, or pass --answer NODE=VALUE",
+    )
+
+
+def _can_drive(stream_in: TextIO, stream_out: TextIO) -> bool:
+    if os.environ.get("TERM", "") == "dumb":
+        return False
+    return _isatty(stream_in) and _isatty(stream_out)
+
+
+def _resolve(text: str, options: list[str]) -> int | None:
+    """The index ``text`` selects: an option, ``len(options)`` for Other, or None."""
+    text = text.strip()
+    if text.isdigit() and text.isascii():
+        number = int(text)
+        if 1 <= number <= len(options) + 1:
+            return number - 1
+    if text in options:
+        return options.index(text)
+    folded = [i for i, option in enumerate(options) if option.casefold() == text.casefold()]
+    return folded[0] if len(folded) == 1 else None
+
+
+def _display_default(default: str) -> str:
+    # Keep the prompt to one line however long or multi-line the default is.
+    flat = " ".join(default.split())
+    return flat if len(flat) <= 60 else flat[:59] + "…"
+
+
+# --- the plain prompt (dumb terminals) ----------------------------------------------
+
+
+def _read_line(stream_in: TextIO, stream_out: TextIO, prompt: str) -> str:
+    stream_out.write(prompt)
+    stream_out.flush()
+    try:
+        line = stream_in.readline()
+    except KeyboardInterrupt:
+        stream_out.write("\n")
+        raise _aborted() from None
+    if not line:
+        stream_out.write("\n")
+        raise _aborted()
+    return line.rstrip("\r\n")
+
+
+def _choice_plain(question: str, options: list[str], stream_in: TextIO, stream_out: TextIO) -> str:
+    lines = [question.rstrip("\n")]
+    lines += [f"  {i}. {option}" for i, option in enumerate([*options, OTHER_LABEL], 1)]
+    stream_out.write("\n".join(lines) + "\n")
+    other = len(options)
+    while True:
+        text = _read_line(stream_in, stream_out, f"Answer [1-{other + 1} or your own text]: ")
+        if not text.strip():
+            continue
+        index = _resolve(text, options)
+        if index is None:
+            return text
+        if index < other:
+            return options[index]
+        while True:
+            own = _read_line(stream_in, stream_out, "Your answer: ")
+            if own.strip():
+                return own
+
+
+def _text_plain(question: str, default: str | None, stream_in: TextIO, stream_out: TextIO) -> str:
+    stream_out.write(question.rstrip("\n") + "\n")
+    suffix = f" [{_display_default(default)}]" if default else ""
+    return _read_line(stream_in, stream_out, f"Answer{suffix}: ")
+
+
+# --- the interactive widget ------------------------------------------------------
+
+
+@dataclass
+class _Cursor:
+    """The highlighted entry of a choice, moved by the arrow keys."""
+
+    index: int = 0
+    last: int = 0
+
+    def move(self, step: int) -> None:
+        self.index = (self.index + step) % (self.last + 1)
+
+
+def _choice_widget(question: str, options: list[str], stream_in: TextIO, stream_out: TextIO) -> str:
+    # Imported here: prompt_toolkit is only needed when a person is asked.
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.input import create_input
+    from prompt_toolkit.key_binding import KeyBindings
+    from prompt_toolkit.output import create_output
+
+    entries = [*options, OTHER_LABEL]
+    other = len(options)
+    cursor = _Cursor(last=other)
+    session: PromptSession[str] = PromptSession(
+        input=create_input(stream_in), output=create_output(stream_out)
+    )
+
+    def shown() -> int:
+        # What Enter would pick: the typed text's target, else the highlight.
+        typed = session.default_buffer.text
+        if not typed.strip() or cursor.index == other:
+            return cursor.index
+        index = _resolve(typed, options)
+        return other if index is None else index
+
+    def message() -> StyleAndTextTuples:
+        parts: StyleAndTextTuples = [("bold", question.rstrip("\n") + "\n")]
+        current = shown()
+        for i, entry in enumerate(entries):
+            if i == current:
+                parts.append(("reverse", f"> {i + 1}. {entry}"))
+            else:
+                parts.append(("", f"  {i + 1}. {entry}"))
+            parts.append(("", "\n"))
+        if cursor.index == other:
+            parts.append(("", "Your answer: "))
+        else:
+            parts.append(("", f"Answer [↑/↓ Enter, 1-{other + 1}, or your own text]: "))
+        return parts
+
+    bindings = KeyBindings()
+
+    @bindings.add("up")
+    def _up(event: KeyPressEvent) -> None:
+        cursor.move(-1)
+        event.current_buffer.reset()
+
+    @bindings.add("down")
+    def _down(event: KeyPressEvent) -> None:
+        cursor.move(1)
+        event.current_buffer.reset()
+
+    @bindings.add("enter")
+    def _enter(event: KeyPressEvent) -> None:
+        buffer = event.current_buffer
+        typed = buffer.text
+        if cursor.index == other:
+            # "Other" was chosen: the text is the person's own, taken as typed.
+            if typed.strip():
+                event.app.exit(result=typed)
+            return
+        if not typed.strip():
+            event.app.exit(result=options[cursor.index])
+            return
+        index = _resolve(typed, options)
+        if index is None:
+            event.app.exit(result=typed)
+        elif index < other:
+            event.app.exit(result=options[index])
+        else:  # the number of "Other": highlight it and take text next
+            cursor.index = other
+            buffer.reset()
+
+    return session.prompt(message, key_bindings=bindings)
+
+
+def _text_widget(question: str, default: str | None, stream_in: TextIO, stream_out: TextIO) -> str:
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.input import create_input
+    from prompt_toolkit.output import create_output
+
+    session: PromptSession[str] = PromptSession(
+        input=create_input(stream_in), output=create_output(stream_out)
+    )
+    message: StyleAndTextTuples = [("bold", question.rstrip("\n") + "\n")]
+    if default:
+        message += [("", "Answer "), ("italic", f"[{_display_default(default)}]"), ("", ": ")]
+    else:
+        message.append(("", "Answer: "))
+    return session.prompt(message)
+
+
+# --- validation ------------------------------------------------------------------
+
+_OPERATORS: dict[str, Callable[[int, int], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+}
+
+_VALIDATION = re.compile(r"\s*len\s*\(\s*input\s*\)\s*(>=|<=|==|>|<)\s*(-?[0-9]+)\s*", re.ASCII)
+
+_GRAMMAR = (
+    "expected `len(input) <op> <integer>` with <op> one of >, >=, <, <=, == (e.g. `len(input) > 0`)"
+)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """A parsed ``len(input) <op> <integer>`` predicate of an ``input`` node."""
+
+    op: str
+    value: int
+
+    def check(self, text: str) -> bool:
+        """Whether ``text``'s length (in characters) satisfies the predicate."""
+        return _OPERATORS[self.op](len(text), self.value)
+
+    def __str__(self) -> str:
+        return f"len(input) {self.op} {self.value}"
+
+
+def parse_validation(expr: str) -> Validation:
+    """Parse an ``input`` node's ``validation`` string.
+
+    Args:
+        expr: Such as ``"len(input) > 0"``; whitespace between tokens is free.
+
+    Raises:
+        ValueError: ``expr`` is not of the accepted form; the message gives it.
+    """
+    if not isinstance(expr, str):
+        raise ValueError(f"invalid validation {expr!r}: {_GRAMMAR}")
+    match = _VALIDATION.fullmatch(expr)
+    if match is None:
+        raise ValueError(f"invalid validation {expr!r}: {_GRAMMAR}")
+    return Validation(op=match.group(1), value=int(match.group(2)))

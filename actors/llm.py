@@ -1,0 +1,387 @@
+"""The effect of an ``llm`` node: call the model, run its tools, extract structure.
+
+The runtime's decider renders the prompts (and appends the schema hint); this
+module performs the calls and records each as it happens:
+
+1. Each HTTP attempt is recorded as ``LlmCalled`` the moment it ends. Transient
+   failures (the spec's list, plus HTTP 408/409/429/5xx/529 and Anthropic's
+   ``overloaded_error``) are retried up to ``max_attempts`` per call, waiting as
+   the server's ``retry-after`` asks (capped) or with a doubling backoff.
+2. The bounded tool-call loop: while the model asks for tools, each is run
+   through the toolbox and recorded as ``ToolCalled``, and its result sent back.
+   More than ``max_iterations`` turns fails the node. A call identical (name and
+   arguments) to one of the previous turn is not run again: the model gets an
+   error result saying so, and the turn still counts towards ``max_iterations``.
+3. With an ``output_schema``, a reply that is not valid JSON for the schema goes
+   to the structured-output extractor (purpose ``"extract"``), with one repair
+   retry (purpose ``"repair"``) if the extractor's answer is unusable too.
+4. The outcome is recorded as ``LlmResult``. ``error`` says why the node failed
+   (the runtime shows ``LLM node failed: <error>``); an extraction failure
+   leaves ``error`` empty and sets ``extract_error`` (the runtime fails the node
+   with it), so the model's text stays inspectable.
+
+Cancellation (``ctx.cancel``) and the node's ``timeout`` abort the in-flight
+request, stop retries and tools, and fail the node.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from graphrun.actors.base import CancelToken, EffectContext
+from graphrun.actors.http import ClientFactory
+from graphrun.actors.llmconfig import LlmConfigError, ResolvedModel
+from graphrun.actors.providers import get_provider
+from graphrun.actors.providers.base import (
+    ChatRequest,
+    ChatResponse,
+    LlmCallError,
+    Provider,
+    ToolResult,
+    ToolSpec,
+)
+from graphrun.actors.structured import extractor_system, parse_json_output
+from graphrun.eventstore.events import LlmCalled, LlmResult, ToolCalled
+
+# The scope token's reason when the node's own timeout fired.
+_NODE_TIMEOUT = "node timeout"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlmTask:
+    """One visit of an llm node, with its templates already rendered.
+
+    ``system`` already carries the schema hint when the node has an
+    ``output_schema`` and ``instructions`` (else ``prompt`` carries it).
+    """
+
+    node_id: str
+    model: str  # provider:model
+    system: str | None = None
+    prompt: str
+    temperature: float | None = None
+    top_p: float | None = None
+    max_attempts: int = 1
+    max_iterations: int = 10
+    timeout: float | None = None  # node wall clock in seconds; None = none
+    output_schema: dict[str, Any] | None = None
+
+
+class ToolboxLike(Protocol):
+    """The tools an llm node may call (exactly the ones its ``tools:`` lists)."""
+
+    specs: list[ToolSpec]
+
+    def call(self, name: str, arguments: str, *, cancel: CancelToken) -> ToolResult:
+        """Run tool ``name`` with JSON ``arguments``; failures come back as ``is_error``."""
+        ...
+
+
+def perform_llm(
+    task: LlmTask,
+    ctx: EffectContext,
+    *,
+    client_factory: ClientFactory,
+    toolbox: ToolboxLike | None = None,
+) -> LlmResult:
+    """Run an llm node's calls, recording each, and record and return the ``LlmResult``.
+
+    Raises:
+        LlmReplayMissError: when replaying and the recording has no answer for a
+            request (a divergence; the caller reports it with the node id).
+    """
+    run = _LlmRun(task, ctx, client_factory, toolbox)
+    try:
+        result = run.execute()
+    finally:
+        run.close()
+    ctx.record(result)
+    return result
+
+
+class _LlmRun:
+    """The state of one :func:`perform_llm`: the scope token, deadline and call count."""
+
+    def __init__(
+        self,
+        task: LlmTask,
+        ctx: EffectContext,
+        factory: ClientFactory,
+        toolbox: ToolboxLike | None,
+    ) -> None:
+        self.task = task
+        self.ctx = ctx
+        self.factory = factory
+        self.toolbox = toolbox
+        self.calls = 0
+        self.resolved: ResolvedModel  # set by execute() before any call
+        # One token for everything that stops this node: the run's cancel and the timeout.
+        self.scope = CancelToken()
+        self._unhook = ctx.cancel.on_cancel(
+            lambda: self.scope.cancel(ctx.cancel.reason or "cancelled")
+        )
+        self.deadline: float | None = None
+        self._timer: threading.Timer | None = None
+        if task.timeout is not None:
+            self.deadline = time.monotonic() + task.timeout
+            self._timer = threading.Timer(task.timeout, self.scope.cancel, args=(_NODE_TIMEOUT,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._unhook()
+
+    # --- the node ------------------------------------------------------------
+
+    def execute(self) -> LlmResult:
+        try:
+            resolved = self.factory.resolve(self.task.model)
+        except LlmConfigError as err:
+            return self._result(error=str(err))
+        self.resolved = resolved
+        self.provider: Provider = get_provider(resolved.provider)
+        self.client = self.factory.client(resolved.base_url)
+
+        outcome = self._tool_loop()
+        if isinstance(outcome, str):
+            return self._result(error=outcome)
+        text = outcome.text
+        if self.task.output_schema is None:
+            return self._result(text=text)
+        _, fast_error = parse_json_output(text, self.task.output_schema)
+        if fast_error is None:
+            return self._result(text=text)
+        extracted, extract_error = self._extract(text, self.task.output_schema)
+        return self._result(text=text, extracted=extracted, extract_error=extract_error)
+
+    def _tool_loop(self) -> ChatResponse | str:
+        task = self.task
+        specs = list(self.toolbox.specs) if self.toolbox is not None else []
+        messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
+        previous: set[tuple[str, str]] = set()
+        for iteration in range(1, task.max_iterations + 1):
+            response = self._call("main", iteration, task.system, messages, specs, sampling=True)
+            if isinstance(response, str):
+                return response
+            if not response.tool_calls:
+                return response
+            if iteration == task.max_iterations:
+                break
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": response.text,
+                    "tool_calls": [call.as_dict() for call in response.tool_calls],
+                }
+            )
+            for call in response.tool_calls:
+                if self.scope.cancelled:
+                    return self._stop_message()
+                if (call.name, call.arguments) in previous:
+                    result = ToolResult(
+                        output=(
+                            f"Not run: this call to {call.name} is identical to one in the "
+                            "previous turn, whose result you already have. Change the "
+                            "arguments or answer without calling it again."
+                        ),
+                        is_error=True,
+                        duration_ms=0.0,
+                        source="",
+                    )
+                else:
+                    result = self._run_tool(call.name, call.arguments)
+                self.ctx.record(
+                    ToolCalled(
+                        node_id=task.node_id,
+                        visit=self.ctx.visit,
+                        iteration=iteration,
+                        call_id=call.id,
+                        name=call.name,
+                        arguments=call.arguments,
+                        result=result.output,
+                        is_error=result.is_error,
+                        duration_ms=result.duration_ms,
+                        source=result.source,
+                    )
+                )
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.id,
+                        "content": result.output,
+                        "is_error": result.is_error,
+                    }
+                )
+            previous = {(call.name, call.arguments) for call in response.tool_calls}
+        return f"tool-call loop hit max_iterations={task.max_iterations}"
+
+    def _run_tool(self, name: str, arguments: str) -> ToolResult:
+        if self.toolbox is None:
+            return ToolResult(
+                output=f"No tools are available to this node; '{name}' cannot be called.",
+                is_error=True,
+                duration_ms=0.0,
+                source="",
+            )
+        start = time.perf_counter()
+        try:
+            return self.toolbox.call(name, arguments, cancel=self.scope)
+        except Exception as exc:  # a broken tool is the model's problem to hear about
+            return ToolResult(
+                output=f"tool '{name}' failed: {exc}",
+                is_error=True,
+                duration_ms=(time.perf_counter() - start) * 1000.0,
+                source="",
+            )
+
+    def _extract(self, text: str, schema: dict[str, Any]) -> tuple[str | None, str | None]:
+        system = extractor_system(schema)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
+        response = self._call("extract", 1, system, messages, [], sampling=False)
+        if isinstance(response, str):
+            problem = response
+        else:
+            value, problem = parse_json_output(response.text, schema)
+            if problem is None:
+                return json.dumps(value, ensure_ascii=False), None
+            messages = [
+                *messages,
+                {"role": "assistant", "content": response.text},
+                {
+                    "role": "user",
+                    "content": f"That reply cannot be used: {problem}. Reply again with "
+                    "only the corrected JSON object.",
+                },
+            ]
+        if self.scope.cancelled:
+            return None, f"structured output extraction failed: {self._stop_message()}"
+        repaired = self._call("repair", 1, system, messages, [], sampling=False)
+        if isinstance(repaired, str):
+            return None, f"structured output extraction failed: {repaired}"
+        value, problem = parse_json_output(repaired.text, schema)
+        if problem is not None:
+            return None, f"structured output extraction failed: {problem}"
+        return json.dumps(value, ensure_ascii=False), None
+
+    # --- one call, with retries ----------------------------------------------
+
+    def _call(
+        self,
+        purpose: str,
+        iteration: int,
+        system: str | None,
+        messages: list[dict[str, Any]],
+        tools: list[ToolSpec],
+        *,
+        sampling: bool,
+    ) -> ChatResponse | str:
+        """The response, or a description of why the call failed (every attempt recorded)."""
+        task = self.task
+        attempts = max(1, task.max_attempts)
+        for attempt in range(1, attempts + 1):
+            if self.scope.cancelled:
+                return self._stop_message()
+            request = ChatRequest(
+                model=task.model,
+                system=system,
+                messages=list(messages),
+                tools=tools,
+                temperature=task.temperature if sampling else None,
+                top_p=task.top_p if sampling else None,
+                timeout=self._remaining(),
+            )
+            try:
+                with self.factory.abort_on(self.scope):
+                    response = self.provider.call(self.client, self.resolved, request)
+            except LlmCallError as err:
+                stopped = self.scope.cancelled
+                message = self._stop_message() if stopped else err.message
+                self._record(
+                    purpose,
+                    iteration,
+                    attempt,
+                    url=err.url,
+                    request=err.request_body,
+                    status=err.status,
+                    response=err.body,
+                    latency_ms=err.latency_ms,
+                    error=message,
+                    transient=err.transient and not stopped,
+                )
+                if stopped or not err.transient:
+                    return message
+                if attempt == attempts:
+                    return (
+                        f"{message} (gave up after {attempts} attempts)"
+                        if attempts > 1
+                        else message
+                    )
+                if self.scope.wait(self.factory.retry.delay(attempt, err.retry_after)):
+                    return self._stop_message()
+                continue
+            self._record(
+                purpose,
+                iteration,
+                attempt,
+                url=response.url,
+                request=response.request_body,
+                status=response.status,
+                response=response.body,
+                text=response.text,
+                tool_calls=[call.as_dict() for call in response.tool_calls],
+                usage=response.usage,
+                latency_ms=response.latency_ms,
+            )
+            return response
+        raise AssertionError("unreachable: the loop returns on its last attempt")
+
+    def _record(self, purpose: str, iteration: int, attempt: int, **fields: Any) -> None:
+        self.calls += 1
+        self.ctx.record(
+            LlmCalled(
+                node_id=self.task.node_id,
+                visit=self.ctx.visit,
+                purpose=purpose,
+                iteration=iteration,
+                attempt=attempt,
+                model=self.resolved.model_id,
+                **fields,
+            )
+        )
+
+    def _remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return max(self.deadline - time.monotonic(), 0.001)
+
+    def _stop_message(self) -> str:
+        if self.scope.reason == _NODE_TIMEOUT and self.task.timeout is not None:
+            return f"timed out after {self.task.timeout:g}s (node timeout)"
+        return f"cancelled ({self.scope.reason or 'cancelled'})"
+
+    def _result(
+        self,
+        *,
+        text: str | None = None,
+        error: str | None = None,
+        extracted: str | None = None,
+        extract_error: str | None = None,
+    ) -> LlmResult:
+        return LlmResult(
+            node_id=self.task.node_id,
+            visit=self.ctx.visit,
+            text=text,
+            error=error,
+            extracted=extracted,
+            extract_error=extract_error,
+            calls=self.calls,
+        )
+
+
+__all__ = ["LlmTask", "ToolboxLike", "perform_llm"]

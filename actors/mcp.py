@@ -1,0 +1,568 @@
+"""MCP servers as a tool source.
+
+Servers are configured in ``<config_dir>/functions/mcp.json``, in the Claude
+Desktop shape Loki reads::
+
+    {"mcpServers": {
+        "files": {"command": "npx", "args": ["-y", "server-files"],
+                  "env": {"TOKEN": "{{FILES_TOKEN}}"}, "cwd": "/srv"},
+        "search": {"url": "https://example.test/mcp", "headers": {...}}
+    }}
+
+A server with ``command`` runs as a child process over stdio, with the full
+environment (``os.environ`` plus its ``env``); a server with ``url`` is reached
+over streamable HTTP. ``{{NAME}}`` in any string is replaced by the environment
+variable ``NAME`` when the server starts.
+
+The official ``mcp`` SDK is asyncio-based. An :class:`McpHub` owns one event-loop
+thread and one session per server: a server starts on first use, its session is
+reused by every call in the process, and :meth:`McpHub.close` (also run at exit)
+ends the sessions and their processes. Synchronous callers (``Toolbox.call`` in
+a node actor) submit coroutines to that loop and wait.
+
+Each MCP tool is offered to the model as ``<server>_<tool>``, with every
+character outside ``[A-Za-z0-9_-]`` replaced by ``_`` and names longer than 64
+characters cut to 55 plus ``_`` and 8 hex digits of a hash (OpenAI's limit on
+tool names is ``^[a-zA-Z0-9_-]{1,64}$``). Its source is ``mcp:<server>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from graphrun.actors.base import CancelToken
+from graphrun.actors.providers.base import ToolResult, ToolSpec
+from graphrun.actors.tools import DEFAULT_TIMEOUT, ToolError
+
+__all__ = [
+    "McpError",
+    "McpHub",
+    "McpServerConfig",
+    "McpTool",
+    "default_hub",
+    "load_mcp_config",
+    "mcp_tool_name",
+]
+
+START_TIMEOUT = 30.0
+"""Seconds a server may take to start and answer ``initialize``."""
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class McpError(ToolError):
+    """An MCP server that is misconfigured, cannot start, or broke its session."""
+
+
+@dataclass(frozen=True)
+class McpServerConfig:
+    """One entry of mcp.json: a stdio ``command`` or a streamable-HTTP ``url``."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """The command line or URL, for error messages."""
+        if self.url is not None:
+            return self.url
+        return " ".join([self.command or "", *self.args])
+
+
+def _config_path(config_dir: Path | None) -> Path | None:
+    return None if config_dir is None else config_dir / "functions" / "mcp.json"
+
+
+def load_mcp_config(config_dir: Path | None) -> dict[str, McpServerConfig]:
+    """The servers of ``<config_dir>/functions/mcp.json`` (none if it is absent).
+
+    Raises:
+        McpError: the file is not valid JSON or an entry has the wrong shape.
+    """
+    path = _config_path(config_dir)
+    if path is None or not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise McpError(f"cannot read MCP configuration: {exc}", where=str(path)) from None
+    servers = data.get("mcpServers") if isinstance(data, dict) else None
+    if not isinstance(servers, dict):
+        raise McpError(
+            "MCP configuration has no 'mcpServers' object",
+            where=str(path),
+            hint='expected {"mcpServers": {"name": {"command": ..., "args": [...]}}}',
+        )
+    return {name: _server_config(name, entry, path) for name, entry in servers.items()}
+
+
+def _server_config(name: str, entry: object, path: Path) -> McpServerConfig:
+    where = f"{path} ($.mcpServers.{name})"
+    if not isinstance(entry, dict):
+        raise McpError("an MCP server entry must be an object", where=where)
+    command, url = entry.get("command"), entry.get("url")
+    if (command is None) == (url is None):
+        raise McpError(
+            "an MCP server needs exactly one of 'command' (stdio) or 'url' (HTTP)", where=where
+        )
+    args, env, headers = entry.get("args", []), entry.get("env", {}), entry.get("headers", {})
+    cwd = entry.get("cwd")
+    ok = (
+        isinstance(command or url, str)
+        and isinstance(args, list)
+        and all(isinstance(a, str) for a in args)
+        and isinstance(env, dict)
+        and isinstance(headers, dict)
+        and all(isinstance(v, str) for v in [*env.values(), *headers.values()])
+        and (cwd is None or isinstance(cwd, str))
+    )
+    if not ok:
+        raise McpError(
+            "bad MCP server entry: 'command'/'url'/'cwd' are strings, 'args' a list of "
+            "strings, 'env'/'headers' objects of strings",
+            where=where,
+        )
+    return McpServerConfig(name, command, tuple(args), dict(env), cwd, url, dict(headers))
+
+
+def _resolve(text: str, server: str, environ: Mapping[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match[1]
+        if name not in environ:
+            raise McpError(
+                f"MCP server '{server}' uses {{{{{name}}}}} but the environment variable "
+                f"{name} is not set",
+                hint=f"export {name}=... before running",
+            )
+        return environ[name]
+
+    return _PLACEHOLDER.sub(value, text)
+
+
+def _resolved(config: McpServerConfig, environ: Mapping[str, str]) -> McpServerConfig:
+    """The config with every ``{{NAME}}`` replaced from ``environ``."""
+
+    def sub(text: str) -> str:
+        return _resolve(text, config.name, environ)
+
+    return McpServerConfig(
+        config.name,
+        None if config.command is None else sub(config.command),
+        tuple(sub(a) for a in config.args),
+        {k: sub(v) for k, v in config.env.items()},
+        None if config.cwd is None else sub(config.cwd),
+        None if config.url is None else sub(config.url),
+        {k: sub(v) for k, v in config.headers.items()},
+    )
+
+
+def mcp_tool_name(server: str, tool: str) -> str:
+    """The name an MCP tool is offered under: ``<server>_<tool>``, sanitised."""
+    raw = f"{server}_{tool}"
+    name = _BAD_NAME_CHARS.sub("_", raw)
+    if len(name) > 64:
+        name = f"{name[:55]}_{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
+    return name
+
+
+def _sdk() -> Any:
+    try:
+        import mcp
+    except ImportError:
+        raise McpError(
+            "MCP servers need the 'mcp' package, which is not installed",
+            hint="install graphrun[mcp]",
+        ) from None
+    return mcp
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups from anyio."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _content_text(result: Any) -> str:
+    """The text of a CallToolResult: text parts joined, other parts summarised."""
+    parts: list[str] = []
+    for item in getattr(result, "content", None) or []:
+        kind = getattr(item, "type", "")
+        if kind == "text":
+            parts.append(item.text)
+        elif kind == "resource":
+            resource = item.resource
+            text = getattr(resource, "text", None)
+            parts.append(text if text is not None else f"[resource {resource.uri}]")
+        elif kind == "resource_link":
+            parts.append(f"[resource {item.uri}]")
+        else:
+            mime = getattr(item, "mime_type", None) or getattr(item, "mimeType", "")
+            parts.append(f"[{kind} {mime}]".replace(" ]", "]"))
+    if not parts:
+        structured = getattr(result, "structured_content", None)
+        if structured is None:
+            structured = getattr(result, "structuredContent", None)
+        if structured is not None:
+            return json.dumps(structured, ensure_ascii=False)
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class McpTool:
+    """One function of an MCP server, callable through its hub."""
+
+    spec: ToolSpec
+    remote_name: str
+    server: str
+    hub: McpHub = field(repr=False, compare=False)
+
+    def call(self, arguments: str, *, cancel: CancelToken | None, timeout: float) -> ToolResult:
+        """Call the tool with ``arguments`` (a JSON object as text)."""
+        started = time.monotonic()
+        try:
+            parsed = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as exc:
+            parsed = f"the arguments are not valid JSON ({exc})"
+        if not isinstance(parsed, dict):
+            message = parsed if isinstance(parsed, str) else "the arguments must be a JSON object"
+            return ToolResult(
+                f"tool '{self.spec.name}': {message}",
+                True,
+                (time.monotonic() - started) * 1000,
+                self.spec.source,
+            )
+        text, is_error = self.hub.call_tool(
+            self.server, self.remote_name, parsed, cancel=cancel, timeout=timeout
+        )
+        return ToolResult(text, is_error, (time.monotonic() - started) * 1000, self.spec.source)
+
+
+@dataclass
+class _Server:
+    """A running (or starting) server: its session and how to stop it."""
+
+    ready: asyncio.Future[Any]
+    stop: asyncio.Event
+    task: asyncio.Task[None] | None = None
+    errlog: IO[str] | None = None
+
+
+class McpHub:
+    """The MCP sessions of one process, owned by a dedicated event-loop thread."""
+
+    def __init__(
+        self,
+        servers: Mapping[str, McpServerConfig],
+        *,
+        environ: Mapping[str, str] | None = None,
+        start_timeout: float = START_TIMEOUT,
+    ):
+        self.servers: Mapping[str, McpServerConfig] = dict(servers)
+        self._environ = environ
+        self._start_timeout = start_timeout
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._running: dict[str, _Server] = {}  # touched only on the loop thread
+        self._tools: dict[str, list[McpTool]] = {}
+        self._closed = False
+
+    @classmethod
+    def from_config_dir(cls, config_dir: Path | None, **kwargs: Any) -> McpHub:
+        """A hub for the servers of ``<config_dir>/functions/mcp.json``."""
+        return cls(load_mcp_config(config_dir), **kwargs)
+
+    # -- the loop thread -------------------------------------------------- #
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._closed:
+                raise McpError("the MCP hub is closed")
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="graphrun-mcp", daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+                atexit.register(self.close)
+            return self._loop
+
+    def _run(self, coro: Any, *, timeout: float | None, cancel: CancelToken | None = None) -> Any:
+        try:
+            loop = self._ensure_loop()
+        except McpError:
+            coro.close()  # never started: say so, rather than warn it was never awaited
+            raise
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        remove = cancel.on_cancel(future.cancel) if cancel is not None else (lambda: None)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+        finally:
+            remove()
+
+    # -- sessions --------------------------------------------------------- #
+
+    def _config(self, server: str) -> McpServerConfig:
+        config = self.servers.get(server)
+        if config is None:
+            known = ", ".join(sorted(self.servers)) or "none"
+            raise McpError(
+                f"MCP server '{server}' is not configured in mcp.json", hint=f"configured: {known}"
+            )
+        return _resolved(config, os.environ if self._environ is None else self._environ)
+
+    async def _session(self, server: str) -> Any:
+        entry = self._running.get(server)
+        if entry is None:
+            config = self._config(server)
+            loop = asyncio.get_running_loop()
+            entry = _Server(ready=loop.create_future(), stop=asyncio.Event())
+            # Closed by _serve when the session ends; read back if the server fails.
+            entry.errlog = tempfile.TemporaryFile(  # noqa: SIM115
+                "w+", encoding="utf-8", errors="replace"
+            )
+            self._running[server] = entry
+            entry.task = loop.create_task(self._serve(config, entry))
+        try:
+            return await asyncio.wait_for(asyncio.shield(entry.ready), self._start_timeout)
+        except TimeoutError:
+            entry.stop.set()
+            raise McpError(
+                f"MCP server '{server}' did not answer within {self._start_timeout:g} s "
+                f"(command: {self.servers[server].describe()}){self._stderr_tail(entry)}"
+            ) from None
+
+    async def _serve(self, config: McpServerConfig, entry: _Server) -> None:
+        """Own one session from start to stop (anyio scopes must stay in one task)."""
+        mcp = _sdk()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if config.url is not None:
+                    streams = await stack.enter_async_context(
+                        _http_streams(config.url, dict(config.headers))
+                    )
+                else:
+                    assert config.command is not None
+                    params = mcp.StdioServerParameters(
+                        command=config.command,
+                        args=list(config.args),
+                        env={**os.environ, **config.env},
+                        cwd=config.cwd,
+                    )
+                    streams = await stack.enter_async_context(
+                        mcp.stdio_client(params, errlog=entry.errlog)
+                    )
+                session = await stack.enter_async_context(mcp.ClientSession(streams[0], streams[1]))
+                await session.initialize()
+                entry.ready.set_result(session)
+                await entry.stop.wait()
+        except BaseException as exc:
+            if not entry.ready.done():
+                error = McpError(
+                    f"MCP server '{config.name}' failed to start "
+                    f"(command: {config.describe()}): {_leaf(exc)}{self._stderr_tail(entry)}"
+                )
+                entry.ready.set_exception(error)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            if self._running.get(config.name) is entry:
+                del self._running[config.name]  # a later call starts it afresh
+                self._tools.pop(config.name, None)
+            if entry.errlog is not None:
+                entry.errlog.close()
+
+    @staticmethod
+    def _stderr_tail(entry: _Server) -> str:
+        if entry.errlog is None or entry.errlog.closed:
+            return ""
+        try:
+            entry.errlog.flush()
+            entry.errlog.seek(0)
+            text = entry.errlog.read().strip()
+        except (OSError, ValueError):
+            return ""
+        return f"; stderr: {text[-500:]}" if text else ""
+
+    async def _list_tools(self, server: str) -> list[Any]:
+        session = await self._session(server)
+        tools: list[Any] = []
+        cursor: str | None = None
+        while True:
+            if cursor is None:
+                result = await session.list_tools()
+            else:
+                from mcp.types import PaginatedRequestParams
+
+                result = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
+            tools.extend(result.tools)
+            cursor = getattr(result, "next_cursor", None) or getattr(result, "nextCursor", None)
+            if not cursor:
+                return tools
+
+    async def _call(self, server: str, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        session = await self._session(server)
+        result = await session.call_tool(name, arguments)
+        is_error = getattr(result, "is_error", None)
+        if is_error is None:
+            is_error = getattr(result, "isError", False)
+        return _content_text(result), bool(is_error)
+
+    # -- the synchronous API ---------------------------------------------- #
+
+    def tools(self, server: str) -> list[McpTool]:
+        """The server's tools (starting it if needed; listed once per session).
+
+        Raises:
+            McpError: the server is not configured, its config names an unset
+                variable, or it fails to start.
+        """
+        cached = self._tools.get(server)
+        if cached is not None:
+            return cached
+        self._config(server)  # fail fast, before starting a thread
+        self._ensure_loop()
+        try:
+            listed = self._run(self._list_tools(server), timeout=self._start_timeout + 30)
+        except TimeoutError:
+            raise McpError(f"MCP server '{server}' did not list its tools in time") from None
+        except McpError:
+            raise
+        except Exception as exc:
+            message = f"MCP server '{server}' failed to list its tools: {_leaf(exc)}"
+            raise McpError(message) from None
+        tools: list[McpTool] = []
+        seen: set[str] = set()
+        for tool in listed:
+            name = mcp_tool_name(server, tool.name)
+            if name in seen:  # two names that sanitise alike stay apart
+                digest = hashlib.sha256(tool.name.encode()).hexdigest()[:8]
+                name = f"{name[:55]}_{digest}"
+            seen.add(name)
+            schema = getattr(tool, "input_schema", None) or getattr(tool, "inputSchema", None)
+            description = tool.description or getattr(tool, "title", None) or tool.name
+            spec = ToolSpec(
+                name,
+                description,
+                dict(schema or {"type": "object", "properties": {}}),
+                f"mcp:{server}",
+            )
+            tools.append(McpTool(spec, tool.name, server, self))
+        self._tools[server] = tools
+        return tools
+
+    def call_tool(
+        self,
+        server: str,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        cancel: CancelToken | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> tuple[str, bool]:
+        """Call ``name`` on ``server``; returns (text, is_error), never raises for the call."""
+        if cancel is not None and cancel.cancelled:
+            return f"tool '{name}' was cancelled ({cancel.reason})", True
+        try:
+            return self._run(self._call(server, name, arguments), timeout=timeout, cancel=cancel)
+        except concurrent.futures.CancelledError:
+            reason = cancel.reason if cancel is not None else "cancelled"
+            return f"tool '{name}' on MCP server '{server}' was cancelled ({reason})", True
+        except TimeoutError:
+            return f"tool '{name}' on MCP server '{server}' timed out after {timeout:g} s", True
+        except Exception as exc:
+            return f"tool '{name}' on MCP server '{server}' failed: {_leaf(exc)}", True
+
+    def close(self) -> None:
+        """End every session and server process, then the loop thread. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._tools.clear()
+            loop, thread = self._loop, self._thread
+        atexit.unregister(self.close)
+        if loop is None or thread is None:
+            return
+
+        async def shutdown() -> None:
+            entries = list(self._running.values())
+            for entry in entries:
+                entry.stop.set()
+            tasks = [e.task for e in entries if e.task is not None]
+            if tasks:
+                # The SDK closes stdin, then terminates, then kills: bounded.
+                await asyncio.wait(tasks, timeout=15)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(20)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        if not thread.is_alive():
+            loop.close()
+
+    def __enter__(self) -> McpHub:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+@contextlib.asynccontextmanager
+async def _http_streams(url: str, headers: dict[str, str]) -> AsyncIterator[tuple[Any, Any]]:
+    """Read/write streams to a streamable-HTTP server, across SDK versions."""
+    from mcp.client import streamable_http as transport
+
+    modern = getattr(transport, "streamable_http_client", None)
+    if modern is None:  # mcp < 1.20
+        async with transport.streamablehttp_client(url, headers=headers or None) as streams:
+            yield streams[0], streams[1]
+        return
+    async with contextlib.AsyncExitStack() as stack:
+        client = None
+        if headers:
+            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            client = await stack.enter_async_context(create_mcp_http_client(headers=headers))
+        streams = await stack.enter_async_context(modern(url, http_client=client))
+        yield streams[0], streams[1]
+
+
+_HUBS: dict[Path | None, McpHub] = {}
+_HUBS_LOCK = threading.Lock()
+
+
+def default_hub(config_dir: Path | None) -> McpHub:
+    """The process-wide hub for ``config_dir``'s mcp.json (closed at exit).
+
+    Raises:
+        McpError: mcp.json cannot be read.
+    """
+    key = None if config_dir is None else config_dir.resolve()
+    with _HUBS_LOCK:
+        hub = _HUBS.get(key)
+        if hub is None or hub._closed:
+            hub = _HUBS[key] = McpHub.from_config_dir(config_dir)
+        return hub

@@ -1,0 +1,189 @@
+"""``runs``, ``show``, ``events``, ``audit``, ``diff``: reading the log."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from graphrun.cli.options import db_option, json_option, open_store, resolve_run
+
+
+@click.command("runs")
+@click.option(
+    "--status",
+    type=click.Choice(["running", "waiting", "completed", "failed", "cancelled"]),
+    help="Only runs with this status.",
+)
+@click.option("--limit", default=50, show_default=True, help="At most this many runs.")
+@json_option
+@db_option
+def runs_cmd(status: str | None, limit: int, as_json: bool, db: str | None) -> None:
+    """List runs, newest first (child runs indented under their parent)."""
+    from graphrun.cli.render import table, when
+    from graphrun.runtime.config import db_path
+
+    if not db_path(db).exists():
+        if as_json:
+            return
+        click.echo("no runs yet", err=True)
+        return
+    store = open_store(db)
+    rows = store.runs(status=status, limit=limit)
+    if as_json:
+        for row in rows:
+            data = row.as_dict()
+            data["live"] = store.is_live(row.run_id)
+            click.echo(json.dumps(data, ensure_ascii=False))
+        return
+    by_parent: dict[str | None, list] = {}
+    ids = {r.run_id for r in rows}
+    for row in rows:
+        parent = row.parent_run_id if row.parent_run_id in ids else None
+        by_parent.setdefault(parent, []).append(row)
+    out = []
+
+    def add(row, depth: int) -> None:  # type: ignore[no-untyped-def]
+        status_text = row.status
+        if row.status == "running" and not store.is_live(row.run_id):
+            status_text = "interrupted"
+        waiting = ""
+        if row.status == "waiting":
+            waiting = f"{row.waiting_node}"
+        out.append(
+            (
+                "  " * depth + row.run_id,
+                row.graph_name,
+                status_text,
+                when(row.started_at),
+                row.last_seq,
+                waiting or row.current_node or "",
+                row.started_by or "",
+            )
+        )
+        for child in sorted(by_parent.get(row.run_id, []), key=lambda r: r.started_at):
+            add(child, depth + 1)
+
+    for row in by_parent.get(None, []):
+        add(row, 0)
+    click.echo(table(out, ["RUN", "GRAPH", "STATUS", "STARTED (UTC)", "EVENTS", "NODE", "BY"]))
+
+
+@click.command("show")
+@click.argument("run_id")
+@click.option("--at", "at_seq", type=int, metavar="SEQ", help="The state after event SEQ.")
+@json_option
+@db_option
+def show_cmd(run_id: str, at_seq: int | None, as_json: bool, db: str | None) -> None:
+    """Show RUN_ID's status, path through the graph, state and child runs (at any SEQ)."""
+    from graphrun.runtime.inspect import describe_run
+
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    info = describe_run(store, run_id, at_seq)
+    if as_json:
+        click.echo(json.dumps(info, ensure_ascii=False, default=str))
+        return
+    from graphrun.runtime.inspect import format_description
+
+    click.echo(format_description(info))
+
+
+@click.command("events")
+@click.argument("run_id")
+@click.option("--type", "types", multiple=True, help="Only events of this type (repeatable).")
+@json_option
+@db_option
+def events_cmd(run_id: str, types: tuple[str, ...], as_json: bool, db: str | None) -> None:
+    """Print RUN_ID's event log (JSON lines with --json)."""
+    from graphrun.eventstore import codec
+    from graphrun.runtime.inspect import summarize_event
+
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    events = store.read(run_id)
+    for event in events:
+        if types and type(event).__name__ not in types:
+            continue
+        if as_json:
+            click.echo(codec.encode(event).decode("utf-8"))
+        else:
+            from graphrun.cli.render import when
+
+            node = getattr(event, "node_id", None) or ""
+            click.echo(
+                f"{event.seq:>5}  {when(event.ts)}  {type(event).__name__:<19} {node:<16} "
+                f"{summarize_event(event)}".rstrip()
+            )
+
+
+@click.command("audit")
+@click.argument("run_id")
+@click.option(
+    "--verify", is_flag=True, help="Check the hash chain of every event (exit 1 if broken)."
+)
+@json_option
+@db_option
+def audit_cmd(run_id: str, verify: bool, as_json: bool, db: str | None) -> None:
+    """Every human decision of RUN_ID and its child runs: when, node, question, answer, by, via."""
+    from graphrun.cli.render import table, when
+    from graphrun.runtime.inspect import audit_tree
+
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    report = audit_tree(store, run_id, verify=verify)
+    if as_json:
+        click.echo(json.dumps(report, ensure_ascii=False, default=str))
+    else:
+        rows = [
+            (
+                when(d["ts"]),
+                ("  " * d["depth"]) + d["node_id"],
+                d["question"].strip(),
+                d["answer"],
+                d["by"],
+                d["via"],
+                d["run_id"],
+            )
+            for d in report["decisions"]
+        ]
+        if rows:
+            click.echo(
+                table(rows, ["WHEN (UTC)", "NODE", "QUESTION", "ANSWER", "BY", "VIA", "RUN"])
+            )
+        else:
+            click.echo("no human decisions in this run", err=True)
+        if verify:
+            for item in report["verify"]:
+                if item["ok"]:
+                    click.echo(
+                        f"ok: run {item['run_id']}: {item['events']} events verify", err=True
+                    )
+                else:
+                    click.echo(
+                        f"BROKEN: run {item['run_id']}: first bad seq {item['seq']}: {item['reason']}",
+                        err=True,
+                    )
+    if verify and not all(item["ok"] for item in report["verify"]):
+        raise SystemExit(1)
+
+
+@click.command("diff")
+@click.argument("run_a")
+@click.argument("run_b")
+@json_option
+@db_option
+def diff_cmd(run_a: str, run_b: str, as_json: bool, db: str | None) -> None:
+    """Where RUN_A and RUN_B part ways: the first differing decision, then per node
+    the differences of prompts, outputs and state."""
+    from graphrun.runtime.inspect import diff_runs, format_diff
+
+    store = open_store(db)
+    a, b = resolve_run(store, run_a), resolve_run(store, run_b)
+    report = diff_runs(store.read(a), store.read(b))
+    if as_json:
+        click.echo(json.dumps(report, ensure_ascii=False, default=str))
+    else:
+        click.echo(format_diff(report))
+    if report["first_difference"] is not None:
+        raise SystemExit(1)

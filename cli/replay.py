@@ -1,0 +1,101 @@
+"""``validate``, ``replay``, ``test``, ``schema``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from graphrun.cli.options import db_option, json_option, open_store, resolve_run
+
+
+@click.command("validate")
+@click.argument("agent")
+@click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
+@click.option("--config-dir", metavar="DIR", help="Config directory.")
+@json_option
+def validate_cmd(agent: str, agents_dir: str | None, config_dir: str | None, as_json: bool) -> None:
+    """Check AGENT's graph.yaml: every error and warning, each with file, line and node.
+
+    Exit 2 if there is any error; warnings alone exit 0.
+    """
+    from graphrun.cli.render import print_diagnostics
+    from graphrun.runtime.config import agents_dir as resolve_agents
+    from graphrun.runtime.config import config_dir as resolve_config
+    from graphrun.runtime.config import resolve_agent
+    from graphrun.runtime.errors import GraphValidationError
+    from graphrun.runtime.loader import load_graph
+    from graphrun.runtime.validate import Check, validate
+
+    cfg = resolve_config(config_dir)
+    agents = resolve_agents(agents_dir, config=cfg)
+    try:
+        loaded = load_graph(resolve_agent(agent, agents))
+        found = validate(Check(loaded, agents_dir=agents, config_dir=cfg))
+    except GraphValidationError as exc:
+        found = exc.diagnostics
+    if as_json:
+        click.echo(json.dumps([d.__dict__ for d in found], ensure_ascii=False))
+    else:
+        print_diagnostics(found)
+    errors = sum(d.severity == "error" for d in found)
+    warnings = len(found) - errors
+    if not as_json:
+        status = "invalid" if errors else "valid"
+        click.echo(f"{status}: {errors} error(s), {warnings} warning(s)", err=True)
+    if errors:
+        raise SystemExit(2)
+
+
+@click.command("replay")
+@click.argument("run_id")
+@click.option(
+    "--graph",
+    "graph_path",
+    metavar="PATH",
+    help="Check the recorded run against this graph instead of its own (regression).",
+)
+@click.option(
+    "--live",
+    is_flag=True,
+    help="With --graph: perform changed requests for real and record a new run.",
+)
+@json_option
+@db_option
+def replay_cmd(
+    run_id: str, graph_path: str | None, live: bool, as_json: bool, db: str | None
+) -> None:
+    """Re-drive RUN_ID through today's decider with every effect served from the log.
+
+    Nothing is executed and nothing is written. Exit 0 if every decision matches
+    the recorded one, 1 with a divergence report (node, event, recorded vs now).
+    """
+    from graphrun.runtime.replay_cli import replay_command
+
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    code = replay_command(store, run_id, graph_path=graph_path, live=live, as_json=as_json, db=db)
+    raise SystemExit(code)
+
+
+@click.command("test")
+@click.argument("paths", nargs=-1)
+@click.option("-q", "--quiet", is_flag=True, help="Only the summary and failures.")
+@json_option
+def test_cmd(paths: tuple[str, ...], quiet: bool, as_json: bool) -> None:
+    """Replay every recorded run (exported files) in PATHs (default: replays/).
+
+    Each run is checked against its agent's current graph.yaml and scripts. One
+    line per run, then `N passed, M failed`; exit 1 on any divergence.
+    """
+    from graphrun.runtime.testing import run_suite
+
+    raise SystemExit(run_suite(list(paths) or ["replays"], quiet=quiet, as_json=as_json))
+
+
+@click.command("schema")
+def schema_cmd() -> None:
+    """Print the JSON Schema of graph.yaml (for editors: yaml-language-server)."""
+    from graphrun.runtime.schema import schema_text
+
+    click.echo(schema_text(), nl=False)

@@ -1,0 +1,380 @@
+"""``run``, ``resume``, ``approve``, ``answer``, ``cancel``, ``fork``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from graphrun.cli.options import db_option, json_option, open_store, resolve_run
+
+
+def _parse_pairs(values: tuple[str, ...], flag: str) -> list[tuple[str, str]]:
+    from graphrun.runtime.errors import UsageError
+
+    pairs = []
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} expects KEY=VALUE, got {value!r}")
+        pairs.append((key.strip(), rest))
+    return pairs
+
+
+def _parse_set(values: tuple[str, ...]) -> dict[str, Any]:
+    """``--set k=v``: v is JSON when it parses as JSON, else a string."""
+    import json
+
+    out: dict[str, Any] = {}
+    for key, raw in _parse_pairs(values, "--set"):
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+def _answers(values: tuple[str, ...]) -> dict[str, list[str]]:
+    answers: dict[str, list[str]] = {}
+    for node, text in _parse_pairs(values, "--answer"):
+        answers.setdefault(node, []).append(text)
+    return answers
+
+
+def _options(
+    *,
+    answers: tuple[str, ...],
+    as_user: str | None,
+    agents_dir: str | None,
+    config_dir: str | None,
+    llm_replay: str | None,
+    store: Any,
+    quiet: bool = False,
+) -> Any:
+    from graphrun.actors.human import is_interactive
+    from graphrun.runtime.config import agents_dir as resolve_agents
+    from graphrun.runtime.config import config_dir as resolve_config
+    from graphrun.runtime.narrate import Narrator
+    from graphrun.runtime.supervisor import RunOptions
+
+    cfg = resolve_config(config_dir)
+    options = RunOptions(
+        answers=_answers(answers),
+        as_user=as_user,
+        interactive=is_interactive(),
+        agents_dir=resolve_agents(agents_dir, config=cfg),
+        config_dir=cfg,
+        listener=None if quiet else Narrator(),
+    )
+    if llm_replay:
+        from graphrun.runtime.recorded import load_llm_calls
+
+        options.llm_replay = load_llm_calls(llm_replay, store)
+    return options
+
+
+def common_run_options(fn: Any) -> Any:
+    for decorator in reversed(
+        [
+            click.option(
+                "--answer",
+                "answers",
+                multiple=True,
+                metavar="NODE=VALUE",
+                help="Answer for an input/approval node (repeatable, used in order).",
+            ),
+            click.option(
+                "--as",
+                "as_user",
+                metavar="USER",
+                help="Identity recorded for human answers (default: the OS user).",
+            ),
+            click.option(
+                "--agents-dir",
+                metavar="DIR",
+                envvar="GRAPHRUN_AGENTS_DIR",
+                help="Agents directory (default: $GRAPHRUN_AGENTS_DIR, else <config dir>/agents).",
+            ),
+            click.option(
+                "--config-dir",
+                metavar="DIR",
+                help="Config directory (default: $GRAPHRUN_CONFIG_DIR, "
+                "$LOKI_CONFIG_DIR, else the user config dir).",
+            ),
+            click.option(
+                "--llm-replay",
+                metavar="RUN|FILE",
+                help="Serve LLM responses from a recorded run or exported file (offline).",
+            ),
+            json_option,
+            db_option,
+        ]
+    ):
+        fn = decorator(fn)
+    return fn
+
+
+def finish(outcome: Any, *, as_json: bool, db: str | None) -> None:
+    """Print a run's outcome and exit with its code."""
+    from graphrun.cli.render import render_outcome
+
+    raise SystemExit(render_outcome(outcome, as_json=as_json, db=db))
+
+
+@click.command("run")
+@click.argument("agent")
+@click.argument("prompt", required=False, default="")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Seed a state key (JSON value, else string); wins over initial_state.",
+)
+@common_run_options
+def run_cmd(
+    agent: str,
+    prompt: str,
+    sets: tuple[str, ...],
+    answers: tuple[str, ...],
+    as_user: str | None,
+    agents_dir: str | None,
+    config_dir: str | None,
+    llm_replay: str | None,
+    as_json: bool,
+    db: str | None,
+) -> None:
+    """Run AGENT (a directory, a graph.yaml, or an agent name) with PROMPT.
+
+    PROMPT becomes {{initial_prompt}}. The result goes to stdout, narration to
+    stderr. Exit 0 completed, 1 failed, 2 invalid graph or input, 3 waiting for a
+    person (the command that answers is printed).
+    """
+    from graphrun.cli.render import print_diagnostics
+    from graphrun.runtime.config import resolve_agent
+    from graphrun.runtime.loader import load_graph
+    from graphrun.runtime.narrate import configure_logging
+    from graphrun.runtime.supervisor import Driver, check_graph, drive, start_run
+
+    configure_logging()
+    overrides = _parse_set(sets)
+    store = open_store(db, create=True)
+    options = _options(
+        answers=answers,
+        as_user=as_user,
+        agents_dir=agents_dir,
+        config_dir=config_dir,
+        llm_replay=llm_replay,
+        store=store,
+        quiet=as_json,
+    )
+    loaded = load_graph(resolve_agent(agent, options.agents_dir))
+    if loaded.graph.settings.validate_before_run:
+        print_diagnostics(
+            check_graph(loaded, agents_dir=options.agents_dir, config_dir=options.config_dir)
+        )
+    from graphrun.runtime.preflight import preflight
+
+    preflight(loaded, options)
+    run_id = start_run(store, loaded, prompt=prompt, overrides=overrides, started_by=as_user)
+    outcome = drive(Driver(store, run_id, options))
+    finish(outcome, as_json=as_json, db=db)
+
+
+@click.command("resume")
+@click.argument("run_id")
+@common_run_options
+def resume_cmd(
+    run_id: str,
+    answers: tuple[str, ...],
+    as_user: str | None,
+    agents_dir: str | None,
+    config_dir: str | None,
+    llm_replay: str | None,
+    as_json: bool,
+    db: str | None,
+) -> None:
+    """Continue RUN_ID from its log: after a crash, or with --answer for a waiting node.
+
+    An effect whose result was recorded is never performed again.
+    """
+    from graphrun.eventstore.fold import fold
+    from graphrun.runtime.errors import AnswerError
+    from graphrun.runtime.narrate import configure_logging
+    from graphrun.runtime.supervisor import Driver, drive
+
+    configure_logging()
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    state = fold(store.read(run_id))
+    if state.terminal:
+        raise AnswerError(f"run {run_id} has already {state.status}; there is nothing to resume")
+    options = _options(
+        answers=answers,
+        as_user=as_user,
+        agents_dir=agents_dir,
+        config_dir=config_dir,
+        llm_replay=llm_replay,
+        store=store,
+        quiet=as_json,
+    )
+    outcome = drive(Driver(store, run_id, options, resumed_by=as_user))
+    finish(outcome, as_json=as_json, db=db)
+
+
+def _answer_and_resume(
+    kind: str,
+    channel: str,
+    run_id: str,
+    text: str,
+    as_user: str,
+    node: str | None,
+    as_json: bool,
+    db: str | None,
+    config_dir: str | None,
+    agents_dir: str | None,
+) -> None:
+    from graphrun.runtime.answers import submit_answer
+    from graphrun.runtime.narrate import configure_logging
+    from graphrun.runtime.supervisor import Driver, drive
+
+    configure_logging()
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    received = submit_answer(
+        store, run_id, text, kind=kind, as_user=as_user, node=node, channel=channel
+    )
+    click.echo(
+        f"▸ recorded {received.answer!r} from {received.by} at node '{received.node_id}' "
+        f"(seq {received.seq})",
+        err=True,
+    )
+    options = _options(
+        answers=(),
+        as_user=as_user,
+        agents_dir=agents_dir,
+        config_dir=config_dir,
+        llm_replay=None,
+        store=store,
+        quiet=as_json,
+    )
+    outcome = drive(Driver(store, run_id, options, resumed_by=as_user))
+    finish(outcome, as_json=as_json, db=db)
+
+
+@click.command("approve")
+@click.argument("run_id")
+@click.argument("choice")
+@click.option("--as", "as_user", required=True, metavar="USER", help="Who approves.")
+@click.option("--node", metavar="NODE", help="The approval node (when it matters).")
+@click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
+@click.option("--config-dir", metavar="DIR", help="Config directory.")
+@json_option
+@db_option
+def approve_cmd(
+    run_id: str,
+    choice: str,
+    as_user: str,
+    node: str | None,
+    agents_dir: str | None,
+    config_dir: str | None,
+    as_json: bool,
+    db: str | None,
+) -> None:
+    """Answer the approval node RUN_ID waits at with CHOICE, then continue the run.
+
+    A CHOICE that is not one of the options is a free-form answer (routes to
+    on_other). The answer is recorded with --as, the OS user and the host.
+    """
+    _answer_and_resume(
+        "approval", "approve", run_id, choice, as_user, node, as_json, db, config_dir, agents_dir
+    )
+
+
+@click.command("answer")
+@click.argument("run_id")
+@click.argument("text")
+@click.option("--as", "as_user", required=True, metavar="USER", help="Who answers.")
+@click.option("--node", metavar="NODE", help="The input node (when it matters).")
+@click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
+@click.option("--config-dir", metavar="DIR", help="Config directory.")
+@json_option
+@db_option
+def answer_cmd(
+    run_id: str,
+    text: str,
+    as_user: str,
+    node: str | None,
+    agents_dir: str | None,
+    config_dir: str | None,
+    as_json: bool,
+    db: str | None,
+) -> None:
+    """Answer the input node RUN_ID waits at with TEXT, then continue the run."""
+    _answer_and_resume(
+        "input", "answer", run_id, text, as_user, node, as_json, db, config_dir, agents_dir
+    )
+
+
+@click.command("cancel")
+@click.argument("run_id")
+@click.option("--as", "as_user", metavar="USER", help="Who cancels.")
+@click.option("--reason", default="cancelled by a person", help="Why.")
+@db_option
+def cancel_cmd(run_id: str, as_user: str | None, reason: str, db: str | None) -> None:
+    """Cancel RUN_ID (waiting or interrupted) and its running child runs."""
+    from graphrun.runtime.lifecycle import cancel_run
+
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    cancel_run(store, run_id, reason=reason, by=as_user)
+    click.echo(f"▸ run {run_id} cancelled", err=True)
+
+
+@click.command("fork")
+@click.argument("run_id")
+@click.option(
+    "--at",
+    "at_seq",
+    type=int,
+    required=True,
+    metavar="SEQ",
+    help="Copy the source run's events up to and including SEQ.",
+)
+@common_run_options
+def fork_cmd(
+    run_id: str,
+    at_seq: int,
+    answers: tuple[str, ...],
+    as_user: str | None,
+    agents_dir: str | None,
+    config_dir: str | None,
+    llm_replay: str | None,
+    as_json: bool,
+    db: str | None,
+) -> None:
+    """Start a new run whose history is RUN_ID's events up to SEQ, and continue it.
+
+    The new run records where it was forked from. Continue live, or with
+    --answer for a different human decision.
+    """
+    from graphrun.runtime.lifecycle import fork_run
+    from graphrun.runtime.narrate import configure_logging
+    from graphrun.runtime.supervisor import Driver, drive
+
+    configure_logging()
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    new_id = fork_run(store, run_id, at_seq, by=as_user)
+    click.echo(f"▸ forked {run_id} at seq {at_seq} as {new_id}", err=True)
+    options = _options(
+        answers=answers,
+        as_user=as_user,
+        agents_dir=agents_dir,
+        config_dir=config_dir,
+        llm_replay=llm_replay,
+        store=store,
+        quiet=as_json,
+    )
+    outcome = drive(Driver(store, new_id, options, resumed_by=as_user))
+    finish(outcome, as_json=as_json, db=db)

@@ -1,0 +1,40 @@
+"""``export`` and ``import``: runs as versioned JSON-lines files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from graphrun.cli.options import db_option, open_store, resolve_run
+
+
+@click.command("export")
+@click.argument("run_id")
+@click.option("-o", "--output", metavar="FILE", help="Write here instead of stdout.")
+@db_option
+def export_cmd(run_id: str, output: str | None, db: str | None) -> None:
+    """Write RUN_ID and its child runs to a JSON-lines file (format: graphrun-export v1)."""
+    from graphrun.runtime.transfer import write_export
+
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            count = write_export(store, run_id, fh, relative_to=Path(output).parent)
+        click.echo(f"▸ exported {count} events of run {run_id} to {output}", err=True)
+    else:
+        write_export(store, run_id, sys.stdout)
+
+
+@click.command("import")
+@click.argument("file")
+@db_option
+def import_cmd(file: str, db: str | None) -> None:
+    """Load the runs in FILE (made by `graphrun export`), verifying every hash."""
+    from graphrun.runtime.transfer import import_runs
+
+    store = open_store(db, create=True)
+    for run_id, status in import_runs(store, Path(file)):
+        click.echo(f"{status}: {run_id}")

@@ -1,0 +1,177 @@
+"""The state of a run is a fold over its events.
+
+:func:`apply` is a pure ``match`` over one event; :func:`fold` runs it over many.
+Folding is incremental: ``fold(events[n:], fold(events[:n]))`` equals
+``fold(events)``, and each event costs O(1) apart from the state keys it changes.
+No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from graphrun.eventstore.events import (
+    ChildCancelled,
+    ChildRunFinished,
+    ChildRunStarted,
+    Event,
+    HumanInputReceived,
+    HumanInputRequested,
+    LlmCalled,
+    LlmResult,
+    NodeCompleted,
+    NodeEntered,
+    NodeFailed,
+    RetrievalDone,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+    ScriptFinished,
+    ToolCalled,
+)
+
+_replace = msgspec.structs.replace
+
+
+class RunState(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the decider needs to know about a run, and nothing it doesn't."""
+
+    run_id: str = ""
+    status: str = "new"  # new, running, waiting, completed, failed, cancelled
+    last_seq: int = 0
+    started_ts: float = 0.0
+    last_ts: float = 0.0
+    graph_name: str = ""
+    graph_source: str = ""
+    graph_hash: str = ""
+    graph_path: str = ""
+    agent_dir: str = ""
+    parent_run_id: str | None = None
+    initial_prompt: str = ""
+    state: dict[str, Any] = {}
+    visits: dict[str, int] = {}
+    # The node entered and not yet completed, with the effect events of this visit.
+    current: str | None = None
+    current_visit: int = 0
+    current_entered_ts: float = 0.0
+    effects: tuple[Any, ...] = ()
+    waiting: HumanInputRequested | None = None
+    # Where the last completed node routed (to be entered next).
+    routed_to: str | None = None
+    last_node: str | None = None
+    steps: int = 0
+    children: dict[str, str] = {}  # child run id -> running/completed/failed/cancelled
+    output: str | None = None
+    error: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+
+def effect_output(effects: Iterable[Any]) -> dict[str, Any] | None:
+    """The JSON object a node's effect produced (a script's stdout), if any."""
+    output = None
+    for event in effects:
+        if isinstance(event, ScriptFinished):
+            output = event.output
+    return output
+
+
+def apply(state: RunState, event: Event) -> RunState:
+    """The state after one event."""
+    base = {"last_seq": event.seq, "last_ts": event.ts}
+    match event:
+        case RunStarted():
+            return _replace(
+                state,
+                run_id=event.run_id,
+                status="running",
+                started_ts=event.ts,
+                graph_name=event.graph_name,
+                graph_source=event.graph_source,
+                graph_hash=event.graph_hash,
+                graph_path=event.graph_path,
+                agent_dir=event.agent_dir,
+                parent_run_id=event.parent_run_id,
+                initial_prompt=event.initial_prompt,
+                state=dict(event.initial_state),
+                **base,
+            )
+        case NodeEntered(node_id=node_id, visit=visit):
+            visits = dict(state.visits)
+            visits[node_id] = visit
+            return _replace(
+                state,
+                current=node_id,
+                current_visit=visit,
+                current_entered_ts=event.ts,
+                effects=(),
+                visits=visits,
+                routed_to=None,
+                waiting=None,
+                steps=state.steps + 1,
+                **base,
+            )
+        case ScriptFinished() | LlmCalled() | ToolCalled() | LlmResult() | RetrievalDone():
+            return _replace(state, effects=(*state.effects, event), **base)
+        case HumanInputRequested():
+            return _replace(state, status="waiting", waiting=event, **base)
+        case HumanInputReceived():
+            return _replace(
+                state,
+                status="running" if not state.terminal else state.status,
+                waiting=None,
+                effects=(*state.effects, event),
+                **base,
+            )
+        case NodeCompleted(updates=updates, merge_effect=merge):
+            new_state = state.state
+            if merge or updates:
+                new_state = dict(new_state)
+                if merge:
+                    merged = effect_output(state.effects) or {}
+                    new_state.update((k, v) for k, v in merged.items() if k != "_next")
+                new_state.update(updates)
+            return _replace(
+                state,
+                state=new_state,
+                current=None,
+                routed_to=event.routed_to,
+                last_node=event.node_id,
+                **base,
+            )
+        case NodeFailed():
+            return _replace(state, current=None, last_node=event.node_id, **base)
+        case ChildRunStarted(child_run_id=child):
+            children = {**state.children, child: "running"}
+            return _replace(state, children=children, effects=(*state.effects, event), **base)
+        case ChildRunFinished(child_run_id=child, status=status):
+            children = {**state.children, child: status}
+            return _replace(state, children=children, effects=(*state.effects, event), **base)
+        case ChildCancelled(child_run_id=child):
+            return _replace(state, children={**state.children, child: "cancelled"}, **base)
+        case RunResumed():
+            status = state.status if state.terminal or state.waiting else "running"
+            return _replace(state, status=status, **base)
+        case RunCompleted(output=output):
+            return _replace(state, status="completed", output=output, current=None, **base)
+        case RunFailed(error=error):
+            return _replace(state, status="failed", error=error, **base)
+        case RunCancelled(reason=reason):
+            return _replace(state, status="cancelled", error=reason, **base)
+        case _:
+            return _replace(state, **base)
+
+
+def fold(events: Iterable[Event], state: RunState | None = None) -> RunState:
+    """Fold events onto ``state`` (or a new run)."""
+    current = state if state is not None else RunState()
+    for event in events:
+        current = apply(current, event)
+    return current

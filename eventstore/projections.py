@@ -1,0 +1,166 @@
+"""Projections of the event log: the ``runs`` table and the audit view.
+
+Both are derived from events only, so ``runs`` can be dropped and rebuilt
+(:func:`rebuild_runs`) and must always equal what appending produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from graphrun.eventstore.events import (
+    ChildRunFinished,
+    ChildRunStarted,
+    Event,
+    HumanInputReceived,
+    HumanInputRequested,
+    NodeEntered,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One row of the ``runs`` table."""
+
+    run_id: str
+    graph_name: str
+    status: str
+    parent_run_id: str | None
+    started_at: float
+    updated_at: float
+    last_seq: int
+    last_hash: str
+    started_by: str | None = None
+    agent_dir: str | None = None
+    current_node: str | None = None
+    waiting_node: str | None = None
+    output: str | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+COLUMNS = tuple(RunRow.__dataclass_fields__)
+
+
+def apply_run_row(row: RunRow | None, event: Event, event_hash: str) -> RunRow:
+    """The ``runs`` row after ``event`` (stored with ``event_hash``)."""
+    if row is None:
+        if not isinstance(event, RunStarted):
+            raise ValueError(f"run {event.run_id} does not start with RunStarted")
+        return RunRow(
+            run_id=event.run_id,
+            graph_name=event.graph_name,
+            status="running",
+            parent_run_id=event.parent_run_id,
+            started_at=event.ts,
+            updated_at=event.ts,
+            last_seq=event.seq,
+            last_hash=event_hash,
+            started_by=event.started_by,
+            agent_dir=event.agent_dir,
+        )
+    row = replace(row, updated_at=event.ts, last_seq=event.seq, last_hash=event_hash)
+    match event:
+        case NodeEntered(node_id=node_id):
+            return replace(row, current_node=node_id)
+        case HumanInputRequested(node_id=node_id):
+            return replace(row, status="waiting", waiting_node=node_id)
+        case HumanInputReceived() | RunResumed():
+            if row.status in ("waiting", "running"):
+                return replace(row, status="running", waiting_node=None)
+            return row
+        case RunCompleted(output=output):
+            return replace(row, status="completed", output=output, waiting_node=None)
+        case RunFailed(error=error):
+            return replace(row, status="failed", error=error, waiting_node=None)
+        case RunCancelled(reason=reason):
+            return replace(row, status="cancelled", error=reason, waiting_node=None)
+        case _:
+            return row
+
+
+def rebuild_rows(events_with_hashes: Iterable[tuple[Event, str]]) -> dict[str, RunRow]:
+    """Fold every stored event into ``runs`` rows (for :func:`rebuild_runs`)."""
+    rows: dict[str, RunRow] = {}
+    for event, event_hash in events_with_hashes:
+        rows[event.run_id] = apply_run_row(rows.get(event.run_id), event, event_hash)
+    return rows
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One human decision, for ``graphrun audit``."""
+
+    run_id: str
+    seq: int
+    ts: float
+    node_id: str
+    question: str
+    options: list[str]
+    answer: str
+    by: str
+    os_user: str
+    host: str
+    via: str
+    requested_at: float | None
+    depth: int = 0
+
+
+@dataclass(frozen=True)
+class ChildLink:
+    """A child run started by an agent node."""
+
+    node_id: str
+    child_run_id: str
+    agent: str
+    status: str | None
+
+
+def decisions(events: Iterable[Event], depth: int = 0) -> list[Decision]:
+    """Every ``HumanInputReceived`` of one run, with when it was asked."""
+    asked: dict[tuple[str, int], float] = {}
+    out: list[Decision] = []
+    for event in events:
+        if isinstance(event, HumanInputRequested):
+            asked[(event.node_id, event.visit)] = event.ts
+        elif isinstance(event, HumanInputReceived):
+            out.append(
+                Decision(
+                    run_id=event.run_id,
+                    seq=event.seq,
+                    ts=event.ts,
+                    node_id=event.node_id,
+                    question=event.question,
+                    options=list(event.options),
+                    answer=event.answer,
+                    by=event.by,
+                    os_user=event.os_user,
+                    host=event.host,
+                    via=event.channel,
+                    requested_at=asked.get((event.node_id, event.visit)),
+                    depth=depth,
+                )
+            )
+    return out
+
+
+def children(events: Iterable[Event]) -> list[ChildLink]:
+    """The child runs a run started, with their final status as the parent saw it."""
+    links: dict[str, ChildLink] = {}
+    for event in events:
+        if isinstance(event, ChildRunStarted):
+            links[event.child_run_id] = ChildLink(
+                event.node_id, event.child_run_id, event.agent, None
+            )
+        elif isinstance(event, ChildRunFinished) and event.child_run_id in links:
+            links[event.child_run_id] = replace(links[event.child_run_id], status=event.status)
+    return list(links.values())

@@ -1,0 +1,401 @@
+"""The SQLite event store: append-only ``events``, the ``runs`` projection, ``leases``.
+
+* ``events`` has the primary key ``(run_id, seq)``: that constraint is the lock.
+  Appending a seq that already exists raises :class:`ConcurrentAppendError`.
+* A node step's events are appended in one transaction together with the
+  ``runs`` row they imply; appends go through the raw ``sqlite3`` connection
+  (sqlite-utils only runs migrations and inspection queries).
+* WAL with ``synchronous=NORMAL`` by default (a killed process loses nothing
+  committed); ``durability="full"`` or ``append(..., sync=True)`` fsyncs.
+* A run is leased by one process at a time; a lease whose holder is dead (same
+  host, pid gone) or expired can be taken over.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from graphrun.eventstore import codec
+from graphrun.eventstore.errors import (
+    ConcurrentAppendError,
+    CorruptStoreError,
+    LeaseHeldError,
+    StoreError,
+    UnknownRunError,
+)
+from graphrun.eventstore.events import Event
+from graphrun.eventstore.ids import Clock
+from graphrun.eventstore.migrations import APPLICATION_ID, SCHEMA_USER_VERSION, migrate
+from graphrun.eventstore.projections import COLUMNS, RunRow, apply_run_row, rebuild_rows
+
+LEASE_SECONDS = 30.0
+
+_INSERT_EVENT = (
+    "INSERT INTO events (run_id, seq, ts, type, node_id, body, prev_hash, hash) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_UPSERT_RUN = (
+    f"INSERT OR REPLACE INTO runs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
+)
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: str
+    owner: str
+    pid: int
+    host: str
+    expires_at: float
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class SqliteStore:
+    """An event store in one SQLite file."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        durability: str = "normal",
+        create: bool = True,
+        clock: Clock | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.clock = clock or Clock()
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._lock = threading.RLock()
+        self._rows: dict[str, RunRow] = {}
+        if durability not in ("normal", "full"):
+            raise StoreError(f"unknown durability {durability!r} (use 'normal' or 'full')")
+        if not create and not self.path.exists():
+            raise StoreError(
+                f"no event database at {self.path}",
+                hint="run something first, or pass --db / set GRAPHRUN_DB",
+            )
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.conn = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=10.0
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the event database {self.path}: {exc}") from None
+        try:
+            self._check_and_migrate()
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            sync = "FULL" if durability == "full" else "NORMAL"
+            self.conn.execute(f"PRAGMA synchronous={sync}")
+        except sqlite3.DatabaseError as exc:
+            self.conn.close()
+            raise CorruptStoreError(
+                f"{self.path} is not a usable graphrun database: {exc}",
+                hint="point --db at a graphrun event database",
+            ) from None
+        self.durability = durability
+
+    # -- opening -------------------------------------------------------------------
+
+    def _check_and_migrate(self) -> None:
+        app_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if app_id == APPLICATION_ID and version == SCHEMA_USER_VERSION:
+            return
+        if app_id == APPLICATION_ID and version > SCHEMA_USER_VERSION:
+            raise CorruptStoreError(
+                f"{self.path} was written by a newer graphrun (schema {version}, "
+                f"this one knows {SCHEMA_USER_VERSION})",
+                hint="upgrade graphrun",
+            )
+        if app_id not in (0, APPLICATION_ID):
+            raise CorruptStoreError(f"{self.path} belongs to another application")
+        tables = {
+            row[0] for row in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if app_id == 0 and tables - {"_sqlite_migrations"}:
+            raise CorruptStoreError(
+                f"{self.path} is an SQLite database of something else "
+                f"(tables: {', '.join(sorted(tables)[:5])})",
+                hint="point --db at a graphrun event database",
+            )
+        migrate(self.conn)
+
+    def close(self) -> None:
+        with self._lock:
+            self.conn.close()
+
+    def __enter__(self) -> SqliteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- appending -----------------------------------------------------------------
+
+    def _row(self, run_id: str) -> RunRow | None:
+        row = self._rows.get(run_id)
+        if row is None:
+            cur = self.conn.execute(
+                f"SELECT {', '.join(COLUMNS)} FROM runs WHERE run_id = ?", (run_id,)
+            )
+            found = cur.fetchone()
+            if found is not None:
+                row = RunRow(*found)
+        return row
+
+    def append(self, run_id: str, events: Sequence[Event], *, sync: bool = False) -> list[Event]:
+        """Append events to a run in one transaction; returns them stamped.
+
+        Each event gets ``run_id``, the next ``seq`` and (unless set) ``ts``.
+        Raises :class:`ConcurrentAppendError` if another writer got there first.
+        """
+        if not events:
+            return []
+        with self._lock:
+            row = self._row(run_id)
+            seq = row.last_seq if row else 0
+            prev = row.last_hash if row else codec.GENESIS
+            now = self.clock.now()
+            stamped: list[Event] = []
+            params: list[tuple[Any, ...]] = []
+            for event in events:
+                seq += 1
+                event = msgspec.structs.replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
+                body = codec.encode(event)
+                digest = codec.chain_hash(prev, body)
+                params.append(
+                    (
+                        run_id,
+                        seq,
+                        event.ts,
+                        type(event).__name__,
+                        getattr(event, "node_id", None),
+                        body.decode("utf-8"),
+                        prev,
+                        digest,
+                    )
+                )
+                row = apply_run_row(row, event, digest)
+                prev = digest
+                stamped.append(event)
+            assert row is not None
+            conn = self.conn
+            try:
+                if sync and self.durability != "full":
+                    conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    conn.executemany(_INSERT_EVENT, params)
+                    conn.execute(_UPSERT_RUN, tuple(getattr(row, c) for c in COLUMNS))
+                    conn.execute(
+                        "UPDATE leases SET expires_at = ? WHERE run_id = ? AND owner = ?",
+                        (now + LEASE_SECONDS, run_id, self.owner),
+                    )
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.IntegrityError:
+                self._rows.pop(run_id, None)
+                raise ConcurrentAppendError(
+                    f"run {run_id} was extended by another writer (seq {params[0][1]} taken)",
+                    hint="only one process may extend a run at a time",
+                ) from None
+            finally:
+                if sync and self.durability != "full":
+                    conn.execute("PRAGMA synchronous=NORMAL")
+            self._rows[run_id] = row
+            return stamped
+
+    # -- reading -------------------------------------------------------------------
+
+    def has_run(self, run_id: str) -> bool:
+        with self._lock:
+            cur = self.conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,))
+            return cur.fetchone() is not None
+
+    def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
+        """The events of a run in seq order (``after < seq <= upto``)."""
+        sql = "SELECT body FROM events WHERE run_id = ? AND seq > ?"
+        args: list[Any] = [run_id, after]
+        if upto is not None:
+            sql += " AND seq <= ?"
+            args.append(upto)
+        sql += " ORDER BY seq"
+        with self._lock:
+            rows = self.conn.execute(sql, args).fetchall()
+        if not rows and after == 0 and not self.has_run(run_id):
+            raise self.unknown_run(run_id)
+        decode = codec.decode
+        try:
+            return [decode(body) for (body,) in rows]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise CorruptStoreError(
+                f"run {run_id}: an event in the database does not decode ({exc})",
+                hint=f"graphrun audit {run_id} --verify names the damaged event",
+            ) from None
+
+    def raw_rows(self, run_id: str) -> Iterator[tuple[int, bytes, str, str]]:
+        """Stored ``(seq, body, prev_hash, hash)`` rows, for verification."""
+        with self._lock:
+            rows = self.conn.execute(
+                "SELECT seq, body, prev_hash, hash FROM events WHERE run_id = ? ORDER BY seq",
+                (run_id,),
+            ).fetchall()
+        for seq, body, prev_hash, digest in rows:
+            yield seq, body.encode("utf-8"), prev_hash, digest
+
+    def verify(self, run_id: str) -> codec.ChainProblem | None:
+        if not self.has_run(run_id):
+            raise self.unknown_run(run_id)
+        return codec.verify_chain(self.raw_rows(run_id))
+
+    def run(self, run_id: str) -> RunRow:
+        with self._lock:
+            row = self._row(run_id)
+        if row is None:
+            raise self.unknown_run(run_id)
+        return row
+
+    def runs(
+        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+    ) -> list[RunRow]:
+        sql = f"SELECT {', '.join(COLUMNS)} FROM runs"
+        where: list[str] = []
+        args: list[Any] = []
+        if status:
+            where.append("status = ?")
+            args.append(status)
+        if parent:
+            where.append("parent_run_id = ?")
+            args.append(parent)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY started_at DESC, run_id DESC LIMIT ?"
+        args.append(limit)
+        with self._lock:
+            return [RunRow(*r) for r in self.conn.execute(sql, args).fetchall()]
+
+    def resolve_run_id(self, prefix: str) -> str:
+        """A full run id from a unique prefix (like git's short hashes)."""
+        with self._lock:
+            rows = self.conn.execute(
+                "SELECT run_id FROM runs WHERE run_id >= ? AND run_id < ? LIMIT 3",
+                (prefix, prefix + "\uffff"),
+            ).fetchall()
+        if len(rows) == 1:
+            return str(rows[0][0])
+        if not rows:
+            raise self.unknown_run(prefix)
+        raise UnknownRunError(f"run id prefix {prefix!r} is ambiguous", hint="give more characters")
+
+    def unknown_run(self, run_id: str) -> UnknownRunError:
+        return UnknownRunError(
+            f"no run {run_id!r} in {self.path}", hint="`graphrun runs` lists the runs"
+        )
+
+    def rebuild_runs(self) -> int:
+        """Drop and rebuild the ``runs`` projection from ``events``; returns rows."""
+        with self._lock:
+            rows = self.conn.execute(
+                "SELECT body, hash FROM events ORDER BY run_id, seq"
+            ).fetchall()
+            rebuilt = rebuild_rows((codec.decode(body), digest) for body, digest in rows)
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute("DELETE FROM runs")
+            self.conn.executemany(
+                _UPSERT_RUN,
+                [tuple(getattr(r, c) for c in COLUMNS) for r in rebuilt.values()],
+            )
+            self.conn.execute("COMMIT")
+            self._rows.clear()
+            return len(rebuilt)
+
+    # -- leases --------------------------------------------------------------------
+
+    def acquire_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None:
+        """Take the run for this process, or raise :class:`LeaseHeldError`."""
+        host = socket.gethostname()
+        now = self.clock.now()
+        with self._lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                found = self.conn.execute(
+                    "SELECT owner, pid, host, expires_at FROM leases WHERE run_id = ?",
+                    (run_id,),
+                ).fetchone()
+                if found is not None and found[0] != self.owner:
+                    owner, pid, lease_host, expires_at = found
+                    holder_dead = lease_host == host and not _pid_alive(pid)
+                    if expires_at > now and not holder_dead:
+                        raise LeaseHeldError(
+                            f"run {run_id} is being extended by process {pid} on {lease_host}",
+                            hint="wait for it to finish or stop it; the lease expires "
+                            f"in {expires_at - now:.0f}s if that process is gone",
+                        )
+                self.conn.execute(
+                    "INSERT OR REPLACE INTO leases (run_id, owner, pid, host, expires_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (run_id, self.owner, os.getpid(), host, now + seconds),
+                )
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+        # Another process may have appended while we did not hold the run.
+        self._rows.pop(run_id, None)
+
+    def renew_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None:
+        with self._lock:
+            self.conn.execute(
+                "UPDATE leases SET expires_at = ? WHERE run_id = ? AND owner = ?",
+                (self.clock.now() + seconds, run_id, self.owner),
+            )
+
+    def release_lease(self, run_id: str) -> None:
+        with self._lock:
+            self.conn.execute(
+                "DELETE FROM leases WHERE run_id = ? AND owner = ?", (run_id, self.owner)
+            )
+
+    def lease(self, run_id: str) -> Lease | None:
+        with self._lock:
+            found = self.conn.execute(
+                "SELECT run_id, owner, pid, host, expires_at FROM leases WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+        return Lease(*found) if found else None
+
+    def is_live(self, run_id: str) -> bool:
+        """Whether some live process holds the run's lease."""
+        lease = self.lease(run_id)
+        if lease is None or lease.expires_at < self.clock.now():
+            return False
+        return not (lease.host == socket.gethostname() and not _pid_alive(lease.pid))
+
+    @contextmanager
+    def leased(self, run_id: str) -> Iterator[None]:
+        self.acquire_lease(run_id)
+        try:
+            yield
+        finally:
+            self.release_lease(run_id)

@@ -1,0 +1,144 @@
+"""graph.yaml as typed Structs: the graph, its settings and the seven node types.
+
+Unknown fields are errors (``forbid_unknown_fields``); nodes are one tagged union
+on ``type``. ``graph.schema.json`` is generated from these Structs
+(:mod:`graphrun.runtime.schema`) and a test keeps the committed copy in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``settings:`` of a graph."""
+
+    max_loop_iterations: int = 100
+    log_state_snapshots: bool = True
+    validate_before_run: bool = True
+    timeout: float | None = None
+
+
+class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
+    """Fields every node has."""
+
+    id: str | None = None
+    description: str | None = None
+    next: str | None = None
+    state_updates: dict[str, Any] = {}
+
+    @property
+    def type(self) -> str:
+        return str(type(self).__struct_config__.tag)
+
+
+class AgentNode(NodeBase, tag="agent", kw_only=True):
+    agent: str
+    prompt: str
+    timeout: float = 300.0
+    output_schema: dict[str, Any] | None = None
+
+
+class ScriptNode(NodeBase, tag="script", kw_only=True):
+    script: str
+    timeout: float = 30.0
+    fallback: str | None = None
+
+
+class ApprovalNode(NodeBase, tag="approval", kw_only=True):
+    question: str
+    options: list[str]
+    on_other: str
+    routes: dict[str, str] = {}
+    # Extension: only these identities may answer.
+    approvers: list[str] | None = None
+
+
+class InputNode(NodeBase, tag="input", kw_only=True):
+    question: str
+    default: str | None = None
+    validation: str | None = None
+
+
+class LlmNode(NodeBase, tag="llm", kw_only=True):
+    prompt: str
+    instructions: str | None = None
+    tools: list[str] | None = None
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_attempts: int = 1
+    max_iterations: int = 10
+    fallback: str | None = None
+    output_schema: dict[str, Any] | None = None
+    timeout: float | None = None
+
+
+class RagNode(NodeBase, tag="rag", kw_only=True):
+    documents: list[str] = []
+    query: str = "{{initial_prompt}}"
+    top_k: int | None = None
+    timeout: float = 120.0
+    embedding_model: str | None = None
+    chunk_size: int | None = None
+    chunk_overlap: int | None = None
+    reranker_model: str | None = None
+    batch_size: int | None = None
+
+
+class EndNode(NodeBase, tag="end", kw_only=True):
+    output: str = ""
+
+
+Node = AgentNode | ScriptNode | ApprovalNode | InputNode | LlmNode | RagNode | EndNode
+
+NODE_TYPES: dict[str, type[NodeBase]] = {
+    "agent": AgentNode,
+    "script": ScriptNode,
+    "approval": ApprovalNode,
+    "input": InputNode,
+    "llm": LlmNode,
+    "rag": RagNode,
+    "end": EndNode,
+}
+
+
+class Graph(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A whole graph.yaml."""
+
+    name: str
+    version: str
+    start: str
+    nodes: dict[str, Node]
+    description: str | None = None
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    global_tools: list[str] = []
+    mcp_servers: list[str] = []
+    conversation_starters: list[str] = []
+    settings: Settings = msgspec.field(default_factory=Settings)
+    initial_state: dict[str, Any] = {}
+
+    @property
+    def can_spawn_agents(self) -> bool:
+        """Derived, never declared: true iff the graph has an agent node."""
+        return any(isinstance(n, AgentNode) for n in self.nodes.values())
+
+
+def static_edges(node: NodeBase) -> list[tuple[str, str]]:
+    """``(field, target)`` for every declared static edge of a node."""
+    edges: list[tuple[str, str]] = []
+    if isinstance(node, ApprovalNode):
+        # `next` is ignored on approval nodes: routing is routes + on_other.
+        edges.extend((f"routes.{key}", target) for key, target in node.routes.items())
+        edges.append(("on_other", node.on_other))
+        return edges
+    if node.next:
+        edges.append(("next", node.next))
+    fallback = getattr(node, "fallback", None)
+    if fallback:
+        edges.append(("fallback", fallback))
+    return edges

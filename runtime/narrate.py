@@ -1,0 +1,191 @@
+"""The stderr narration (``▸`` lines) and the performance summary.
+
+Narration is always on (dimmed on a terminal unless ``NO_COLOR``); the
+performance summary and state snapshots go through :mod:`logging` at the level
+``GRAPHRUN_LOG`` sets (``info``: start/end/summary, ``debug``: + routing and state
+sizes, ``trace``: + full state).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+from graphrun.eventstore.events import (
+    Event,
+    HumanInputRequested,
+    LlmCalled,
+    NodeCompleted,
+    NodeEntered,
+    NodeFailed,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+    TimeoutFired,
+    ToolCalled,
+)
+from graphrun.eventstore.fold import RunState
+
+TRACE = 5
+log = logging.getLogger("graphrun.graph")
+
+
+def configure_logging() -> None:
+    """Set up the tracing channel from ``GRAPHRUN_LOG`` (off when unset)."""
+    level_name = os.environ.get("GRAPHRUN_LOG", "").strip().lower()
+    if not level_name:
+        return
+    logging.addLevelName(TRACE, "TRACE")
+    level = {
+        "trace": TRACE,
+        "debug": logging.DEBUG,
+        "info": logging.INFO,
+        "warn": logging.WARNING,
+        "warning": logging.WARNING,
+        "error": logging.ERROR,
+    }.get(level_name, logging.INFO)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    root = logging.getLogger("graphrun")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+class Narrator:
+    """Turns appended events into ``▸`` lines on stderr."""
+
+    def __init__(self, stream: TextIO | None = None, *, color: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        if color is None:
+            color = self.stream.isatty() and "NO_COLOR" not in os.environ
+        self.color = color
+        self.started_ts: float | None = None
+        self.graph_name = ""
+        self.events: list[Event] = []
+
+    def line(self, text: str) -> None:
+        if self.color:
+            text = f"\x1b[2m{text}\x1b[0m"
+        print(text, file=self.stream, flush=True)
+
+    def __call__(self, events: Iterable[Event], state: RunState) -> None:
+        for event in events:
+            self.events.append(event)
+            self.narrate(event, state)
+
+    def narrate(self, event: Event, state: RunState) -> None:
+        match event:
+            case RunStarted():
+                self.started_ts = event.ts
+                self.graph_name = event.graph_name
+                start = _start_of(state)
+                self.line(f"▸ graph: {event.graph_name} (start: {start})")
+                log.info("[graph:%s] started run %s", event.graph_name, event.run_id)
+            case RunResumed():
+                self.started_ts = self.started_ts or event.ts
+                self.graph_name = state.graph_name
+                where = state.current or state.routed_to or "start"
+                self.line(f"▸ graph: {state.graph_name} resumed (at: {where})")
+            case NodeEntered():
+                self.line(f"▸ {event.node_id} ({event.node_type})")
+                if log.isEnabledFor(logging.DEBUG):
+                    import json
+
+                    text = json.dumps(state.state, default=str)
+                    log.debug(
+                        "[graph:%s] state before %s: %d bytes, keys: %s",
+                        state.graph_name,
+                        event.node_id,
+                        len(text),
+                        ", ".join(sorted(state.state)),
+                    )
+                    log.log(TRACE, "[graph:%s] state: %s", state.graph_name, text)
+            case LlmCalled():
+                tools = [
+                    t.get("function", t).get("name", "?") for t in event.request.get("tools", [])
+                ]
+                self.line(
+                    f"▸ llm call: model={event.model or '<active>'} "
+                    f"tools={','.join(tools) if tools else '<none>'}"
+                    + (f" (attempt {event.attempt})" if event.attempt > 1 else "")
+                )
+            case ToolCalled():
+                self.line(f"▸ tool: {event.name}" + (" (error)" if event.is_error else ""))
+            case NodeCompleted(routed_to=None):
+                pass
+            case NodeCompleted():
+                if event.failed:
+                    self.line(f"▸ {event.node_id} failed: {event.error} -> {event.routed_to}")
+                else:
+                    self.line(f"▸ {event.node_id} -> {event.routed_to}")
+                log.debug(
+                    "[graph:%s] %s routed to %s", state.graph_name, event.node_id, event.routed_to
+                )
+            case NodeFailed():
+                self.line(f"▸ {event.node_id} failed: {event.error}")
+            case HumanInputRequested():
+                self.line(f"▸ {event.node_id} waits for an answer")
+            case TimeoutFired():
+                self.line(f"▸ timeout fired after {event.timeout_s:g}s")
+            case RunCompleted():
+                self.line(f"▸ graph done in {self._elapsed(event.ts)}")
+                self.summary()
+            case RunFailed():
+                self.line(f"▸ graph failed in {self._elapsed(event.ts)}: {event.error}")
+                self.summary()
+            case RunCancelled():
+                self.line(f"▸ graph cancelled: {event.reason}")
+                self.summary()
+            case _:
+                pass
+
+    def _elapsed(self, ts: float) -> str:
+        if self.started_ts is None:
+            return "?"
+        return f"{ts - self.started_ts:.2f}s"
+
+    def summary(self) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        rows = performance(self.events)
+        log.info("[graph:%s] performance summary (slowest first):", self.graph_name)
+        for node_id, visits, total, avg, peak in rows:
+            log.info(
+                "[graph:%s] %s: %d visit(s), total %.0fms, avg %.0fms, max %.0fms",
+                self.graph_name,
+                node_id,
+                visits,
+                total,
+                avg,
+                peak,
+            )
+
+
+def _start_of(state: RunState) -> str:
+    import yaml
+
+    try:
+        data: Any = yaml.safe_load(state.graph_source)
+        return str(data.get("start"))
+    except Exception:
+        return "?"
+
+
+def performance(events: Iterable[Event]) -> list[tuple[str, int, float, float, float]]:
+    """Per node: visits, total/avg/max wall-clock ms (from entry to completion)."""
+    entered: dict[str, float] = {}
+    spans: dict[str, list[float]] = {}
+    for event in events:
+        if isinstance(event, NodeEntered):
+            entered[event.node_id] = event.ts
+        elif isinstance(event, NodeCompleted | NodeFailed) and event.node_id in entered:
+            spans.setdefault(event.node_id, []).append(
+                (event.ts - entered.pop(event.node_id)) * 1000
+            )
+    rows = [(node, len(ms), sum(ms), sum(ms) / len(ms), max(ms)) for node, ms in spans.items()]
+    return sorted(rows, key=lambda r: r[2], reverse=True)

@@ -1,0 +1,417 @@
+"""Replay: re-drive a recorded run through today's decider, effects served from the log.
+
+No effect is performed, nothing is written, no actor is asked: the recorded log is
+walked once. Every decision the decider makes now is compared with the recorded
+one; every effect the decider asks for is checked against the recorded request
+(the rendered prompt, the script's input, the question shown) and its recorded
+outcome is applied. The first difference is a :class:`Divergence`.
+
+With another graph (``--graph``) the same walk is a regression test: recorded
+effects are matched by node and visit and by their request; a request that
+changed is reported with the node, the field and a diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from graphrun.actors.messages import AgentTask, HumanTask, RagTask, ScriptTask
+from graphrun.eventstore import codec
+from graphrun.eventstore.events import (
+    ChildCancelled,
+    ChildRunFinished,
+    ChildRunStarted,
+    Event,
+    HumanInputReceived,
+    LlmCalled,
+    LlmResult,
+    NodeFailed,
+    RetrievalDone,
+    RunCancelled,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+    ScriptFinished,
+    TimeoutFired,
+    ToolCalled,
+)
+from graphrun.eventstore.fold import RunState, apply
+from graphrun.runtime import decider
+from graphrun.runtime.graph import Graph
+from graphrun.runtime.loader import LoadedGraph
+
+EFFECTS = (
+    ScriptFinished,
+    LlmCalled,
+    ToolCalled,
+    LlmResult,
+    RetrievalDone,
+    ChildRunStarted,
+    ChildRunFinished,
+    HumanInputReceived,
+)
+SUPERVISOR_FACTS = (RunResumed, ChildCancelled, RunCancelled)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a replay first decided differently from the log."""
+
+    seq: int | None
+    node_id: str | None
+    kind: str  # "decision", "request", "extra", "missing"
+    message: str
+    recorded: Any = None
+    now: Any = None
+    field: str | None = None
+
+    def diff(self) -> str:
+        """A short unified diff of recorded vs now."""
+        if self.recorded is None and self.now is None:
+            return ""
+        a = _pretty(self.recorded).splitlines()
+        b = _pretty(self.now).splitlines()
+        lines = list(difflib.unified_diff(a, b, "recorded", "now", lineterm="", n=2))
+        return "\n".join(lines[:60])
+
+    def format(self) -> str:
+        where = []
+        if self.seq is not None:
+            where.append(f"seq {self.seq}")
+        if self.node_id:
+            where.append(f"node '{self.node_id}'")
+        if self.field:
+            where.append(f"field '{self.field}'")
+        head = f"diverged at {', '.join(where)}: {self.message}" if where else self.message
+        d = self.diff()
+        return f"{head}\n{d}" if d else head
+
+
+def _pretty(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+@dataclass
+class ReplayResult:
+    run_id: str
+    events: int
+    decisions: int = 0
+    effects: int = 0
+    divergence: Divergence | None = None
+    final: RunState | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+def _payload(event: Event) -> dict[str, Any]:
+    data = msgspec.to_builtins(event)
+    for key in ("run_id", "seq", "ts"):
+        data.pop(key, None)
+    return data
+
+
+def _same(a: Event, b: Event) -> bool:
+    if type(a) is not type(b):
+        return False
+    return codec.encode(msgspec.structs.replace(a, run_id="", seq=0, ts=0.0)) == codec.encode(
+        msgspec.structs.replace(b, run_id="", seq=0, ts=0.0)
+    )
+
+
+def _changed_fields(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    keys = sorted(set(recorded) | set(now))
+    return [k for k in keys if recorded.get(k) != now.get(k)]
+
+
+class Replayer:
+    """Walks one recorded log against a graph."""
+
+    def __init__(
+        self,
+        events: list[Event],
+        graph: Graph,
+        *,
+        agent_dir: Path | None = None,
+        check_files: bool = False,
+    ) -> None:
+        self.events = events
+        self.graph = graph
+        self.agent_dir = agent_dir
+        self.check_files = check_files
+
+    def run(self) -> ReplayResult:
+        events = self.events
+        if not events or not isinstance(events[0], RunStarted):
+            raise ValueError("a recorded run starts with RunStarted")
+        result = ReplayResult(events[0].run_id, len(events))
+        state = apply(RunState(), events[0])
+        pos = 1
+        n = len(events)
+        decide = decider.decide
+        graph = self.graph
+        while pos < n:
+            rec = events[pos]
+            if isinstance(rec, SUPERVISOR_FACTS):
+                state = apply(state, rec)
+                pos += 1
+                continue
+            if isinstance(rec, TimeoutFired):
+                # A supervisor policy fired; the run's failure follows it.
+                state = apply(state, rec)
+                pos += 1
+                if pos < n and isinstance(events[pos], RunFailed):
+                    state = apply(state, events[pos])
+                    pos += 1
+                continue
+            step = decide(graph, state)
+            if isinstance(step, decider.Append):
+                for now in step.events:
+                    if pos >= n:
+                        # The log ends here: an interrupted run the decider would continue.
+                        result.notes.append(f"log ends before {type(now).__name__}")
+                        result.final = state
+                        return result
+                    rec = events[pos]
+                    if not _same(now, rec):
+                        result.divergence = self._decision_divergence(rec, now)
+                        result.final = state
+                        return result
+                    state = apply(state, rec)
+                    result.decisions += 1
+                    pos += 1
+                continue
+            if isinstance(step, decider.Finished):
+                result.divergence = Divergence(
+                    rec.seq,
+                    getattr(rec, "node_id", None),
+                    "extra",
+                    f"the decider finished the run ({step.status}) but the log continues "
+                    f"with {type(rec).__name__}",
+                    recorded=_payload(rec),
+                )
+                result.final = state
+                return result
+            # Perform: the recorded outcome of this node's effect must follow.
+            if isinstance(rec, NodeFailed) and rec.node_id == step.node_id:
+                # The effect raised; the supervisor recorded the failure.
+                state = apply(state, rec)
+                pos += 1
+                if pos < n and isinstance(events[pos], RunFailed):
+                    state = apply(state, events[pos])
+                    pos += 1
+                continue
+            if not isinstance(rec, EFFECTS) or getattr(rec, "node_id", None) != step.node_id:
+                result.divergence = Divergence(
+                    rec.seq,
+                    step.node_id,
+                    "decision",
+                    f"the decider now runs node '{step.node_id}' ({step.node_type}) but the "
+                    f"log has {type(rec).__name__}"
+                    + (f" of node '{rec.node_id}'" if hasattr(rec, "node_id") else ""),
+                    recorded=_payload(rec),
+                )
+                result.final = state
+                return result
+            first = pos
+            while (
+                pos < n
+                and isinstance(events[pos], EFFECTS)
+                and getattr(events[pos], "node_id", None) == step.node_id
+            ):
+                pos += 1
+            outcome = events[first:pos]
+            problem = check_request(step, outcome, self.agent_dir, self.check_files)
+            if problem is not None:
+                result.divergence = problem
+                result.final = state
+                return result
+            for event in outcome:
+                state = apply(state, event)
+            result.effects += len(outcome)
+        result.final = state
+        return result
+
+    def _decision_divergence(self, rec: Event, now: Event) -> Divergence:
+        node = getattr(rec, "node_id", None) or getattr(now, "node_id", None)
+        if type(rec) is not type(now):
+            return Divergence(
+                rec.seq,
+                node,
+                "decision",
+                f"recorded {type(rec).__name__}, now {type(now).__name__}",
+                recorded=_payload(rec),
+                now=_payload(now),
+            )
+        a, b = _payload(rec), _payload(now)
+        changed = _changed_fields(a, b)
+        detail = ", ".join(changed)
+        what = type(rec).__name__
+        if what == "NodeCompleted" and "routed_to" in changed:
+            message = f"routed to '{b.get('routed_to')}', recorded '{a.get('routed_to')}'"
+        else:
+            message = f"{what} differs in {detail}"
+        return Divergence(
+            rec.seq,
+            node,
+            "decision",
+            message,
+            recorded={k: a.get(k) for k in changed},
+            now={k: b.get(k) for k in changed},
+            field=changed[0] if len(changed) == 1 else None,
+        )
+
+
+def check_request(
+    step: decider.Perform, outcome: list[Event], agent_dir: Path | None, check_files: bool
+) -> Divergence | None:
+    """Does the recorded effect answer the request the decider makes now?"""
+    task = step.task
+    first = outcome[0]
+    seq = first.seq
+    if isinstance(task, ScriptTask):
+        done = next((e for e in outcome if isinstance(e, ScriptFinished)), None)
+        if done is None:
+            return None
+        if done.script != task.script:
+            return Divergence(
+                seq,
+                task.node_id,
+                "request",
+                "a different script runs now",
+                recorded=done.script,
+                now=task.script,
+                field="script",
+            )
+        if done.input_hash and done.input_hash != codec.content_hash(task.state_json):
+            return Divergence(
+                seq,
+                task.node_id,
+                "request",
+                "the script now receives a different state",
+                field="GRAPH_STATE",
+                now=json.loads(task.state_json),
+            )
+        if check_files and agent_dir is not None and done.script_hash:
+            path = agent_dir / task.script
+            try:
+                current = codec.content_hash(path.read_bytes())
+            except OSError:
+                current = "(missing)"
+            if current != done.script_hash:
+                return Divergence(
+                    seq,
+                    task.node_id,
+                    "request",
+                    f"script file {task.script} changed since the run was recorded",
+                    field="script",
+                    recorded=done.script_hash,
+                    now=current,
+                )
+        return None
+    if isinstance(task, HumanTask):
+        answer = next((e for e in outcome if isinstance(e, HumanInputReceived)), None)
+        if answer is None or not answer.question:
+            return None
+        if answer.question != task.question:
+            return Divergence(
+                seq,
+                task.node_id,
+                "request",
+                "the question shown now differs",
+                field="question",
+                recorded=answer.question,
+                now=task.question,
+            )
+        if list(answer.options) != list(task.options):
+            return Divergence(
+                seq,
+                task.node_id,
+                "request",
+                "the options shown now differ",
+                field="options",
+                recorded=list(answer.options),
+                now=list(task.options),
+            )
+        return None
+    if isinstance(task, RagTask):
+        done_r = next((e for e in outcome if isinstance(e, RetrievalDone)), None)
+        if done_r is not None and done_r.query != task.query:
+            return Divergence(
+                seq,
+                task.node_id,
+                "request",
+                "the retrieval query differs",
+                field="query",
+                recorded=done_r.query,
+                now=task.query,
+            )
+        return None
+    if isinstance(task, AgentTask):
+        started = next((e for e in outcome if isinstance(e, ChildRunStarted)), None)
+        if started is not None and started.prompt != task.prompt:
+            return Divergence(
+                seq,
+                task.node_id,
+                "request",
+                "the child agent's prompt differs",
+                field="prompt",
+                recorded=started.prompt,
+                now=task.prompt,
+            )
+        if started is not None and started.agent != task.agent:
+            return Divergence(
+                seq,
+                task.node_id,
+                "request",
+                "a different child agent runs now",
+                field="agent",
+                recorded=started.agent,
+                now=task.agent,
+            )
+        return None
+    return _check_llm_request(task, outcome)
+
+
+def _check_llm_request(task: Any, outcome: list[Event]) -> Divergence | None:
+    calls = [e for e in outcome if isinstance(e, LlmCalled) and e.purpose == "main"]
+    if not calls:
+        return None
+    from graphrun.actors.llm import request_summary
+
+    recorded = request_summary(calls[0].request, calls[0].model)
+    now = request_summary(None, None, task=task)
+    for key in ("model", "system", "prompt", "temperature", "top_p", "tools"):
+        if recorded.get(key) != now.get(key):
+            return Divergence(
+                calls[0].seq,
+                task.node_id,
+                "request",
+                f"the LLM request differs in {key}",
+                field=key,
+                recorded=recorded.get(key),
+                now=now.get(key),
+            )
+    return None
+
+
+def replay_events(
+    events: list[Event], loaded: LoadedGraph | None = None, *, check_files: bool = False
+) -> ReplayResult:
+    """Replay recorded events against ``loaded`` (default: the run's own graph)."""
+    if loaded is None:
+        from graphrun.eventstore.fold import fold
+        from graphrun.runtime.supervisor import graph_of
+
+        loaded = graph_of(fold(events[:1]))
+    return Replayer(events, loaded.graph, agent_dir=loaded.agent_dir, check_files=check_files).run()

@@ -1,0 +1,465 @@
+"""The run supervisor: fold, decide, perform, append — and the policies around it.
+
+One :class:`Driver` drives one run in one process (it holds the run's lease). Its
+loop asks the pure decider for the next step; decision events are buffered and
+an effect is performed by the node type's actor (one ``ask`` per node step). The
+effect's events and the decisions that follow from them are committed together in
+one transaction before the next effect starts, so nothing observable happens on
+the strength of an unrecorded value; a crash before that commit re-performs the
+effect on resume (at-least-once effects, exactly-once recorded results).
+
+Policies: ``settings.timeout`` (cancels the in-flight node, records
+``TimeoutFired``), the per-node visit cap (in the decider), cancellation (Ctrl-C,
+a parent ending), and the one-writer lease.
+
+:class:`RunSupervisor` is the pykka actor the CLI asks to drive a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphrun.actors.base import CancelToken, start_actor
+from graphrun.actors.messages import Execute
+from graphrun.eventstore.codec import content_hash
+from graphrun.eventstore.errors import GraphrunError
+from graphrun.eventstore.events import (
+    Event,
+    HumanInputReceived,
+    HumanInputRequested,
+    NodeFailed,
+    RunCancelled,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+    TimeoutFired,
+)
+from graphrun.eventstore.fold import RunState, apply, fold
+from graphrun.eventstore.ids import Clock, new_run_id
+from graphrun.eventstore.store import SqliteStore
+from graphrun.runtime import decider
+from graphrun.runtime.errors import GraphValidationError, WaitingForHuman
+from graphrun.runtime.loader import Diagnostic, LoadedGraph, load_text
+
+log = logging.getLogger("graphrun.run")
+
+GRAPHRUN_VERSION = "0.1.0"
+_LEASE_RENEW_EVERY = 10.0
+
+
+@dataclass
+class RunOptions:
+    """How a run is driven (none of this changes what the decider decides)."""
+
+    answers: dict[str, list[str]] = field(default_factory=dict)  # node id -> answers, in order
+    as_user: str | None = None
+    interactive: bool = False
+    agents_dir: Path | None = None
+    config_dir: Path | None = None
+    llm_replay: list[Any] | None = None  # recorded LlmCalled events to serve (--llm-replay)
+    listener: Callable[[list[Event], RunState], None] | None = None
+    # Recorded effect outcomes to reuse instead of performing (replay --live, fork).
+    effect_source: Any = None
+    # Node types -> actor factories, filled in by graphrun.runtime.effects.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_id: str
+    status: str  # completed, failed, cancelled, waiting
+    output: str | None = None
+    error: str | None = None
+    waiting: HumanInputRequested | None = None
+
+
+class _Context:
+    """The :class:`~graphrun.actors.base.EffectContext` a driver hands its actors."""
+
+    def __init__(self, driver: Driver, node_id: str, visit: int) -> None:
+        self.run_id = driver.run_id
+        self.node_id = node_id
+        self.visit = visit
+        self.agent_dir = driver.agent_dir
+        self.cancel = driver.node_cancel
+        self.options = driver.options
+        self.driver = driver
+        self.tmp_dir = driver.tmp_dir
+
+    def record(self, *events: Event) -> None:
+        self.driver.record_effects(events)
+
+
+def graph_of(state: RunState) -> LoadedGraph:
+    """The graph a run was started with (from its log, not from disk)."""
+    path = Path(state.graph_path or "graph.yaml")
+    return load_text(
+        state.graph_source, path=path, agent_dir=Path(state.agent_dir) if state.agent_dir else None
+    )
+
+
+def whoami(as_user: str | None = None) -> str:
+    if as_user:
+        return as_user
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment
+        return f"uid:{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+
+
+def seed_state(
+    loaded: LoadedGraph, prompt: str, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """initial_state, then --set overrides, then initial_prompt (always the caller's)."""
+    state = dict(loaded.graph.initial_state)
+    state.update(overrides or {})
+    state["initial_prompt"] = prompt
+    return state
+
+
+def check_graph(
+    loaded: LoadedGraph, *, agents_dir: Path | None, config_dir: Path | None, deep: bool = True
+) -> list[Diagnostic]:
+    """Run the validator; raise on errors, return the warnings."""
+    from graphrun.runtime.validate import Check, validate
+
+    found = validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir, deep=deep))
+    errors = [d for d in found if d.severity == "error"]
+    if errors:
+        raise GraphValidationError(found, path=loaded.file)
+    return found
+
+
+def start_run(
+    store: SqliteStore,
+    loaded: LoadedGraph,
+    *,
+    prompt: str = "",
+    overrides: dict[str, Any] | None = None,
+    started_by: str | None = None,
+    parent_run_id: str | None = None,
+    parent_node_id: str | None = None,
+    run_id: str | None = None,
+) -> str:
+    """Record ``RunStarted`` for a new run and return its id (the graph is not run yet)."""
+    run_id = run_id or new_run_id()
+    files: dict[str, str] = {}
+    for node in loaded.graph.nodes.values():
+        script = getattr(node, "script", None)
+        if script:
+            with contextlib.suppress(OSError):
+                files[script] = content_hash((loaded.agent_dir / script).read_bytes())
+    event = RunStarted(
+        graph_name=loaded.graph.name,
+        graph_source=loaded.source,
+        graph_hash=content_hash(loaded.source),
+        graph_path=str(loaded.path.resolve()),
+        agent_dir=str(loaded.agent_dir.resolve()),
+        initial_state=seed_state(loaded, prompt, overrides),
+        initial_prompt=prompt,
+        parent_run_id=parent_run_id,
+        parent_node_id=parent_node_id,
+        started_by=whoami(started_by),
+        host=socket.gethostname(),
+        graphrun_version=GRAPHRUN_VERSION,
+        files=files,
+    )
+    store.append(run_id, [event], sync=True)
+    return run_id
+
+
+class Driver:
+    """Drives one run to its end, to a wait for a person, or to cancellation."""
+
+    def __init__(
+        self,
+        store: SqliteStore,
+        run_id: str,
+        options: RunOptions | None = None,
+        *,
+        clock: Clock | None = None,
+        cancel: CancelToken | None = None,
+        resumed_by: str | None = None,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.options = options or RunOptions()
+        self.clock = clock or Clock()
+        self.cancel = cancel or CancelToken()
+        self.node_cancel = CancelToken()
+        self.resumed_by = resumed_by
+        self._pending: list[Event] = []
+        self._effects: list[Event] = []
+        self.timed_out: float | None = None
+        self._pending_lock = threading.Lock()
+        self._actors: dict[str, Any] = {}
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix="graphrun-"))
+        # Cancelling the run cancels whatever node is in flight.
+        self.cancel.on_cancel(lambda: self.node_cancel.cancel(self.cancel.reason or "cancelled"))
+
+    # -- buffering ----------------------------------------------------------------
+
+    def buffer(self, events: tuple[Event, ...] | list[Event]) -> None:
+        with self._pending_lock:
+            self._pending.extend(events)
+
+    def record_effects(self, events: tuple[Event, ...] | list[Event]) -> None:
+        """Effect events from an actor (any thread); absorbed after the effect returns."""
+        with self._pending_lock:
+            self._effects.extend(events)
+
+    def absorb_effects(self) -> int:
+        """Fold the effect events recorded so far and queue them for the next commit."""
+        with self._pending_lock:
+            effects, self._effects = self._effects, []
+            self._pending.extend(effects)
+        state = self.state
+        for event in effects:
+            state = apply(state, event)
+        self.state = state
+        return len(effects)
+
+    def flush(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        if not pending:
+            return
+        sync = any(isinstance(e, HumanInputReceived | HumanInputRequested) for e in pending)
+        stamped = self.store.append(self.run_id, pending, sync=sync)
+        self.durable = fold(stamped, self.durable)
+        self.state = self.durable
+        if self.options.listener is not None:
+            self.options.listener(stamped, self.durable)
+
+    def _speculate(self, events: tuple[Event, ...]) -> None:
+        """Buffer decision events and fold them into the working state."""
+        self.buffer(events)
+        state = self.state
+        for event in events:
+            state = apply(state, event)
+        self.state = state
+
+    # -- the loop ------------------------------------------------------------------
+
+    def drive(self) -> RunOutcome:
+        self.store.acquire_lease(self.run_id)
+        try:
+            return self._drive()
+        finally:
+            with contextlib.suppress(GraphrunError):
+                self.flush()
+            self.store.release_lease(self.run_id)
+            for ref in self._actors.values():
+                with contextlib.suppress(Exception):
+                    ref.stop(block=False)
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+    def _drive(self) -> RunOutcome:
+        events = self.store.read(self.run_id)
+        self.durable = fold(events)
+        self.state = self.durable
+        if self.state.terminal:
+            return self._outcome()
+        loaded = graph_of(self.state)
+        self.graph = loaded.graph
+        self.agent_dir = loaded.agent_dir
+        resumed = any(not isinstance(e, RunStarted) for e in events)
+        if resumed:
+            self.buffer(
+                [
+                    RunResumed(
+                        by=whoami(self.resumed_by),
+                        host=socket.gethostname(),
+                        pid=os.getpid(),
+                        reason="resume",
+                    )
+                ]
+            )
+            self.flush()
+        elif self.options.listener is not None:
+            self.options.listener(events, self.durable)
+        timeout = self.graph.settings.timeout
+        deadline = self.clock.monotonic() + timeout if timeout else None
+        while True:
+            if self.cancel.cancelled:
+                self._speculate((RunCancelled(reason=self.cancel.reason or "cancelled"),))
+                break
+            if deadline is not None and self.clock.monotonic() > deadline:
+                self._timeout(timeout, None)
+                break
+            step = decider.decide(self.graph, self.state)
+            if isinstance(step, decider.Finished):
+                break
+            if isinstance(step, decider.Append):
+                self._speculate(step.events)
+                continue
+            self.flush()
+            waiting = self._perform(step, deadline, timeout)
+            if waiting is not None:
+                self.flush()
+                return RunOutcome(self.run_id, "waiting", waiting=waiting)
+        self.flush()
+        return self._outcome()
+
+    def _perform(
+        self, step: decider.Perform, deadline: float | None, timeout: float | None
+    ) -> HumanInputRequested | None:
+        node_id = step.node_id
+        visit = self.state.current_visit
+        ctx = _Context(self, node_id, visit)
+        self.node_cancel = CancelToken()
+        if self.cancel.cancelled:
+            self.node_cancel.cancel(self.cancel.reason or "cancelled")
+        ctx.cancel = self.node_cancel
+        source = self.options.effect_source
+        if source is not None:
+            recorded = source.take(step, visit, self.agent_dir)
+            if recorded is not None:
+                self.record_effects(recorded)
+                self.absorb_effects()
+                return None
+        try:
+            ref = self._actor(step.node_type)
+            future = ref.ask(Execute(step.task, ctx), block=False)
+            self._wait(future, deadline, timeout, node_id)
+        except WaitingForHuman:
+            self.absorb_effects()
+            return self.state.waiting
+        except GraphrunError as exc:
+            self.absorb_effects()
+            self._effect_failed(node_id, visit, str(exc))
+            return None
+        except Exception as exc:  # an actor bug must still end the run cleanly
+            log.debug("effect of node %s raised", node_id, exc_info=True)
+            self.absorb_effects()
+            self._effect_failed(node_id, visit, f"internal error: {type(exc).__name__}: {exc}")
+            return None
+        produced = self.absorb_effects()
+        if self.timed_out is None and not produced and not self.state.terminal:
+            self._effect_failed(node_id, visit, f"{step.node_type} node produced no result")
+        return None
+
+    def _wait(
+        self, future: Any, deadline: float | None, timeout: float | None, node_id: str
+    ) -> None:
+        import pykka
+
+        while True:
+            slice_ = _LEASE_RENEW_EVERY
+            if deadline is not None:
+                slice_ = max(0.0, min(slice_, deadline - self.clock.monotonic()))
+            try:
+                future.get(timeout=slice_)
+                return
+            except pykka.Timeout:
+                pass
+            if deadline is not None and self.clock.monotonic() >= deadline:
+                self.node_cancel.cancel(f"run timeout ({timeout:g}s)")
+                with contextlib.suppress(Exception):
+                    future.get(timeout=30)
+                assert timeout is not None
+                self._timeout(timeout, node_id)
+                return
+            self.store.renew_lease(self.run_id)
+
+    def _timeout(self, timeout: float | None, node_id: str | None) -> None:
+        self.timed_out = timeout or 0.0
+        self.absorb_effects()
+        self._speculate(
+            (
+                TimeoutFired(scope="run", timeout_s=timeout or 0.0, node_id=node_id),
+                RunFailed(
+                    error=f"run timed out after {timeout:g}s (settings.timeout)"
+                    + (f" in node '{node_id}'" if node_id else ""),
+                    node_id=node_id,
+                ),
+            )
+        )
+
+    def _effect_failed(self, node_id: str, visit: int, error: str) -> None:
+        self._speculate(
+            (
+                NodeFailed(node_id=node_id, visit=visit, error=error),
+                RunFailed(error=f"node '{node_id}': {error}", node_id=node_id),
+            )
+        )
+
+    def _actor(self, node_type: str) -> Any:
+        ref = self._actors.get(node_type)
+        if ref is None:
+            from graphrun.runtime.effects import actor_class
+
+            cls, args = actor_class(node_type, self)
+            ref = self._actors[node_type] = start_actor(cls, *args)
+        return ref
+
+    def _outcome(self) -> RunOutcome:
+        s = self.state
+        return RunOutcome(self.run_id, s.status, s.output, s.error, s.waiting)
+
+
+def drive(driver: Driver) -> RunOutcome:
+    """Drive a run inside a :class:`RunSupervisor` actor; Ctrl-C cancels it cleanly."""
+    ref = RunSupervisor.start(driver)
+    try:
+        future = ref.ask("drive", block=False)
+        while True:
+            try:
+                return future.get(timeout=0.2)  # type: ignore[no-any-return]
+            except KeyboardInterrupt:
+                driver.cancel.cancel("interrupted (Ctrl-C)")
+            except Exception as exc:
+                import pykka
+
+                if isinstance(exc, pykka.Timeout):
+                    continue
+                raise
+    finally:
+        with contextlib.suppress(Exception):
+            ref.stop(block=False)
+
+
+def _make_supervisor() -> type:
+    import pykka
+
+    class RunSupervisor(pykka.ThreadingActor):  # type: ignore[misc]
+        """The actor that owns one run's loop."""
+
+        use_daemon_thread = True
+
+        def __init__(self, driver: Driver) -> None:
+            super().__init__()
+            self.driver = driver
+
+        def on_receive(self, message: Any) -> Any:
+            if message == "drive":
+                return self.driver.drive()
+            raise TypeError(f"RunSupervisor got an unexpected message {message!r}")
+
+    return RunSupervisor
+
+
+RunSupervisor: Any = _make_supervisor()
+
+__all__ = [
+    "Driver",
+    "RunOptions",
+    "RunOutcome",
+    "RunSupervisor",
+    "check_graph",
+    "drive",
+    "graph_of",
+    "seed_state",
+    "start_run",
+]

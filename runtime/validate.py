@@ -1,0 +1,532 @@
+"""The semantic validator: every rule of the spec's Validation section, one function each.
+
+Each rule takes a :class:`Check` (the loaded graph plus where to look things up)
+and returns :class:`Diagnostic` s. :func:`validate` runs them all; errors stop a
+run, warnings are printed and the run continues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphrun.runtime.graph import (
+    AgentNode,
+    ApprovalNode,
+    EndNode,
+    InputNode,
+    LlmNode,
+    NodeBase,
+    RagNode,
+    ScriptNode,
+    static_edges,
+)
+from graphrun.runtime.loader import Diagnostic, LoadedGraph
+
+SCRIPT_RUNTIMES = {".sh": ["bash"], ".py": ["python3"], ".ts": ["npx", "tsx"]}
+
+
+@dataclass
+class Check:
+    """What the rules look at."""
+
+    loaded: LoadedGraph
+    agents_dir: Path | None = None
+    config_dir: Path | None = None
+    # Optional, expensive checks (tool discovery, model config) can be switched off.
+    deep: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def graph(self) -> Any:
+        return self.loaded.graph
+
+    def nodes(self) -> Iterator[tuple[str, NodeBase]]:
+        yield from self.loaded.graph.nodes.items()
+
+    def diag(
+        self,
+        severity: str,
+        rule: str,
+        message: str,
+        path: str,
+        *,
+        node: str | None = None,
+        hint: str | None = None,
+    ) -> Diagnostic:
+        return Diagnostic(
+            severity, rule, message, self.loaded.file, self.loaded.line(path), path, node, hint
+        )
+
+
+def _npath(node_id: str, *fields: str) -> str:
+    from graphrun.runtime.loader import _child
+
+    path = _child("$.nodes", node_id)
+    for f in fields:
+        path = _child(path, f)
+    return path
+
+
+Rule = Callable[[Check], list[Diagnostic]]
+RULES: list[Rule] = []
+
+
+def rule(fn: Rule) -> Rule:
+    RULES.append(fn)
+    return fn
+
+
+# --- graph-level -------------------------------------------------------------------
+
+
+@rule
+def version_is_1_0(c: Check) -> list[Diagnostic]:
+    if c.graph.version != "1.0":
+        return [
+            c.diag(
+                "error",
+                "version",
+                f'unsupported graph schema version "{c.graph.version}"',
+                "$.version",
+                hint='only "1.0" is accepted',
+            )
+        ]
+    return []
+
+
+@rule
+def ids_match_keys(c: Check) -> list[Diagnostic]:
+    return [
+        c.diag(
+            "error",
+            "id-mismatch",
+            f"node id '{node.id}' does not match its key '{key}'",
+            _npath(key, "id"),
+            node=key,
+            hint=f"set id: {key} or leave id out",
+        )
+        for key, node in c.nodes()
+        if node.id is not None and node.id != key
+    ]
+
+
+@rule
+def start_exists(c: Check) -> list[Diagnostic]:
+    if c.graph.start not in c.graph.nodes:
+        return [
+            c.diag(
+                "error",
+                "start",
+                f"start node '{c.graph.start}' does not exist",
+                "$.start",
+                hint=_did_you_mean(c.graph.start, list(c.graph.nodes)),
+            )
+        ]
+    return []
+
+
+@rule
+def edge_targets_exist(c: Check) -> list[Diagnostic]:
+    out = []
+    for node_id, node in c.nodes():
+        for field_name, target in static_edges(node):
+            if target not in c.graph.nodes:
+                out.append(
+                    c.diag(
+                        "error",
+                        "unknown-target",
+                        f"node '{node_id}': {field_name} points to unknown node '{target}'",
+                        _npath(node_id, *field_name.split(".", 1)),
+                        node=node_id,
+                        hint=_did_you_mean(target, list(c.graph.nodes)),
+                    )
+                )
+    return out
+
+
+@rule
+def no_static_cycles(c: Check) -> list[Diagnostic]:
+    nodes = c.graph.nodes
+    adjacency = {
+        nid: [(f, t) for f, t in static_edges(n) if t in nodes] for nid, n in nodes.items()
+    }
+    color: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+    seen_cycles: set[frozenset[str]] = set()
+
+    def visit(nid: str) -> None:
+        color[nid] = 1
+        stack.append(nid)
+        for _f, target in adjacency[nid]:
+            if color.get(target, 0) == 0:
+                visit(target)
+            elif color[target] == 1:
+                cycle = stack[stack.index(target) :] + [target]
+                key = frozenset(cycle)
+                if key not in seen_cycles:
+                    seen_cycles.add(key)
+                    found.append(cycle)
+        stack.pop()
+        color[nid] = 2
+
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * len(nodes) + 100))
+    try:
+        for nid in nodes:
+            if color.get(nid, 0) == 0:
+                visit(nid)
+    finally:
+        sys.setrecursionlimit(limit)
+    return [
+        c.diag(
+            "error",
+            "static-cycle",
+            f"cycle in static edges: {' -> '.join(cycle)}",
+            _npath(cycle[-2]),
+            node=cycle[-2],
+            hint="static cycles are always errors; loop with a script's _next instead",
+        )
+        for cycle in found
+    ]
+
+
+@rule
+def has_end_node(c: Check) -> list[Diagnostic]:
+    if not any(isinstance(n, EndNode) for _, n in c.nodes()):
+        return [
+            c.diag(
+                "error",
+                "no-end",
+                "the graph has no end node, so it could never finish",
+                "$.nodes",
+                hint="add a node with type: end",
+            )
+        ]
+    return []
+
+
+def _reachable(c: Check) -> set[str]:
+    nodes = c.graph.nodes
+    seen: set[str] = set()
+    todo = [c.graph.start] if c.graph.start in nodes else []
+    while todo:
+        nid = todo.pop()
+        if nid in seen:
+            continue
+        seen.add(nid)
+        todo.extend(t for _f, t in static_edges(nodes[nid]) if t in nodes)
+    return seen
+
+
+@rule
+def unreachable_nodes(c: Check) -> list[Diagnostic]:
+    if c.graph.start not in c.graph.nodes:
+        return []
+    reachable = _reachable(c)
+    return [
+        c.diag(
+            "warning",
+            "unreachable",
+            f"node '{nid}' is unreachable from '{c.graph.start}' via static edges",
+            _npath(nid),
+            node=nid,
+            hint="fine if a script routes there with _next",
+        )
+        for nid in c.graph.nodes
+        if nid not in reachable
+    ]
+
+
+@rule
+def end_reachable(c: Check) -> list[Diagnostic]:
+    if c.graph.start not in c.graph.nodes:
+        return []
+    if not any(isinstance(c.graph.nodes[n], EndNode) for n in _reachable(c)):
+        return [
+            c.diag(
+                "warning",
+                "no-reachable-end",
+                f"no end node is reachable from '{c.graph.start}' via static edges",
+                "$.start",
+                hint="fine if a script routes there with _next",
+            )
+        ]
+    return []
+
+
+@rule
+def next_where_required(c: Check) -> list[Diagnostic]:
+    """agent, rag, input and llm nodes route via ``next``; without it the run fails there."""
+    reachable = _reachable(c) if c.graph.start in c.graph.nodes else set()
+    out = []
+    for nid, node in c.nodes():
+        if isinstance(node, AgentNode | RagNode | InputNode | LlmNode) and not node.next:
+            if nid in reachable:
+                out.append(
+                    c.diag(
+                        "warning",
+                        "missing-next",
+                        f"{node.type} node '{nid}' has no next; the run fails when it gets there",
+                        _npath(nid),
+                        node=nid,
+                    )
+                )
+    return out
+
+
+# --- approval / input ----------------------------------------------------------------
+
+
+@rule
+def approval_options_routed(c: Check) -> list[Diagnostic]:
+    out = []
+    for nid, node in c.nodes():
+        if not isinstance(node, ApprovalNode):
+            continue
+        for i, option in enumerate(node.options):
+            if option not in node.routes:
+                out.append(
+                    c.diag(
+                        "error",
+                        "option-without-route",
+                        f"approval '{nid}': option '{option}' has no routes entry",
+                        _npath(nid, "options") + f"[{i}]",
+                        node=nid,
+                        hint=f"add routes: {{'{option}': <node>}}",
+                    )
+                )
+        for key in node.routes:
+            if key not in node.options:
+                out.append(
+                    c.diag(
+                        "warning",
+                        "route-without-option",
+                        f"approval '{nid}': routes entry '{key}' matches no option",
+                        _npath(nid, "routes", key),
+                        node=nid,
+                    )
+                )
+        if not node.options:
+            out.append(
+                c.diag(
+                    "error",
+                    "no-options",
+                    f"approval '{nid}' has no options",
+                    _npath(nid, "options"),
+                    node=nid,
+                )
+            )
+    return out
+
+
+@rule
+def input_validation_grammar(c: Check) -> list[Diagnostic]:
+    from graphrun.actors.human import parse_validation
+
+    out = []
+    for nid, node in c.nodes():
+        if isinstance(node, InputNode) and node.validation is not None:
+            try:
+                parse_validation(node.validation)
+            except ValueError as exc:
+                out.append(
+                    c.diag(
+                        "error", "validation-grammar", str(exc), _npath(nid, "validation"), node=nid
+                    )
+                )
+    return out
+
+
+# --- script ---------------------------------------------------------------------------
+
+
+def script_path(agent_dir: Path, script: str) -> Path:
+    return (agent_dir / script).resolve()
+
+
+@rule
+def script_files(c: Check) -> list[Diagnostic]:
+    out = []
+    agent_dir = c.loaded.agent_dir.resolve()
+    for nid, node in c.nodes():
+        if not isinstance(node, ScriptNode):
+            continue
+        where = _npath(nid, "script")
+        path = script_path(agent_dir, node.script)
+        ext = Path(node.script).suffix
+        if not path.is_relative_to(agent_dir):
+            out.append(
+                c.diag(
+                    "error",
+                    "script-outside",
+                    f"script '{node.script}' is outside the agent directory",
+                    where,
+                    node=nid,
+                )
+            )
+        elif ext not in SCRIPT_RUNTIMES:
+            out.append(
+                c.diag(
+                    "error",
+                    "script-extension",
+                    f"script '{node.script}' has unsupported extension '{ext or '(none)'}'",
+                    where,
+                    node=nid,
+                    hint="script extensions are exactly .sh, .py and .ts",
+                )
+            )
+        elif not path.is_file():
+            out.append(
+                c.diag(
+                    "error",
+                    "script-missing",
+                    f"script file '{node.script}' does not exist in {agent_dir}",
+                    where,
+                    node=nid,
+                )
+            )
+    return out
+
+
+# --- agent / rag / llm ---------------------------------------------------------------
+
+
+@rule
+def agent_dir_files(c: Check) -> list[Diagnostic]:
+    d = c.loaded.agent_dir
+    if c.loaded.path.name == "graph.yaml" and (d / "config.yaml").exists():
+        return [
+            c.diag(
+                "error",
+                "graph-and-config",
+                f"{d} has both graph.yaml and config.yaml",
+                "$",
+                hint="an agent is either a graph agent (graph.yaml) or an LLM-loop agent "
+                "(config.yaml): remove one",
+            )
+        ]
+    return []
+
+
+@rule
+def agents_exist(c: Check) -> list[Diagnostic]:
+    out = []
+    for nid, node in c.nodes():
+        if not isinstance(node, AgentNode):
+            continue
+        where = _npath(nid, "agent")
+        if c.agents_dir is None:
+            continue
+        adir = c.agents_dir / node.agent
+        if not adir.is_dir():
+            known = (
+                sorted(p.name for p in c.agents_dir.iterdir() if p.is_dir())
+                if c.agents_dir.is_dir()
+                else []
+            )
+            out.append(
+                c.diag(
+                    "error",
+                    "unknown-agent",
+                    f"agent node '{nid}': no agent '{node.agent}' in {c.agents_dir}",
+                    where,
+                    node=nid,
+                    hint=_did_you_mean(node.agent, known) or "set --agents-dir",
+                )
+            )
+        elif not (adir / "graph.yaml").exists() and not (adir / "config.yaml").exists():
+            out.append(
+                c.diag(
+                    "error",
+                    "agent-without-definition",
+                    f"agent node '{nid}': {adir} has neither config.yaml nor graph.yaml",
+                    where,
+                    node=nid,
+                )
+            )
+    return out
+
+
+@rule
+def rag_documents(c: Check) -> list[Diagnostic]:
+    out = []
+    for nid, node in c.nodes():
+        if not isinstance(node, RagNode):
+            continue
+        if not node.documents:
+            out.append(
+                c.diag(
+                    "error",
+                    "rag-no-documents",
+                    f"rag node '{nid}' has no documents",
+                    _npath(nid),
+                    node=nid,
+                    hint="at least one knowledge source is required",
+                )
+            )
+        if not node.state_updates:
+            out.append(
+                c.diag(
+                    "warning",
+                    "rag-no-state-updates",
+                    f"rag node '{nid}' has no state_updates: its result goes nowhere",
+                    _npath(nid),
+                    node=nid,
+                )
+            )
+    return out
+
+
+@rule
+def output_schemas_valid(c: Check) -> list[Diagnostic]:
+    out = []
+    for nid, node in c.nodes():
+        schema = getattr(node, "output_schema", None)
+        if schema is None:
+            continue
+        import jsonschema
+
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            out.append(
+                c.diag(
+                    "error",
+                    "output-schema",
+                    f"node '{nid}': output_schema is not a valid JSON Schema: {exc.message}",
+                    _npath(nid, "output_schema"),
+                    node=nid,
+                )
+            )
+    return out
+
+
+#: Rules contributed by effect modules (tools, models, knowledge bases), registered
+#: by :func:`register_rule` so this module never imports them eagerly.
+def register_rule(fn: Rule) -> Rule:
+    return rule(fn)
+
+
+def _did_you_mean(name: str, choices: list[str]) -> str | None:
+    import difflib
+
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else None
+
+
+def validate(check: Check) -> list[Diagnostic]:
+    """Run every rule; errors first, each group in file order."""
+    from graphrun.runtime import effect_rules  # noqa: F401  (registers deep rules)
+
+    found: list[Diagnostic] = []
+    for fn in RULES:
+        if not check.deep and getattr(fn, "deep", False):
+            continue
+        found.extend(fn(check))
+    return sorted(found, key=lambda d: (d.severity != "error", d.line or 0, d.rule))

@@ -1,0 +1,1 @@
+"""Real servers and helpers the test suite (and benchmarks) run against."""
