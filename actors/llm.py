@@ -60,6 +60,7 @@ class LlmTask:
     """
 
     node_id: str
+    visit: int = 1
     model: str  # provider:model
     system: str | None = None
     prompt: str
@@ -69,6 +70,7 @@ class LlmTask:
     max_iterations: int = 10
     timeout: float | None = None  # node wall clock in seconds; None = none
     output_schema: dict[str, Any] | None = None
+    tools: tuple[str, ...] = ()  # the node's whitelist, as written
 
 
 class ToolboxLike(Protocol):

@@ -450,13 +450,22 @@ def _save(
             for f in kb.files
         ],
     }
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    base = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+    class Dumper(base):  # type: ignore[misc, valid-type]
+        """Multi-line chunks as literal blocks, so the file reads like the documents."""
+
+    def represent_str(dumper: Any, value: str) -> Any:
+        style = "|" if "\n" in value else None  # the emitter falls back if a block can't hold it
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, represent_str)
     header = (
         f"# Knowledge base of rag node '{node_id}', written by graphrun. Do not edit.\n"
         f"# Delete this file and {data_dir.name}/ to rebuild it on the next run.\n"
     )
     text = header + yaml.dump(
-        document, Dumper=dumper, sort_keys=False, allow_unicode=True, width=1_000_000
+        document, Dumper=Dumper, sort_keys=False, allow_unicode=True, width=1_000_000
     )
     target = kb_file(agent_dir, node_id)
     fd, tmp = tempfile.mkstemp(prefix=f".{node_id}.", suffix=".yaml.tmp", dir=agent_dir)

@@ -1,7 +1,84 @@
 """Validation rules that need the effect layer (tools, models, knowledge bases).
 
-They register themselves with :func:`graphrun.runtime.validate.register_rule` and
-are marked ``deep``: ``Check(deep=False)`` skips them.
+They are registered with :func:`graphrun.runtime.validate.register_rule` and marked
+``deep`` (``Check(deep=False)`` skips them).
 """
 
 from __future__ import annotations
+
+from graphrun.eventstore.errors import GraphrunError
+from graphrun.runtime.graph import LlmNode
+from graphrun.runtime.loader import Diagnostic
+from graphrun.runtime.validate import Check, _npath, register_rule
+
+
+def deep(fn):  # type: ignore[no-untyped-def]
+    fn.deep = True
+    return fn
+
+
+@register_rule
+@deep
+def llm_tools_known(c: Check) -> list[Diagnostic]:
+    """Each ``tools:`` entry must name a known tool or ``mcp:<server>``."""
+    from graphrun.actors.tools import validate_whitelist
+
+    out = []
+    for nid, node in c.nodes():
+        if not isinstance(node, LlmNode) or not node.tools:
+            continue
+        try:
+            problems = validate_whitelist(
+                c.loaded.agent_dir,
+                node.tools,
+                global_tools=c.graph.global_tools,
+                mcp_servers=c.graph.mcp_servers,
+                config_dir=c.config_dir,
+            )
+        except GraphrunError as exc:
+            problems = [str(exc)]
+        out += [
+            c.diag(
+                "error", "unknown-tool", f"llm node '{nid}': {p}", _npath(nid, "tools"), node=nid
+            )
+            for p in problems
+        ]
+    return out
+
+
+@register_rule
+@deep
+def llm_models_known(c: Check) -> list[Diagnostic]:
+    """Each llm node's model (or the graph's default) must resolve to a provider or client."""
+    from graphrun.actors.llmconfig import load_llm_config
+
+    nodes = [(nid, n) for nid, n in c.nodes() if isinstance(n, LlmNode)]
+    if not nodes:
+        return []
+    try:
+        config = load_llm_config(c.config_dir)
+    except GraphrunError as exc:
+        return [c.diag("error", "llm-config", str(exc), "$")]
+    out = []
+    for nid, node in nodes:
+        model = node.model or c.graph.model
+        where = _npath(nid, "model") if node.model else "$.model"
+        if not model:
+            out.append(
+                c.diag(
+                    "error",
+                    "no-model",
+                    f"llm node '{nid}' has no model and the graph sets none",
+                    _npath(nid),
+                    node=nid,
+                    hint="set model: provider:model on the node or graph",
+                )
+            )
+            continue
+        try:
+            config.resolve(model)
+        except GraphrunError as exc:
+            out.append(
+                c.diag("error", "unknown-model", f"llm node '{nid}': {exc}", where, node=nid)
+            )
+    return out

@@ -1,14 +1,73 @@
-"""Actors for the node types whose effects need configuration from the run (llm, rag, agent)."""
+"""Actors for the node types whose effects need the run's configuration: llm, rag, agent.
+
+Each is a small class with ``perform(task, ctx)``; :func:`node_actor` builds it with
+what it needs from the driver (clients, the agent directory, recorded responses).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from graphrun.runtime.errors import GraphrunError
+from graphrun.runtime.errors import GraphrunError, node_context
 
 if TYPE_CHECKING:
     from graphrun.runtime.supervisor import Driver
 
 
+class LlmActor:
+    """The ``llm`` node actor: one call (with retries and a bounded tool loop) per visit."""
+
+    node_type = "llm"
+
+    def __init__(self, driver: Driver) -> None:
+        from graphrun.actors.http import ClientFactory
+        from graphrun.actors.llmconfig import load_llm_config
+
+        options = driver.options
+        config = load_llm_config(options.config_dir)
+        if options.llm_replay is not None:
+            self.clients = ClientFactory.replay(options.llm_replay, config)
+        else:
+            self.clients = ClientFactory(config)
+        self.graph = driver.graph
+        self.config_dir = options.config_dir
+        self.agent_dir = driver.agent_dir
+        self._toolboxes: dict[tuple[str, ...], Any] = {}
+
+    def toolbox(self, whitelist: tuple[str, ...]) -> Any:
+        if not whitelist:
+            return None
+        box = self._toolboxes.get(whitelist)
+        if box is None:
+            from graphrun.actors.tools import load_toolbox
+
+            box = self._toolboxes[whitelist] = load_toolbox(
+                self.agent_dir,
+                list(whitelist),
+                global_tools=list(self.graph.global_tools),
+                mcp_servers=list(self.graph.mcp_servers),
+                config_dir=self.config_dir,
+            )
+        return box
+
+    def perform(self, task: Any, ctx: Any) -> Any:
+        from graphrun.actors.llm import perform_llm
+
+        with node_context(task.node_id):
+            return perform_llm(
+                task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools)
+            )
+
+
 def node_actor(node_type: str, driver: Driver) -> tuple[type, tuple[Any, ...]]:
-    raise GraphrunError(f"node type '{node_type}' cannot run in this build of graphrun")
+    if node_type == "llm":
+        return LlmActor, (driver,)
+    if node_type == "rag":
+        from graphrun.runtime.rag_node import RagActor
+
+        return RagActor, (driver,)
+    if node_type == "agent":
+        from graphrun.runtime.agent_node import AgentActor
+
+        return AgentActor, (driver,)
+    raise GraphrunError(f"node type '{node_type}' has no actor")

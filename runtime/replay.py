@@ -144,9 +144,11 @@ class Replayer:
         *,
         agent_dir: Path | None = None,
         check_files: bool = False,
+        recorded_graph: Graph | None = None,
     ) -> None:
         self.events = events
         self.graph = graph
+        self.recorded_graph = recorded_graph
         self.agent_dir = agent_dir
         self.check_files = check_files
 
@@ -232,6 +234,8 @@ class Replayer:
                 pos += 1
             outcome = events[first:pos]
             problem = check_request(step, outcome, self.agent_dir, self.check_files)
+            if problem is None and self.recorded_graph is not None:
+                problem = self._against_recorded(state, step, outcome[0].seq)
             if problem is not None:
                 result.divergence = problem
                 result.final = state
@@ -241,6 +245,19 @@ class Replayer:
             result.effects += len(outcome)
         result.final = state
         return result
+
+    def _against_recorded(
+        self, state: RunState, step: decider.Perform, seq: int
+    ) -> Divergence | None:
+        from graphrun.runtime.errors import GraphrunError
+
+        try:
+            old = decider.decide(self.recorded_graph, state)  # type: ignore[arg-type]
+        except GraphrunError:
+            return None
+        if not isinstance(old, decider.Perform) or old.node_id != step.node_id:
+            return None
+        return task_divergence(old.task, step.task, seq)
 
     def _decision_divergence(self, rec: Event, now: Event) -> Divergence:
         node = getattr(rec, "node_id", None) or getattr(now, "node_id", None)
@@ -380,27 +397,35 @@ def check_request(
                 now=task.agent,
             )
         return None
-    return _check_llm_request(task, outcome)
+    return None
 
 
-def _check_llm_request(task: Any, outcome: list[Event]) -> Divergence | None:
-    calls = [e for e in outcome if isinstance(e, LlmCalled) and e.purpose == "main"]
-    if not calls:
-        return None
-    from graphrun.actors.llm import request_summary
+def task_divergence(old: Any, new: Any, seq: int | None) -> Divergence | None:
+    """Compare the request the recorded graph made with the one the new graph makes."""
+    import dataclasses
 
-    recorded = request_summary(calls[0].request, calls[0].model)
-    now = request_summary(None, None, task=task)
-    for key in ("model", "system", "prompt", "temperature", "top_p", "tools"):
-        if recorded.get(key) != now.get(key):
+    if type(old) is not type(new):
+        return Divergence(
+            seq,
+            getattr(new, "node_id", None),
+            "request",
+            "the node's kind of effect changed",
+            recorded=type(old).__name__,
+            now=type(new).__name__,
+        )
+    for f in dataclasses.fields(new):
+        if f.name in ("state_json", "visit", "node_id"):
+            continue
+        a, b = getattr(old, f.name), getattr(new, f.name)
+        if a != b:
             return Divergence(
-                calls[0].seq,
-                task.node_id,
+                seq,
+                new.node_id,
                 "request",
-                f"the LLM request differs in {key}",
-                field=key,
-                recorded=recorded.get(key),
-                now=now.get(key),
+                f"the node's {f.name} changed",
+                field=f.name,
+                recorded=a,
+                now=b,
             )
     return None
 
@@ -409,9 +434,21 @@ def replay_events(
     events: list[Event], loaded: LoadedGraph | None = None, *, check_files: bool = False
 ) -> ReplayResult:
     """Replay recorded events against ``loaded`` (default: the run's own graph)."""
-    if loaded is None:
-        from graphrun.eventstore.fold import fold
-        from graphrun.runtime.supervisor import graph_of
+    from graphrun.eventstore.fold import fold
+    from graphrun.runtime.supervisor import graph_of
 
-        loaded = graph_of(fold(events[:1]))
-    return Replayer(events, loaded.graph, agent_dir=loaded.agent_dir, check_files=check_files).run()
+    recorded = graph_of(fold(events[:1]))
+    if loaded is None or loaded.source == recorded.source:
+        return Replayer(
+            events,
+            recorded.graph,
+            agent_dir=(loaded or recorded).agent_dir,
+            check_files=check_files,
+        ).run()
+    return Replayer(
+        events,
+        loaded.graph,
+        agent_dir=loaded.agent_dir,
+        check_files=check_files,
+        recorded_graph=recorded.graph,
+    ).run()

@@ -35,6 +35,7 @@ from graphrun.actors.messages import Execute
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import (
+    ChildCancelled,
     Event,
     HumanInputReceived,
     HumanInputRequested,
@@ -205,6 +206,8 @@ class Driver:
         self._pending_lock = threading.Lock()
         self._actors: dict[str, Any] = {}
         self.tmp_dir = Path(tempfile.mkdtemp(prefix="graphrun-"))
+        # Child runs started by this driver's agent nodes: child run id -> its cancel token.
+        self.child_tokens: dict[str, CancelToken] = {}
         # Cancelling the run cancels whatever node is in flight.
         self.cancel.on_cancel(lambda: self.node_cancel.cancel(self.cancel.reason or "cancelled"))
 
@@ -301,6 +304,8 @@ class Driver:
             step = decider.decide(self.graph, self.state)
             if isinstance(step, decider.Finished):
                 break
+            if self.state.terminal:
+                break
             if isinstance(step, decider.Append):
                 self._speculate(step.events)
                 continue
@@ -309,8 +314,26 @@ class Driver:
             if waiting is not None:
                 self.flush()
                 return RunOutcome(self.run_id, "waiting", waiting=waiting)
+        self._end_children()
         self.flush()
         return self._outcome()
+
+    def _end_children(self) -> None:
+        """A run that ends cancels every child run it started that is still running."""
+        for child, status in list(self.state.children.items()):
+            if status != "running":
+                continue
+            reason = f"parent run {self.run_id} ended ({self.state.status})"
+            token = self.child_tokens.get(child)
+            if token is not None:
+                token.cancel(reason)
+            else:
+                from graphrun.runtime.lifecycle import cancel_run
+
+                with contextlib.suppress(GraphrunError):
+                    if not fold(self.store.read(child)).terminal:
+                        cancel_run(self.store, child, reason=reason)
+            self._speculate((ChildCancelled(child_run_id=child, reason=reason),))
 
     def _perform(
         self, step: decider.Perform, deadline: float | None, timeout: float | None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from graphrun.actors.kb_chunk import (
@@ -47,7 +49,7 @@ def test_chunks_respect_size_and_cover_the_text() -> None:
     seen = set(" ".join(chunks).split())
     assert seen == set(words)
     # Consecutive chunks inside a paragraph share words (the overlap).
-    shared = sum(bool(set(a.split()) & set(b.split())) for a, b in zip(chunks, chunks[1:]))
+    shared = sum(bool(set(a.split()) & set(b.split())) for a, b in itertools.pairwise(chunks))
     assert shared >= len(chunks) // 2
 
 

@@ -35,8 +35,12 @@ class Server:
     requests: list[tuple[str, Any]] = field(default_factory=list)
 
     def embedded_inputs(self) -> list[str]:
-        return [text for path, body in self.requests if path.endswith("/embeddings")
-                for text in body["input"]]  # fmt: skip
+        return [
+            text
+            for path, body in self.requests
+            if path.endswith("/embeddings")
+            for text in body["input"]
+        ]
 
 
 @pytest.fixture
@@ -77,8 +81,10 @@ def server() -> Iterator[Server]:
                 # Rank by how often the query's first word occurs, then last document first.
                 word = body["query"].split()[0].lower()
                 order = sorted(range(len(docs)), key=lambda i: (-docs[i].lower().count(word), -i))
-                results = [{"index": i, "relevance_score": 1.0 / (n + 1)}
-                           for n, i in enumerate(order[: body["top_n"]])]  # fmt: skip
+                results = [
+                    {"index": i, "relevance_score": 1.0 / (n + 1)}
+                    for n, i in enumerate(order[: body["top_n"]])
+                ]
                 self._send(200, json.dumps({"results": results}).encode(), "application/json")
             else:
                 self._send(404, b"{}", "application/json")
@@ -92,8 +98,10 @@ def server() -> Iterator[Server]:
                 vectors = vectors[:-1]
             if self.path.startswith("/ragged/") and len(vectors) > 1:
                 vectors[1] = vectors[1][:16]
-            data = [{"object": "embedding", "index": i, "embedding": v}
-                    for i, v in reversed(list(enumerate(vectors)))]  # fmt: skip
+            data = [
+                {"object": "embedding", "index": i, "embedding": v}
+                for i, v in reversed(list(enumerate(vectors)))
+            ]
             payload = {"object": "list", "data": data, "model": body["model"]}
             self._send(200, json.dumps(payload).encode(), "application/json")
 
@@ -203,9 +211,14 @@ def test_rebuild_embeds_only_the_changed_file(
     brakes.write_text(brakes.read_text() + "\n\nCeramic pads run quieter than sintered pads.\n")
     report = rebuild(tmp_path, "bikes", cfg)
 
-    new_chunks = [c for f in load_or_build(tmp_path, "bikes", cfg, interactive=False, ask=None,
-                                           rag_defaults={}).files
-                  if f.source.endswith("brakes.md") for c in f.chunks]  # fmt: skip
+    new_chunks = [
+        c
+        for f in load_or_build(
+            tmp_path, "bikes", cfg, interactive=False, ask=None, rag_defaults={}
+        ).files
+        if f.source.endswith("brakes.md")
+        for c in f.chunks
+    ]
     assert server.embedded_inputs() == new_chunks
     assert report.changed == ["./knowledge/brakes.md"]
     assert len(report.unchanged) == 3
@@ -255,5 +268,5 @@ def test_reranker_answer_with_bad_index_is_an_error(server: Server) -> None:
 
 def test_reranker_http_error(server: Server) -> None:
     reranker = make_reranker("acme:r", base_url=f"{server.url}/nowhere")
-    with pytest.raises(RagError, match="rerank endpoint .* returned HTTP 404"):
+    with pytest.raises(RagError, match=r"rerank endpoint .* returned HTTP 404"):
         reranker.rerank("q", ["a"], 1)

@@ -111,7 +111,7 @@ def test_binary_file_named_explicitly_is_an_error(tmp_path: Path) -> None:
 
 def test_non_utf8_file_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
-    with pytest.raises(RagError, match="document 'latin.txt' is not UTF-8 text"):
+    with pytest.raises(RagError, match=r"document 'latin.txt' is not UTF-8 text"):
         load_documents(["latin.txt"], tmp_path)
 
 
@@ -126,7 +126,7 @@ def test_binary_files_in_a_folder_are_skipped_and_reported(tmp_path: Path) -> No
 
 def test_damaged_pdf_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4\nthis is not a pdf body")
-    with pytest.raises(RagError, match="document 'broken.pdf' is not a readable PDF"):
+    with pytest.raises(RagError, match=r"document 'broken.pdf' is not a readable PDF"):
         load_documents(["broken.pdf"], tmp_path, node_id="n")
 
 
@@ -135,7 +135,7 @@ def test_unreadable_file_is_an_error(tmp_path: Path) -> None:
     secret = tmp_path / "secret.md"
     secret.write_text("x")
     secret.chmod(0)
-    with pytest.raises(RagError, match="document 'secret.md' cannot be read"):
+    with pytest.raises(RagError, match=r"document 'secret.md' cannot be read"):
         load_documents(["secret.md"], tmp_path)
 
 
@@ -153,5 +153,5 @@ def test_failing_loader_command_is_an_error(tmp_path: Path) -> None:
 
 
 def test_empty_entry_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(RagError, match="documents has an empty entry"):
+    with pytest.raises(RagError, match=r"documents has an empty entry"):
         resolve_sources(["  "], tmp_path)

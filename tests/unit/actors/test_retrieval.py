@@ -65,7 +65,7 @@ def test_defaults_fill_only_unset_fields() -> None:
             "rag_top_k": 4,
             "rag_batch_size": 16,
             "rag_reranker_model": None,
-        }  # fmt: skip
+        }
     )
     assert cfg == KbConfig(
         documents=["a"],
@@ -112,7 +112,7 @@ def test_built_from_app_defaults(agent_dir: Path) -> None:
             "rag_chunk_size": 500,
             "rag_chunk_overlap": 25,
             "rag_top_k": 2,
-        },  # fmt: skip
+        },
     )
     assert (kb.config.embedding_model, kb.config.top_k) == ("local:hash-64", 2)
     assert len(kb.query("git bisect run exit code").hits) == 2
@@ -154,7 +154,7 @@ def test_loading_never_embeds_the_corpus(agent_dir: Path) -> None:
         interactive=False,
         ask=None,
         rag_defaults={},
-        embedder=Counting(384),  # fmt: skip
+        embedder=Counting(384),
     )
     kb._embedder = Counting(384)
     kb.query("collimation")
@@ -215,7 +215,7 @@ def test_interactive_decline_is_an_error(agent_dir: Path) -> None:
             KbConfig(documents=["./knowledge/"]),
             interactive=True,
             ask=ask,
-            rag_defaults={},  # fmt: skip
+            rag_defaults={},
         )
     assert str(info.value) == (
         "rag node 'research': knowledge base initialization declined; the graph cannot run "
@@ -378,3 +378,14 @@ def test_hybrid_recall_at_least_the_better_retriever(agent_dir: Path) -> None:
     print(f"\nrecall@5 over {len(labelled)} questions (chunk 800/80, local:hash-384): {recall}")
     assert recall["hybrid"] >= max(recall["vector"], recall["keyword"])
     assert recall["hybrid"] >= 0.9
+
+
+def test_awkward_text_round_trips_through_the_file(tmp_path: Path) -> None:
+    text = (
+        "Tabs\there, trailing spaces   \nunicode café – ✓\n\n  indented first\r\nline: - [x] {y}\n"
+    )
+    (tmp_path / "odd.txt").write_text(text, newline="")
+    cfg = KbConfig(documents=["odd.txt"], **{**FULL, "chunk_size": 40, "chunk_overlap": 5})  # type: ignore[arg-type]
+    built = build(tmp_path, cfg, node="odd")
+    assert build(tmp_path, cfg, node="odd").chunk_texts == built.chunk_texts
+    assert len(built) > 1

@@ -1,0 +1,5 @@
+"""``python -m graphrun.cli``."""
+
+from graphrun.cli import main
+
+main()
