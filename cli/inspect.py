@@ -161,7 +161,8 @@ def audit_cmd(run_id: str, verify: bool, as_json: bool, db: str | None) -> None:
                     )
                 else:
                     click.echo(
-                        f"BROKEN: run {item['run_id']}: first bad seq {item['seq']}: {item['reason']}",
+                        f"BROKEN: run {item['run_id']}: first bad seq {item['seq']}: "
+                        f"{item['reason']}",
                         err=True,
                     )
     if verify and not all(item["ok"] for item in report["verify"]):

@@ -344,7 +344,7 @@ class SqliteStore:
                     (run_id,),
                 ).fetchone()
                 if found is not None and found[0] != self.owner:
-                    owner, pid, lease_host, expires_at = found
+                    _owner, pid, lease_host, expires_at = found
                     holder_dead = lease_host == host and not _pid_alive(pid)
                     if expires_at > now and not holder_dead:
                         raise LeaseHeldError(

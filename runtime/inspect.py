@@ -41,7 +41,8 @@ def summarize_event(event: Event) -> str:
     """One line saying what an event records."""
     match event:
         case RunStarted():
-            return f"graph={event.graph_name} by={event.started_by} prompt={_short(event.initial_prompt, 40)}"
+            prompt = _short(event.initial_prompt, 40)
+            return f"graph={event.graph_name} by={event.started_by} prompt={prompt}"
         case NodeEntered():
             return f"{event.node_type} visit {event.visit}"
         case NodeCompleted():
@@ -65,7 +66,8 @@ def summarize_event(event: Event) -> str:
         case LlmResult():
             return f"error={_short(event.error)}" if event.error else _short(event.text or "")
         case RetrievalDone():
-            return f"query={_short(event.query, 40)} sources={len((event.result or {}).get('sources', []))}"
+            sources = len((event.result or {}).get("sources", []))
+            return f"query={_short(event.query, 40)} sources={sources}"
         case HumanInputRequested():
             return f"{event.kind}: {_short(event.question, 50)}"
         case HumanInputReceived():

@@ -55,7 +55,8 @@ def replay_command(
         assert loaded is not None
         outcome = rerun_live(store, run_id, loaded)
         click.echo(
-            f"▸ re-ran {run_id} against {graph_path} live as run {outcome.run_id}: {outcome.status}",
+            f"▸ re-ran {run_id} against {graph_path} live as run {outcome.run_id}: "
+            f"{outcome.status}",
             err=True,
         )
     if as_json:

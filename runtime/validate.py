@@ -165,7 +165,7 @@ def no_static_cycles(c: Check) -> list[Diagnostic]:
             if color.get(target, 0) == 0:
                 visit(target)
             elif color[target] == 1:
-                cycle = stack[stack.index(target) :] + [target]
+                cycle = [*stack[stack.index(target) :], target]
                 key = frozenset(cycle)
                 if key not in seen_cycles:
                     seen_cycles.add(key)
@@ -266,17 +266,17 @@ def next_where_required(c: Check) -> list[Diagnostic]:
     reachable = _reachable(c) if c.graph.start in c.graph.nodes else set()
     out = []
     for nid, node in c.nodes():
-        if isinstance(node, AgentNode | RagNode | InputNode | LlmNode) and not node.next:
-            if nid in reachable:
-                out.append(
-                    c.diag(
-                        "warning",
-                        "missing-next",
-                        f"{node.type} node '{nid}' has no next; the run fails when it gets there",
-                        _npath(nid),
-                        node=nid,
-                    )
+        needs_next = isinstance(node, AgentNode | RagNode | InputNode | LlmNode)
+        if needs_next and not node.next and nid in reachable:
+            out.append(
+                c.diag(
+                    "warning",
+                    "missing-next",
+                    f"{node.type} node '{nid}' has no next; the run fails when it gets there",
+                    _npath(nid),
+                    node=nid,
                 )
+            )
     return out
 
 
