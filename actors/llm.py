@@ -387,3 +387,35 @@ class _LlmRun:
 
 
 __all__ = ["LlmTask", "ToolboxLike", "perform_llm"]
+
+
+def extract_structured(
+    text: str,
+    schema: dict[str, Any],
+    *,
+    node_id: str,
+    visit: int,
+    model: str,
+    ctx: EffectContext,
+    client_factory: ClientFactory,
+) -> LlmResult:
+    """Run only the structured-output extractor over ``text`` (agent nodes: no hint).
+
+    Records the extractor's calls and an ``LlmResult`` whose ``text`` is ``text``.
+    """
+    task = LlmTask(node_id=node_id, visit=visit, model=model, prompt="", output_schema=schema)
+    run = _LlmRun(task, ctx, client_factory, None)
+    try:
+        try:
+            run.resolved = client_factory.resolve(model)
+        except LlmConfigError as err:
+            result = run._result(text=text, extract_error=str(err))
+        else:
+            run.provider = get_provider(run.resolved.provider)
+            run.client = client_factory.client(run.resolved.base_url)
+            extracted, extract_error = run._extract(text, schema)
+            result = run._result(text=text, extracted=extracted, extract_error=extract_error)
+    finally:
+        run.close()
+    ctx.record(result)
+    return result

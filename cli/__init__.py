@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "export": ("transfer", "export_cmd", "Write a run (and its child runs) to a JSON-lines file."),
     "import": ("transfer", "import_cmd", "Load runs from an exported JSON-lines file."),
     "schema": ("replay", "schema_cmd", "Print the JSON Schema of graph.yaml."),
+    "rag": ("rag", "rag_group", "Knowledge bases of rag nodes (rebuild)."),
 }
 
 

@@ -18,11 +18,12 @@ def print_diagnostics(diagnostics: Iterable[Any]) -> None:
 
 def answer_command(outcome: Any, db: str | None) -> str:
     waiting = outcome.waiting
+    run_id = waiting.run_id or outcome.run_id
     db_part = f" --db {shlex.quote(db)}" if db else ""
     if waiting.kind == "approval":
         choices = "|".join(waiting.options) or "CHOICE"
-        return f"graphrun approve {outcome.run_id} <{choices}> --as <you>{db_part}"
-    return f"graphrun answer {outcome.run_id} <text> --as <you>{db_part}"
+        return f"graphrun approve {run_id} <{choices}> --as <you>{db_part}"
+    return f"graphrun answer {run_id} <text> --as <you>{db_part}"
 
 
 def outcome_dict(outcome: Any) -> dict[str, Any]:

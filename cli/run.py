@@ -152,7 +152,7 @@ def run_cmd(
     """
     from graphrun.cli.render import print_diagnostics
     from graphrun.runtime.config import resolve_agent
-    from graphrun.runtime.loader import load_graph
+    from graphrun.runtime.agents import load_agent
     from graphrun.runtime.narrate import configure_logging
     from graphrun.runtime.supervisor import Driver, check_graph, drive, start_run
 
@@ -168,7 +168,7 @@ def run_cmd(
         store=store,
         quiet=as_json,
     )
-    loaded = load_graph(resolve_agent(agent, options.agents_dir))
+    loaded = load_agent(resolve_agent(agent, options.agents_dir), config_dir=options.config_dir)
     if loaded.graph.settings.validate_before_run:
         print_diagnostics(
             check_graph(loaded, agents_dir=options.agents_dir, config_dir=options.config_dir)
@@ -176,6 +176,12 @@ def run_cmd(
     from graphrun.runtime.preflight import preflight
 
     preflight(loaded, options)
+    if any(n.type == "rag" for n in loaded.graph.nodes.values()):
+        from graphrun.runtime.rag_node import prepare_knowledge_bases
+
+        options.extra["knowledge_bases"] = prepare_knowledge_bases(
+            loaded, interactive=options.interactive, config_dir=options.config_dir
+        )
     run_id = start_run(store, loaded, prompt=prompt, overrides=overrides, started_by=as_user)
     outcome = drive(Driver(store, run_id, options))
     finish(outcome, as_json=as_json, db=db)
@@ -259,6 +265,9 @@ def _answer_and_resume(
         quiet=as_json,
     )
     outcome = drive(Driver(store, run_id, options, resumed_by=as_user))
+    from graphrun.runtime.agent_node import resume_ancestors
+
+    outcome = resume_ancestors(store, run_id, options, outcome)
     finish(outcome, as_json=as_json, db=db)
 
 

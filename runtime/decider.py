@@ -237,11 +237,13 @@ def _complete_end(node: EndNode, node_id: str, visit: int, s: dict[str, Any]) ->
     updates = render_updates(node.state_updates, s)
     after = {**s, **updates} if updates else s
     output = render(node.output, after, strict=True, field=f"{node_id}.output")
+    final: Event = (
+        RunFailed(error=output, node_id=node_id)
+        if node.status == "failed"
+        else RunCompleted(node_id=node_id, output=output)
+    )
     return Append(
-        (
-            NodeCompleted(node_id=node_id, visit=visit, routed_to=None, updates=updates),
-            RunCompleted(node_id=node_id, output=output),
-        )
+        (NodeCompleted(node_id=node_id, visit=visit, routed_to=None, updates=updates), final)
     )
 
 

@@ -7,7 +7,7 @@ They are registered with :func:`graphrun.runtime.validate.register_rule` and mar
 from __future__ import annotations
 
 from graphrun.eventstore.errors import GraphrunError
-from graphrun.runtime.graph import LlmNode
+from graphrun.runtime.graph import LlmNode, RagNode
 from graphrun.runtime.loader import Diagnostic
 from graphrun.runtime.validate import Check, _npath, register_rule
 
@@ -80,5 +80,39 @@ def llm_models_known(c: Check) -> list[Diagnostic]:
         except GraphrunError as exc:
             out.append(
                 c.diag("error", "unknown-model", f"llm node '{nid}': {exc}", where, node=nid)
+            )
+    return out
+
+
+@register_rule
+@deep
+def rag_sources_unchanged(c: Check) -> list[Diagnostic]:
+    """Knowledge bases are never rebuilt silently: warn when their sources changed."""
+    out = []
+    for nid, node in c.nodes():
+        if not isinstance(node, RagNode) or not node.documents:
+            continue
+        from graphrun.actors.retrieval import kb_file, sources_changed
+        from graphrun.runtime.rag_node import kb_config
+
+        if not kb_file(c.loaded.agent_dir, nid).exists():
+            continue
+        try:
+            changed = sources_changed(c.loaded.agent_dir, nid, kb_config(node))
+        except GraphrunError as exc:
+            out.append(c.diag("error", "rag-kb", str(exc), _npath(nid), node=nid))
+            continue
+        if changed:
+            shown = ", ".join(changed[:5]) + (", …" if len(changed) > 5 else "")
+            out.append(
+                c.diag(
+                    "warning",
+                    "rag-sources-changed",
+                    f"rag node '{nid}': sources changed since its knowledge base was built "
+                    f"({shown})",
+                    _npath(nid, "documents"),
+                    node=nid,
+                    hint=f"graphrun rag rebuild {c.loaded.agent_dir} {nid}",
+                )
             )
     return out

@@ -7,7 +7,7 @@ on ``type``. ``graph.schema.json`` is generated from these Structs
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -90,6 +90,8 @@ class RagNode(NodeBase, tag="rag", kw_only=True):
 
 class EndNode(NodeBase, tag="end", kw_only=True):
     output: str = ""
+    # Extension: "failed" ends the run as failed, with ``output`` as the error.
+    status: Literal["completed", "failed"] = "completed"
 
 
 Node = AgentNode | ScriptNode | ApprovalNode | InputNode | LlmNode | RagNode | EndNode

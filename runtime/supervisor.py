@@ -222,6 +222,13 @@ class Driver:
         with self._pending_lock:
             self._effects.extend(events)
 
+    def commit_effects(self, events: list[Event]) -> None:
+        """Record effect events and commit them now (an effect that must be durable
+        before it goes on, like a child run's start)."""
+        self.record_effects(events)
+        self.absorb_effects()
+        self.flush()
+
     def absorb_effects(self) -> int:
         """Fold the effect events recorded so far and queue them for the next commit."""
         with self._pending_lock:
@@ -356,9 +363,9 @@ class Driver:
             ref = self._actor(step.node_type)
             future = ref.ask(Execute(step.task, ctx), block=False)
             self._wait(future, deadline, timeout, node_id)
-        except WaitingForHuman:
+        except WaitingForHuman as exc:
             self.absorb_effects()
-            return self.state.waiting
+            return getattr(exc, "request", None) or self.state.waiting
         except GraphrunError as exc:
             self.absorb_effects()
             self._effect_failed(node_id, visit, str(exc))

@@ -1,0 +1,216 @@
+"""``agent`` nodes: a child run per visit, with its own log linked to the parent.
+
+The child (a graph agent, or an LLM-loop agent run as a graph) gets the node's
+rendered prompt as its ``{{initial_prompt}}``. ``ChildRunStarted`` is committed
+before the child starts, so a parent resumed after a crash re-attaches to the same
+child (and resumes it) instead of starting another. The node's ``timeout``
+(default 300 s) cancels the child and fails the graph; any way the parent ends
+cancels children still running (the supervisor's policy).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from graphrun.actors.base import CancelToken
+from graphrun.eventstore.events import ChildRunFinished, ChildRunStarted
+from graphrun.eventstore.fold import fold
+from graphrun.runtime.errors import GraphrunError, WaitingForHuman
+
+if TYPE_CHECKING:
+    from graphrun.runtime.supervisor import Driver
+
+
+class ChildWaiting(WaitingForHuman):
+    """A child run waits for a person; the parent waits with it."""
+
+    def __init__(self, message: str, request: Any) -> None:
+        super().__init__(message)
+        self.request = request
+
+
+class AgentActor:
+    """The ``agent`` node actor."""
+
+    node_type = "agent"
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+
+    def perform(self, task: Any, ctx: Any) -> None:
+        from graphrun.runtime.agents import load_agent, resolve_agent_dir
+        from graphrun.runtime.supervisor import Driver, drive, start_run
+
+        parent = self.driver
+        store = parent.store
+        options = parent.options
+        started = time.monotonic()
+        existing = next(
+            (
+                e
+                for e in reversed(parent.state.effects)
+                if isinstance(e, ChildRunStarted) and e.visit == task.visit
+            ),
+            None,
+        )
+        knowledge: dict[str, Any] | None = None
+        if existing is not None and store.has_run(existing.child_run_id):
+            child_id = existing.child_run_id
+        else:
+            ref = resolve_agent_dir(task.agent, options.agents_dir)
+            loaded = load_agent(ref.path, config_dir=options.config_dir)
+            if any(n.type == "rag" for n in loaded.graph.nodes.values()):
+                from graphrun.runtime.rag_node import prepare_knowledge_bases
+
+                knowledge = prepare_knowledge_bases(
+                    loaded, interactive=False, config_dir=options.config_dir
+                )
+            child_id = start_run(
+                store,
+                loaded,
+                prompt=task.prompt,
+                started_by=options.as_user,
+                parent_run_id=parent.run_id,
+                parent_node_id=task.node_id,
+            )
+            parent.commit_effects(
+                [
+                    ChildRunStarted(
+                        node_id=task.node_id,
+                        visit=task.visit,
+                        child_run_id=child_id,
+                        agent=task.agent,
+                        prompt=task.prompt,
+                    )
+                ]
+            )
+            knowledge = knowledge or None
+        token = CancelToken()
+        parent.child_tokens[child_id] = token
+        unhook = ctx.cancel.on_cancel(lambda: token.cancel(ctx.cancel.reason or "cancelled"))
+        child = Driver(store, child_id, _child_options(options, knowledge), cancel=token)
+        timer_reason = f"agent node '{task.node_id}' timed out after {task.timeout:g}s"
+        import threading
+
+        timer = threading.Timer(task.timeout, token.cancel, args=(timer_reason,))
+        timer.daemon = True
+        timer.start()
+        try:
+            outcome = drive(child)
+        finally:
+            timer.cancel()
+            unhook()
+            parent.child_tokens.pop(child_id, None)
+        duration = round((time.monotonic() - started) * 1000, 3)
+        if outcome.status == "waiting":
+            raise ChildWaiting(
+                f"child run {child_id} of node '{task.node_id}' waits for an answer",
+                outcome.waiting,
+            )
+        error = outcome.error
+        if outcome.status == "cancelled" and token.reason == timer_reason:
+            error = timer_reason
+        ctx.record(
+            ChildRunFinished(
+                node_id=task.node_id,
+                visit=task.visit,
+                child_run_id=child_id,
+                status=outcome.status,
+                output=outcome.output,
+                error=error,
+                duration_ms=duration,
+            )
+        )
+        if outcome.status == "completed" and task.output_schema is not None:
+            self._extract(task, ctx, outcome.output or "", child_id)
+
+    def _extract(self, task: Any, ctx: Any, text: str, child_id: str) -> None:
+        """Structured output for agents: no schema hint, extraction afterwards."""
+        from graphrun.actors.structured import parse_json_output
+
+        _value, problem = parse_json_output(text, task.output_schema)
+        if problem is None:
+            return
+        from graphrun.actors.http import ClientFactory
+        from graphrun.actors.llm import extract_structured
+        from graphrun.actors.llmconfig import load_llm_config
+
+        options = self.driver.options
+        config = load_llm_config(options.config_dir)
+        if options.llm_replay is not None:
+            factory = ClientFactory.replay(options.llm_replay, config)
+        else:
+            factory = ClientFactory(config)
+        # The extractor uses the child's model when the child ran an LLM, else the graph's.
+        model = _child_model(self.driver, child_id) or self.driver.graph.model or ""
+        if not model:
+            raise GraphrunError(
+                f"agent node '{task.node_id}': output_schema needs a model for extraction",
+                hint="set model: at the top of graph.yaml",
+            )
+        try:
+            extract_structured(
+                text,
+                task.output_schema,
+                node_id=task.node_id,
+                visit=task.visit,
+                model=model,
+                ctx=ctx,
+                client_factory=factory,
+            )
+        finally:
+            factory.close()
+
+
+def _child_model(driver: Driver, child_id: str) -> str | None:
+    from graphrun.runtime.supervisor import graph_of
+
+    try:
+        graph = graph_of(fold(driver.store.read(child_id, upto=1))).graph
+    except GraphrunError:
+        return None
+    return graph.model
+
+
+def _child_options(options: Any, knowledge: dict[str, Any] | None) -> Any:
+    """Child runs share the parent's configuration, answers and identity, not its
+    listener (their narration is indented) nor its knowledge bases."""
+    import copy
+
+    from graphrun.runtime.narrate import Narrator
+
+    child = copy.copy(options)
+    child.extra = dict(options.extra)
+    if knowledge is not None:
+        child.extra["knowledge_bases"] = knowledge
+    if options.listener is not None:
+        child.listener = _Indented(Narrator())
+    child.effect_source = None
+    return child
+
+
+class _Indented:
+    def __init__(self, narrator: Any) -> None:
+        self.narrator = narrator
+        original = narrator.line
+        narrator.line = lambda text: original("  " + text)
+
+    def __call__(self, events: Any, state: Any) -> None:
+        self.narrator(events, state)
+
+
+def resume_ancestors(store: Any, run_id: str, options: Any, outcome: Any) -> Any:
+    """After a child run ends (e.g. once a person answered it), continue the parents
+    that were waiting on it; returns the outermost outcome."""
+    from graphrun.runtime.supervisor import Driver, drive
+
+    current = outcome
+    row = store.run(run_id)
+    while current.status in ("completed", "failed", "cancelled") and row.parent_run_id:
+        parent_id = row.parent_run_id
+        if fold(store.read(parent_id)).terminal:
+            break
+        current = drive(Driver(store, parent_id, options))
+        row = store.run(parent_id)
+    return current

@@ -1,0 +1,143 @@
+"""``rag`` nodes: knowledge bases built at load time, retrieval recorded as an event.
+
+Knowledge bases are prepared when an agent is loaded (:func:`prepare_knowledge_bases`,
+following the spec's four load rules: an existing ``<node-id>.yaml`` is loaded; a
+fully specified node builds without prompts; otherwise a terminal asks, and a
+non-interactive run fails with a hint). At run time :class:`RagActor` queries and
+records ``RetrievalDone``, so replay never needs the index.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from graphrun.eventstore.events import RetrievalDone
+from graphrun.runtime.errors import GraphrunError
+from graphrun.runtime.graph import RagNode
+from graphrun.runtime.loader import LoadedGraph
+
+if TYPE_CHECKING:
+    from graphrun.runtime.supervisor import Driver
+
+
+def rag_defaults(config_dir: Path | None) -> dict[str, Any]:
+    """App-level ``rag_*`` settings from ``<config dir>/config.yaml``."""
+    if config_dir is None:
+        return {}
+    path = config_dir / "config.yaml"
+    if not path.exists():
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise GraphrunError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and k.startswith("rag_")}
+
+
+def kb_config(node: RagNode | dict[str, Any]) -> Any:
+    from graphrun.actors.retrieval import KbConfig
+
+    get = node.get if isinstance(node, dict) else lambda k, d=None: getattr(node, k, d)
+    return KbConfig(
+        documents=list(get("documents") or []),
+        embedding_model=get("embedding_model"),
+        chunk_size=get("chunk_size"),
+        chunk_overlap=get("chunk_overlap"),
+        reranker_model=get("reranker_model"),
+        batch_size=get("batch_size"),
+        top_k=get("top_k"),
+    )
+
+
+def _ask(prompt: str, default: str | None) -> str:
+    from graphrun.actors.human import ask_text
+
+    return ask_text(prompt, default=default).text
+
+
+def prepare_knowledge_bases(
+    loaded: LoadedGraph, *, interactive: bool, config_dir: Path | None
+) -> dict[str, Any]:
+    """Load or build every rag node's knowledge base (at agent load time)."""
+    from graphrun.actors.retrieval import load_or_build
+
+    out: dict[str, Any] = {}
+    defaults = rag_defaults(config_dir)
+    for node_id, node in loaded.graph.nodes.items():
+        if isinstance(node, RagNode) and node.documents:
+            out[node_id] = load_or_build(
+                loaded.agent_dir,
+                node_id,
+                kb_config(node),
+                interactive=interactive,
+                ask=_ask if interactive else None,
+                rag_defaults=defaults,
+            )
+    return out
+
+
+class RagActor:
+    """The ``rag`` node actor: query the node's knowledge base, record the result."""
+
+    node_type = "rag"
+
+    def __init__(self, driver: Driver) -> None:
+        self.agent_dir = driver.agent_dir
+        self.config_dir = driver.options.config_dir
+        self.cache: dict[str, Any] = dict(driver.options.extra.get("knowledge_bases", {}))
+
+    def _kb(self, node_id: str, config: dict[str, Any]) -> Any:
+        kb = self.cache.get(node_id)
+        if kb is None:
+            from graphrun.actors.retrieval import load_or_build
+
+            kb = self.cache[node_id] = load_or_build(
+                self.agent_dir,
+                node_id,
+                kb_config(config),
+                interactive=False,
+                ask=None,
+                rag_defaults=rag_defaults(self.config_dir),
+            )
+        return kb
+
+    def perform(self, task: Any, ctx: Any) -> None:
+        started = time.monotonic()
+
+        def done(**fields: Any) -> None:
+            ctx.record(
+                RetrievalDone(
+                    node_id=task.node_id,
+                    visit=task.visit,
+                    query=task.query,
+                    top_k=task.top_k,
+                    duration_ms=round((time.monotonic() - started) * 1000, 3),
+                    **fields,
+                )
+            )
+
+        try:
+            kb = self._kb(task.node_id, task.config)
+        except GraphrunError as exc:
+            done(error=str(exc))
+            return
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        future = pool.submit(kb.query, task.query, task.top_k)
+        try:
+            result = future.result(timeout=task.timeout)
+        except concurrent.futures.TimeoutError:
+            done(error=f"retrieval timed out after {task.timeout:g}s")
+            return
+        except GraphrunError as exc:
+            done(error=str(exc))
+            return
+        finally:
+            pool.shutdown(wait=False)
+        done(result=result.as_output(), hits=list(result.hits))
