@@ -151,8 +151,8 @@ def run_cmd(
     person (the command that answers is printed).
     """
     from graphrun.cli.render import print_diagnostics
-    from graphrun.runtime.config import resolve_agent
     from graphrun.runtime.agents import load_agent
+    from graphrun.runtime.config import resolve_agent
     from graphrun.runtime.narrate import configure_logging
     from graphrun.runtime.supervisor import Driver, check_graph, drive, start_run
 
