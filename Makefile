@@ -1,0 +1,46 @@
+# graphrun: two commands.
+#   make demo   install into .venv and run a real example offline (recorded LLM responses)
+#   make test   install into .venv and run the whole test suite (what CI runs)
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NODE_BIN := $(VENV)/node/node_modules/.bin
+
+.PHONY: demo test install bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,mcp,pdf]'
+	@# .ts script nodes run with `npx tsx`; install tsx locally if npm is here (optional).
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm install --silent --no-audit --no-fund --prefix $(VENV)/node tsx@4 >/dev/null 2>&1 \
+	    || echo "note: tsx not installed; .ts script tests will be skipped"; fi
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	@mkdir -p .graphrun
+	GRAPHRUN_DB=.graphrun/demo.db $(BIN)/graphrun run examples/ticket-triage \
+	  "$$(cat examples/ticket-triage/sample-ticket.txt)" \
+	  --llm-replay replays/ticket-triage.run.jsonl
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	PATH="$(CURDIR)/$(NODE_BIN):$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+	$(BIN)/graphrun test replays/
+
+bench: $(STAMP)
+	$(BIN)/python bench/core_bench.py
+	$(BIN)/python bench/llm_bench.py
+	$(BIN)/python bench/rag_bench.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .graphrun build *.egg-info
