@@ -182,7 +182,7 @@ def resolve_sources(
 
 def _resolve_local(entry: str, agent_dir: Path, node_id: str | None) -> list[SourceRef]:
     expanded = os.path.expanduser(entry)
-    base = Path(expanded) if os.path.isabs(expanded) else agent_dir / expanded
+    base = Path(expanded) if os.path.isabs(expanded) else Path(agent_dir).resolve() / expanded
     if any(ch in _GLOB_CHARS for ch in entry):
         return _resolve_glob(entry, expanded, agent_dir, node_id)
     if base.is_dir():
