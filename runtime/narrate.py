@@ -67,6 +67,8 @@ class Narrator:
         self.started_ts: float | None = None
         self.graph_name = ""
         self.events: list[Event] = []
+        # settings.log_state_snapshots (default true): state size/keys at debug, full at trace.
+        self.snapshots = True
 
     def line(self, text: str) -> None:
         if self.color:
@@ -83,7 +85,7 @@ class Narrator:
             case RunStarted():
                 self.started_ts = event.ts
                 self.graph_name = event.graph_name
-                start = _start_of(state)
+                start, self.snapshots = _start_of(state)
                 self.line(f"▸ graph: {event.graph_name} (start: {start})")
                 log.info("[graph:%s] started run %s", event.graph_name, event.run_id)
             case RunResumed():
@@ -93,7 +95,7 @@ class Narrator:
                 self.line(f"▸ graph: {state.graph_name} resumed (at: {where})")
             case NodeEntered():
                 self.line(f"▸ {event.node_id} ({event.node_type})")
-                if log.isEnabledFor(logging.DEBUG):
+                if self.snapshots and log.isEnabledFor(logging.DEBUG):
                     import json
 
                     text = json.dumps(state.state, default=str)
@@ -166,14 +168,18 @@ class Narrator:
             )
 
 
-def _start_of(state: RunState) -> str:
+def _start_of(state: RunState) -> tuple[str, bool]:
+    """The start node and ``settings.log_state_snapshots`` of the run's recorded graph."""
     import yaml
 
     try:
-        data: Any = yaml.safe_load(state.graph_source)
-        return str(data.get("start"))
-    except Exception:
-        return "?"
+        data: Any = yaml.load(
+            state.graph_source, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        )
+        settings = data.get("settings") or {}
+        return str(data.get("start")), bool(settings.get("log_state_snapshots", True))
+    except Exception:  # the narration must never break a run
+        return "?", True
 
 
 def performance(events: Iterable[Event]) -> list[tuple[str, int, float, float, float]]:
