@@ -15,5 +15,6 @@ state = load_state()
 findings = state.get("findings", [])
 flagged = [f for f in findings if f.get("flag")]
 lines = [f"  ! {f['file']}: {f['flag']}" for f in flagged]
-lines += [f"    {f['file']}: {f['kind']}, {f['bytes']} bytes" for f in findings if not f.get("flag")]
+quiet = [f for f in findings if not f.get("flag")]
+lines += [f"    {f['file']}: {f['kind']}, {f['bytes']} bytes" for f in quiet]
 print(json.dumps({"report": "\n".join(lines), "flagged_count": len(flagged)}))
