@@ -7,6 +7,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NODE_BIN := $(VENV)/node/node_modules/.bin
+# The ticket the recorded run in replays/ticket-triage.run.jsonl was made with.
+DEMO_TICKET := I was charged twice for my Pro plan this month: two payments of 49 USD on March 3, invoices INV-20931 and INV-20932. Please refund the duplicate charge. Account: dana@brightpixel.io
 
 .PHONY: demo test install bench lint clean
 
@@ -25,8 +27,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	@mkdir -p .graphrun
 	GRAPHRUN_DB=.graphrun/demo.db $(BIN)/graphrun run examples/ticket-triage \
-	  "$$(cat examples/ticket-triage/sample-ticket.txt)" \
-	  --llm-replay replays/ticket-triage.run.jsonl
+	  "$(DEMO_TICKET)" --llm-replay replays/ticket-triage.run.jsonl
 
 test: $(STAMP)
 	$(BIN)/ruff check .

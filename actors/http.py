@@ -281,8 +281,9 @@ class _AbortableBackend:
 class ReplayTransport:
     """An httpx transport that answers requests from recorded ``LlmCalled`` events.
 
-    A request matches a recording with the same method, URL path and canonical
-    JSON body; when the same request was recorded several times (retries, a loop
+    A request matches a recording with the same method, protocol endpoint
+    (``/chat/completions`` or ``/v1/messages``, whatever the base URL) and
+    canonical JSON body; when the same request was recorded several times (retries, a loop
     visiting a node again) the recordings are served in their recorded order.
     A recorded transport failure (no status) is raised again as one.
     """
@@ -291,7 +292,7 @@ class ReplayTransport:
         self._events = list(events)
         self._queues: dict[tuple[str, str, str], deque[LlmCalled]] = {}
         for event in self._events:
-            key = ("POST", urlsplit(event.url).path, canonical_json(event.request))
+            key = ("POST", _endpoint(urlsplit(event.url).path), canonical_json(event.request))
             self._queues.setdefault(key, deque()).append(event)
         self._lock = threading.Lock()
 
@@ -326,7 +327,7 @@ class ReplayTransport:
             body = json.loads(request.read() or b"null")
         except ValueError:
             body = None
-        key = (request.method, path, canonical_json(body))
+        key = (request.method, _endpoint(path), canonical_json(body))
         with self._lock:
             queue = self._queues.get(key)
             event = queue.popleft() if queue else None
@@ -352,7 +353,8 @@ class ReplayTransport:
     def _miss_message(self, method: str, path: str, body: Any, key: tuple[str, str, str]) -> str:
         model = body.get("model") if isinstance(body, dict) else None
         text = f"no recorded LLM response matches {method} {path} (model {model!r})"
-        same_path = [event for event in self._events if urlsplit(event.url).path == path]
+        endpoint = _endpoint(path)
+        same_path = [e for e in self._events if _endpoint(urlsplit(e.url).path) == endpoint]
         if key in self._queues:
             return (
                 f"{text}: the recording has this request only {len(self._events_for(key))} time(s)"
@@ -372,7 +374,7 @@ class ReplayTransport:
         return [
             event
             for event in self._events
-            if ("POST", urlsplit(event.url).path, canonical_json(event.request)) == key
+            if ("POST", _endpoint(urlsplit(event.url).path), canonical_json(event.request)) == key
         ]
 
     def close(self) -> None:
@@ -383,6 +385,16 @@ class ReplayTransport:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+# The protocols' endpoints: a recording answers the same endpoint whatever the base
+# URL was (another host, a proxy prefix), so a run recorded against one server
+# replays on a machine configured for another, or for none.
+_ENDPOINTS = ("/chat/completions", "/v1/messages")
+
+
+def _endpoint(path: str) -> str:
+    return next((end for end in _ENDPOINTS if path.endswith(end)), path)
 
 
 def _differing_keys(recorded: dict[str, Any], body: Any) -> list[str]:

@@ -23,7 +23,7 @@ import re
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, TextIO
 
 from graphrun.eventstore.errors import GraphrunError
@@ -64,10 +64,17 @@ class HumanInputAborted(HumanInputError):
 
 @dataclass(frozen=True)
 class Answer:
-    """What a person answered and through which channel (``"tty"`` here)."""
+    """What a person answered and through which channel (``"tty"`` here).
+
+    ``defaulted`` is true when the person submitted an empty answer and ``text``
+    is the default shown in the prompt: the graph must know, because a
+    substituted default is not validated.
+    """
 
     text: str
     channel: str = _CHANNEL
+    # Not part of equality: the same text through the same channel is the same answer.
+    defaulted: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -206,7 +213,8 @@ def ask_text(
         stream_out: Where the prompt is drawn; defaults to stderr.
 
     Returns:
-        The person's text, or ``default`` for an empty answer ("" without one).
+        The person's text, or ``default`` for an empty answer ("" without one);
+        ``defaulted`` says which.
 
     Raises:
         HumanInputAborted: On Ctrl-C or end of input.
@@ -224,7 +232,9 @@ def ask_text(
     if text is None:
         text = _text_plain(question, default, stream_in, stream_out)
     if not text.strip():
-        return Answer("" if default is None else default)
+        if default is None:
+            return Answer("")
+        return Answer(default, defaulted=True)
     return Answer(text)
 
 

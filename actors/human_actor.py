@@ -2,30 +2,74 @@
 
 An answer comes from ``--answer NODE=VALUE`` (in the order given, so a node
 visited twice takes the next one), else from the terminal when there is one;
-otherwise the run waits (:class:`WaitingForHumanSignal`) and ``graphrun approve`` /
+otherwise the run waits (the ``on_wait`` exception) and ``graphrun approve`` /
 ``answer`` supply it later.
+
+An approval node may list ``approvers``. An answer from anyone else is refused
+before it is recorded (and a person who may not answer is not asked): the run is
+left waiting at the node, nothing about the refused answer enters the log, and
+the refusal is kept for the command that drove the run (:func:`take_refusal`),
+which reports it and exits with its code (2). A prompt the person interrupts
+(Ctrl-C, Ctrl-D) leaves the run waiting the same way (exit 130).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 
 from graphrun.actors.base import EffectContext
 from graphrun.actors.messages import HumanTask
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import HumanInputReceived
 
+__all__ = ["AnswerRefused", "HumanActor", "check_approver", "take_refusal"]
+
 
 class AnswerRefused(GraphrunError):
-    """An identity that is not among a node's approvers tried to answer."""
+    """An identity that is not among a node's approvers tried to answer it."""
 
 
-def check_approver(task_approvers: tuple[str, ...] | list[str], by: str, node_id: str) -> None:
-    if task_approvers and by not in task_approvers:
-        raise AnswerRefused(
-            f"'{by}' may not answer approval '{node_id}'",
-            hint=f"approvers: {', '.join(task_approvers)}",
-        )
+def check_approver(approvers: Sequence[str], by: str, node_id: str, *, how: str = "") -> None:
+    """Refuse ``by`` unless the node lists no approvers or lists ``by``.
+
+    Args:
+        approvers: The node's ``approvers`` (empty: anyone may answer).
+        by: The answering identity (``--as``, else the OS user).
+        node_id: The approval node, for the message.
+        how: How to answer as someone else, for the hint (e.g. "pass --as NAME").
+
+    Raises:
+        AnswerRefused: ``by`` is not an approver.
+    """
+    if approvers and by not in approvers:
+        hint = f"approvers: {', '.join(approvers)}"
+        if how:
+            hint = f"{hint}; {how}"
+        raise AnswerRefused(f"'{by}' may not answer approval node '{node_id}'", hint=hint)
+
+
+# Why a run driven by this process was left waiting although an answer was
+# offered, by run id. The supervisor reports a wait as a wait; the command that
+# drove the run takes the reason from here to report an error instead.
+_refusals: dict[str, GraphrunError] = {}
+_refusals_lock = threading.Lock()
+
+
+def take_refusal(run_id: str) -> GraphrunError | None:
+    """Why an offered answer to ``run_id`` was not taken in this process (taken once).
+
+    Returns:
+        :class:`AnswerRefused` (not an approver), a ``HumanInputError`` (blank
+        ``--as``, an interrupted prompt), or None when the run simply waits.
+    """
+    with _refusals_lock:
+        return _refusals.pop(run_id, None)
+
+
+def _remember(run_id: str, refused: GraphrunError) -> None:
+    with _refusals_lock:
+        _refusals[run_id] = refused
 
 
 class HumanActor:
@@ -46,27 +90,28 @@ class HumanActor:
         self.on_wait = on_wait
 
     def perform(self, task: HumanTask, ctx: EffectContext) -> None:
-        from graphrun.actors.human import ask_choice, ask_text, identity
+        """Record the answer to ``task``, or raise ``on_wait(task)`` to leave the run waiting."""
+        from graphrun.actors.human import HumanInputError, identity
 
-        ident = identity(self.as_user)
         queued = self.answers.get(task.node_id)
-        if queued:
-            check_approver(task.approvers, ident.by, task.node_id)
-            text, channel = queued.pop(0), "flag"
-        elif self.interactive:
-            check_approver(task.approvers, ident.by, task.node_id)
-            if task.kind == "approval":
-                answer = ask_choice(task.question, list(task.options))
-            else:
-                answer = ask_text(task.question, default=task.default)
-            text, channel = answer.text, answer.channel
-        else:
+        if not queued and not self.interactive:
             raise self.on_wait(task)
+        try:
+            ident = identity(self.as_user)
+            # Checked before asking: nobody is asked a question they may not answer.
+            check_approver(task.approvers, ident.by, task.node_id, how="pass --as NAME")
+            if queued:
+                answer, channel = queued.pop(0), "flag"
+            else:
+                answer, channel = self._ask(task)
+        except (AnswerRefused, HumanInputError) as refused:
+            _remember(ctx.run_id, refused)
+            raise self.on_wait(task) from refused
         ctx.record(
             HumanInputReceived(
                 node_id=task.node_id,
                 visit=task.visit,
-                answer=text,
+                answer=answer,
                 by=ident.by,
                 os_user=ident.os_user,
                 host=ident.host,
@@ -75,3 +120,15 @@ class HumanActor:
                 options=list(task.options),
             )
         )
+
+    @staticmethod
+    def _ask(task: HumanTask) -> tuple[str, str]:
+        from graphrun.actors.human import ask_choice, ask_text
+
+        if task.kind == "approval":
+            asked = ask_choice(task.question, list(task.options))
+            return asked.text, asked.channel
+        asked = ask_text(task.question, default=task.default)
+        # An empty answer is recorded as given: the graph substitutes the default
+        # itself, and does not validate a substituted default.
+        return ("" if asked.defaulted else asked.text), asked.channel

@@ -302,6 +302,10 @@ class _LlmRun:
                 with self.factory.abort_on(self.scope):
                     response = self.provider.call(self.client, self.resolved, request)
             except LlmCallError as err:
+                # The request's own timeout is the node's remaining time, so it can fire
+                # just before the node's timer does: that is the node timeout too.
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    self.scope.cancel(_NODE_TIMEOUT)
                 stopped = self.scope.cancelled
                 message = self._stop_message() if stopped else err.message
                 self._record(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -19,7 +20,11 @@ from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 @json_option
 @db_option
 def runs_cmd(status: str | None, limit: int, as_json: bool, db: str | None) -> None:
-    """List runs, newest first (child runs indented under their parent)."""
+    """List runs, newest first (child runs indented under their parent).
+
+    A waiting run shows the node it waits at and for whom: the node's
+    approvers, else anyone (WAITS FOR).
+    """
     from graphrun.cli.render import table, when
     from graphrun.runtime.config import db_path
 
@@ -30,26 +35,38 @@ def runs_cmd(status: str | None, limit: int, as_json: bool, db: str | None) -> N
         return
     store = open_store(db)
     rows = store.runs(status=status, limit=limit)
+    waits = {row.run_id: _waiting_request(store, row.run_id) for row in rows if row.waiting_node}
     if as_json:
         for row in rows:
             data = row.as_dict()
             data["live"] = store.is_live(row.run_id)
+            request = waits.get(row.run_id)
+            if request is not None:
+                data["waiting"] = {
+                    "node_id": request.node_id,
+                    "kind": request.kind,
+                    "question": request.question,
+                    "options": list(request.options),
+                    "approvers": list(request.approvers),
+                }
             click.echo(json.dumps(data, ensure_ascii=False))
         return
-    by_parent: dict[str | None, list] = {}
+    by_parent: dict[str | None, list[Any]] = {}
     ids = {r.run_id for r in rows}
     for row in rows:
         parent = row.parent_run_id if row.parent_run_id in ids else None
         by_parent.setdefault(parent, []).append(row)
-    out = []
+    out: list[tuple[Any, ...]] = []
 
-    def add(row, depth: int) -> None:  # type: ignore[no-untyped-def]
+    def add(row: Any, depth: int) -> None:
         status_text = row.status
         if row.status == "running" and not store.is_live(row.run_id):
             status_text = "interrupted"
-        waiting = ""
-        if row.status == "waiting":
-            waiting = f"{row.waiting_node}"
+        request = waits.get(row.run_id)
+        waits_for = ""
+        if request is not None:
+            who = ", ".join(request.approvers) if request.approvers else "anyone"
+            waits_for = f"{request.kind}: {who}"
         out.append(
             (
                 "  " * depth + row.run_id,
@@ -57,7 +74,8 @@ def runs_cmd(status: str | None, limit: int, as_json: bool, db: str | None) -> N
                 status_text,
                 when(row.started_at),
                 row.last_seq,
-                waiting or row.current_node or "",
+                row.waiting_node or row.current_node or "",
+                waits_for,
                 row.started_by or "",
             )
         )
@@ -66,7 +84,15 @@ def runs_cmd(status: str | None, limit: int, as_json: bool, db: str | None) -> N
 
     for row in by_parent.get(None, []):
         add(row, 0)
-    click.echo(table(out, ["RUN", "GRAPH", "STATUS", "STARTED (UTC)", "EVENTS", "NODE", "BY"]))
+    headers = ["RUN", "GRAPH", "STATUS", "STARTED (UTC)", "EVENTS", "NODE", "WAITS FOR", "BY"]
+    click.echo(table(out, headers))
+
+
+def _waiting_request(store: Any, run_id: str) -> Any:
+    """The ``HumanInputRequested`` a run waits at, or None."""
+    from graphrun.eventstore.fold import fold
+
+    return fold(store.read(run_id)).waiting
 
 
 @click.command("show")
@@ -86,7 +112,12 @@ def show_cmd(run_id: str, at_seq: int | None, as_json: bool, db: str | None) -> 
         return
     from graphrun.runtime.inspect import format_description
 
-    click.echo(format_description(info))
+    text = format_description(info)
+    if info.get("forked_from"):
+        head, _, rest = text.partition("\n")
+        fork = f"forked from run {info['forked_from']} at seq {info['forked_at']}"
+        text = f"{head}\n{fork}\n{rest}" if rest else f"{head}\n{fork}"
+    click.echo(text)
 
 
 @click.command("events")
@@ -125,7 +156,12 @@ def events_cmd(run_id: str, types: tuple[str, ...], as_json: bool, db: str | Non
 @json_option
 @db_option
 def audit_cmd(run_id: str, verify: bool, as_json: bool, db: str | None) -> None:
-    """Every human decision of RUN_ID and its child runs: when, node, question, answer, by, via."""
+    """Every human decision of RUN_ID and its child runs: when, node, question, answer, by, via.
+
+    BY is the claimed name (--as), followed by the OS account and host when they
+    differ from it. With --verify, the hash chain of every event of every run is
+    recomputed; the first broken seq is named and the exit code is 1.
+    """
     from graphrun.cli.render import table, when
     from graphrun.runtime.inspect import audit_tree
 
@@ -140,8 +176,8 @@ def audit_cmd(run_id: str, verify: bool, as_json: bool, db: str | None) -> None:
                 when(d["ts"]),
                 ("  " * d["depth"]) + d["node_id"],
                 d["question"].strip(),
-                d["answer"],
-                d["by"],
+                _answer_cell(d),
+                d["by"] if d["by"] == d["os_user"] else f"{d['by']} ({d['os_user']}@{d['host']})",
                 d["via"],
                 d["run_id"],
             )
@@ -152,21 +188,23 @@ def audit_cmd(run_id: str, verify: bool, as_json: bool, db: str | None) -> None:
                 table(rows, ["WHEN (UTC)", "NODE", "QUESTION", "ANSWER", "BY", "VIA", "RUN"])
             )
         else:
-            click.echo("no human decisions in this run", err=True)
-        if verify:
-            for item in report["verify"]:
-                if item["ok"]:
-                    click.echo(
-                        f"ok: run {item['run_id']}: {item['events']} events verify", err=True
-                    )
-                else:
-                    click.echo(
-                        f"BROKEN: run {item['run_id']}: first bad seq {item['seq']}: "
-                        f"{item['reason']}",
-                        err=True,
-                    )
+            click.echo(f"no human decisions in run {run_id} or its child runs", err=True)
+        for item in report["verify"]:
+            if item["ok"]:
+                click.echo(f"ok: run {item['run_id']}: {item['events']} events verify", err=True)
+            else:
+                click.echo(
+                    f"BROKEN: run {item['run_id']}: first bad seq {item['seq']}: {item['reason']}",
+                    err=True,
+                )
     if verify and not all(item["ok"] for item in report["verify"]):
         raise SystemExit(1)
+
+
+def _answer_cell(decision: dict[str, Any]) -> str:
+    if decision["used"] != decision["answer"]:
+        return f"(empty: default {decision['used']!r})"
+    return str(decision["answer"])
 
 
 @click.command("diff")

@@ -17,13 +17,21 @@ def print_diagnostics(diagnostics: Iterable[Any]) -> None:
 
 
 def answer_command(outcome: Any, db: str | None) -> str:
+    """The command that answers the node ``outcome`` waits at.
+
+    What only the person can supply (their answer, their name) is left as a
+    ``<placeholder>``, which a shell refuses if the line is run unedited.
+    """
     waiting = outcome.waiting
-    run_id = waiting.run_id or outcome.run_id
     db_part = f" --db {shlex.quote(db)}" if db else ""
+    # The request is stamped with the run that waits: a child run, when the
+    # run waits on one of its agent nodes.
+    run = shlex.quote(getattr(waiting, "run_id", "") or outcome.run_id)
+    who = "|".join(waiting.approvers) or "you"
     if waiting.kind == "approval":
-        choices = "|".join(waiting.options) or "CHOICE"
-        return f"graphrun approve {run_id} <{choices}> --as <you>{db_part}"
-    return f"graphrun answer {run_id} <text> --as <you>{db_part}"
+        choices = "|".join(waiting.options) or "choice"
+        return f"graphrun approve {run} <{choices}> --as <{who}>{db_part}"
+    return f"graphrun answer {run} <text> --as <{who}>{db_part}"
 
 
 def outcome_dict(outcome: Any) -> dict[str, Any]:
@@ -46,14 +54,32 @@ def outcome_dict(outcome: Any) -> dict[str, Any]:
     return data
 
 
+def _refusal(outcome: Any) -> Any:
+    """Why an answer offered to a now-waiting run was not taken (see human_actor)."""
+    if outcome.status != "waiting":
+        return None
+    from graphrun.actors.human_actor import take_refusal
+
+    return take_refusal(outcome.run_id)
+
+
 def render_outcome(outcome: Any, *, as_json: bool, db: str | None) -> int:
-    """Print a run's outcome; return the exit code."""
+    """Print a run's outcome; return the exit code.
+
+    A run left waiting because the answer offered to it was refused (not an
+    approver) or abandoned (Ctrl-C at the prompt) exits with that error's code.
+    """
     codes = {"completed": 0, "failed": 1, "cancelled": 1, "waiting": 3}
     code = codes.get(outcome.status, 1)
+    refused = _refusal(outcome)
+    if refused is not None:
+        code = refused.exit_code
     if as_json:
         data = outcome_dict(outcome)
-        if outcome.status == "waiting":
+        if outcome.status == "waiting" and outcome.waiting is not None:
             data["answer_with"] = answer_command(outcome, db)
+            if refused is not None:
+                data["error"] = str(refused)
         click.echo(json.dumps(data, ensure_ascii=False))
         return code
     if outcome.status == "completed":
@@ -61,15 +87,34 @@ def render_outcome(outcome: Any, *, as_json: bool, db: str | None) -> int:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
     elif outcome.status == "waiting":
-        w = outcome.waiting
-        click.echo(f"▸ run {outcome.run_id} waits at {w.kind} node '{w.node_id}':", err=True)
-        click.echo(f"  {w.question.strip()}", err=True)
-        if w.options:
-            click.echo(f"  options: {', '.join(w.options)} (or any other text)", err=True)
-        click.echo(f"  answer with: {answer_command(outcome, db)}", err=True)
+        if refused is not None:
+            click.echo(f"error: {refused}", err=True)
+        render_waiting(outcome, db)
     else:
         click.echo(f"error: run {outcome.run_id} {outcome.status}: {outcome.error}", err=True)
     return code
+
+
+def render_waiting(outcome: Any, db: str | None) -> None:
+    """Say on stderr where the run waits, for whom, and the command that answers it."""
+    w = outcome.waiting
+    if w is None:
+        click.echo(f"▸ run {outcome.run_id} waits for an answer (`graphrun runs`)", err=True)
+        return
+    where = f"{w.kind} node '{w.node_id}'"
+    if getattr(w, "run_id", "") and w.run_id != outcome.run_id:
+        where += f" of child run {w.run_id}"
+    click.echo(f"▸ run {outcome.run_id} waits at {where}:", err=True)
+    for line in w.question.strip().splitlines() or [""]:
+        click.echo(f"  {line}", err=True)
+    if w.kind == "approval":
+        options = ", ".join(w.options)
+        click.echo(f"  options: {options} (or any other text, a free-form answer)", err=True)
+    if w.default is not None:
+        click.echo(f"  default (an empty answer): {w.default}", err=True)
+    if w.approvers:
+        click.echo(f"  approvers: {', '.join(w.approvers)}", err=True)
+    click.echo(f"  answer with: {answer_command(outcome, db)}", err=True)
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:

@@ -35,6 +35,7 @@ def _parse_set(values: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _answers(values: tuple[str, ...]) -> dict[str, list[str]]:
+    """``--answer NODE=VALUE``s by node, in the order given (a second visit takes the next)."""
     answers: dict[str, list[str]] = {}
     for node, text in _parse_pairs(values, "--answer"):
         answers.setdefault(node, []).append(text)
@@ -97,8 +98,11 @@ def common_run_options(fn: Any) -> Any:
             ),
             click.option(
                 "--config-dir",
+                "--loki-dir",
+                "config_dir",
                 metavar="DIR",
-                help="Config directory (default: $GRAPHRUN_CONFIG_DIR, "
+                help="Config directory, e.g. an existing Loki config dir with agents/, "
+                "functions/ and config.yaml (default: $GRAPHRUN_CONFIG_DIR, "
                 "$LOKI_CONFIG_DIR, else the user config dir).",
             ),
             click.option(
@@ -250,6 +254,11 @@ def _answer_and_resume(
     received = submit_answer(
         store, run_id, text, kind=kind, as_user=as_user, node=node, channel=channel
     )
+    if received.run_id != run_id:
+        click.echo(f"▸ run {run_id} waits on its child run {received.run_id}", err=True)
+    # The answer may belong to a child run the given run waits on: continue that
+    # one, and its parents after it.
+    run_id = received.run_id
     click.echo(
         f"▸ recorded {received.answer!r} from {received.by} at node '{received.node_id}' "
         f"(seq {received.seq})",
@@ -264,6 +273,9 @@ def _answer_and_resume(
         store=store,
         quiet=as_json,
     )
+    # This command answers one question: the run goes on to its end or to the
+    # next wait, which is answered by another command, not prompted for here.
+    options.interactive = False
     outcome = drive(Driver(store, run_id, options, resumed_by=as_user))
     from graphrun.runtime.agent_node import resume_ancestors
 
@@ -277,7 +289,7 @@ def _answer_and_resume(
 @click.option("--as", "as_user", required=True, metavar="USER", help="Who approves.")
 @click.option("--node", metavar="NODE", help="The approval node (when it matters).")
 @click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
-@click.option("--config-dir", metavar="DIR", help="Config directory.")
+@click.option("--config-dir", "--loki-dir", "config_dir", metavar="DIR", help="Config directory.")
 @json_option
 @db_option
 def approve_cmd(
@@ -306,7 +318,7 @@ def approve_cmd(
 @click.option("--as", "as_user", required=True, metavar="USER", help="Who answers.")
 @click.option("--node", metavar="NODE", help="The input node (when it matters).")
 @click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
-@click.option("--config-dir", metavar="DIR", help="Config directory.")
+@click.option("--config-dir", "--loki-dir", "config_dir", metavar="DIR", help="Config directory.")
 @json_option
 @db_option
 def answer_cmd(

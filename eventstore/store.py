@@ -48,6 +48,22 @@ _INSERT_EVENT = (
 _UPSERT_RUN = (
     f"INSERT OR REPLACE INTO runs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
 )
+# The columns a step changes in an existing run; none is indexed, so a step
+# rewrites one page of ``runs`` instead of the row and its three index entries.
+_TAIL_COLUMNS = (
+    "updated_at",
+    "last_seq",
+    "last_hash",
+    "current_node",
+    "waiting_node",
+    "output",
+    "error",
+)
+_UPDATE_RUN_TAIL = (
+    f"UPDATE runs SET {', '.join(f'{c} = ?' for c in _TAIL_COLUMNS)} WHERE run_id = ?"
+)
+_HEAD_COLUMNS = tuple(c for c in COLUMNS if c not in _TAIL_COLUMNS)
+_RENEW_IN_APPEND = "UPDATE leases SET expires_at = ? WHERE run_id = ? AND owner = ?"
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,9 @@ class SqliteStore:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._lock = threading.RLock()
         self._rows: dict[str, RunRow] = {}
+        # run id -> when an append should next renew this store's lease on it. Only
+        # runs leased through this store are here (no other lease row can match).
+        self._renew_at: dict[str, float] = {}
         if durability not in ("normal", "full"):
             raise StoreError(f"unknown durability {durability!r} (use 'normal' or 'full')")
         if not create and not self.path.exists():
@@ -171,7 +190,7 @@ class SqliteStore:
         if not events:
             return []
         with self._lock:
-            row = self._row(run_id)
+            row = before = self._row(run_id)
             seq = row.last_seq if row else 0
             prev = row.last_hash if row else codec.GENESIS
             now = self.clock.now()
@@ -205,11 +224,21 @@ class SqliteStore:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     conn.executemany(_INSERT_EVENT, params)
-                    conn.execute(_UPSERT_RUN, tuple(getattr(row, c) for c in COLUMNS))
-                    conn.execute(
-                        "UPDATE leases SET expires_at = ? WHERE run_id = ? AND owner = ?",
-                        (now + LEASE_SECONDS, run_id, self.owner),
-                    )
+                    if before is not None and all(
+                        getattr(before, c) == getattr(row, c) for c in _HEAD_COLUMNS
+                    ):
+                        conn.execute(
+                            _UPDATE_RUN_TAIL,
+                            (*(getattr(row, c) for c in _TAIL_COLUMNS), run_id),
+                        )
+                    else:
+                        conn.execute(_UPSERT_RUN, tuple(getattr(row, c) for c in COLUMNS))
+                    renew_at = self._renew_at.get(run_id)
+                    if renew_at is not None and now >= renew_at:
+                        # Renewing every step would rewrite the leases page every
+                        # commit; a third of the lease time is often enough.
+                        conn.execute(_RENEW_IN_APPEND, (now + LEASE_SECONDS, run_id, self.owner))
+                        self._renew_at[run_id] = now + LEASE_SECONDS / 3
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")
@@ -361,18 +390,23 @@ class SqliteStore:
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
+            self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
         # Another process may have appended while we did not hold the run.
         self._rows.pop(run_id, None)
 
     def renew_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None:
         with self._lock:
+            now = self.clock.now()
             self.conn.execute(
                 "UPDATE leases SET expires_at = ? WHERE run_id = ? AND owner = ?",
-                (self.clock.now() + seconds, run_id, self.owner),
+                (now + seconds, run_id, self.owner),
             )
+            if run_id in self._renew_at:
+                self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
 
     def release_lease(self, run_id: str) -> None:
         with self._lock:
+            self._renew_at.pop(run_id, None)
             self.conn.execute(
                 "DELETE FROM leases WHERE run_id = ? AND owner = ?", (run_id, self.owner)
             )

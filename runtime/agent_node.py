@@ -14,8 +14,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from graphrun.actors.base import CancelToken
-from graphrun.eventstore.events import ChildRunFinished, ChildRunStarted
+from graphrun.eventstore.events import ChildCancelled, ChildRunFinished, ChildRunStarted
 from graphrun.eventstore.fold import fold
+from graphrun.eventstore.ids import new_run_id
 from graphrun.runtime.errors import GraphrunError, WaitingForHuman
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class AgentActor:
 
     def perform(self, task: Any, ctx: Any) -> None:
         from graphrun.runtime.agents import load_agent, resolve_agent_dir
-        from graphrun.runtime.supervisor import Driver, drive, start_run
+        from graphrun.runtime.supervisor import Driver, check_graph, drive, graph_of, start_run
 
         parent = self.driver
         store = parent.store
@@ -54,38 +55,41 @@ class AgentActor:
             ),
             None,
         )
-        knowledge: dict[str, Any] | None = None
         if existing is not None and store.has_run(existing.child_run_id):
+            # Resumed: re-attach to the child this visit already started.
             child_id = existing.child_run_id
+            knowledge = _knowledge(graph_of(fold(store.read(child_id, upto=1))), options)
         else:
             ref = resolve_agent_dir(task.agent, options.agents_dir)
             loaded = load_agent(ref.path, config_dir=options.config_dir)
-            if any(n.type == "rag" for n in loaded.graph.nodes.values()):
-                from graphrun.runtime.rag_node import prepare_knowledge_bases
-
-                knowledge = prepare_knowledge_bases(
-                    loaded, interactive=False, config_dir=options.config_dir
+            if loaded.graph.settings.validate_before_run:
+                check_graph(loaded, agents_dir=options.agents_dir, config_dir=options.config_dir)
+            knowledge = _knowledge(loaded, options)
+            if existing is not None:  # recorded, but the process died before the child began
+                child_id = existing.child_run_id
+            else:
+                child_id = new_run_id()
+                # Durable before the child exists, so a resumed parent finds its child.
+                parent.commit_effects(
+                    [
+                        ChildRunStarted(
+                            node_id=task.node_id,
+                            visit=task.visit,
+                            child_run_id=child_id,
+                            agent=task.agent,
+                            prompt=task.prompt,
+                        )
+                    ]
                 )
-            child_id = start_run(
+            start_run(
                 store,
                 loaded,
                 prompt=task.prompt,
                 started_by=options.as_user,
                 parent_run_id=parent.run_id,
                 parent_node_id=task.node_id,
+                run_id=child_id,
             )
-            parent.commit_effects(
-                [
-                    ChildRunStarted(
-                        node_id=task.node_id,
-                        visit=task.visit,
-                        child_run_id=child_id,
-                        agent=task.agent,
-                        prompt=task.prompt,
-                    )
-                ]
-            )
-            knowledge = knowledge or None
         token = CancelToken()
         parent.child_tokens[child_id] = token
         unhook = ctx.cancel.on_cancel(lambda: token.cancel(ctx.cancel.reason or "cancelled"))
@@ -109,9 +113,14 @@ class AgentActor:
                 outcome.waiting,
             )
         error = outcome.error
-        if outcome.status == "cancelled" and token.reason == timer_reason:
-            error = timer_reason
-        ctx.record(
+        ended_with_parent = False
+        if outcome.status == "cancelled":
+            if token.reason == timer_reason:
+                error = f"timed out after {task.timeout:g}s (the node's timeout)"
+            else:
+                error = token.reason or "cancelled"
+                ended_with_parent = ctx.cancel.cancelled
+        events: list[Any] = [
             ChildRunFinished(
                 node_id=task.node_id,
                 visit=task.visit,
@@ -121,7 +130,13 @@ class AgentActor:
                 error=error,
                 duration_ms=duration,
             )
-        )
+        ]
+        if ended_with_parent:
+            # The parent is ending (cancelled, or its run timeout fired): say so in its log.
+            events.append(
+                ChildCancelled(child_run_id=child_id, reason=error or "", node_id=task.node_id)
+            )
+        ctx.record(*events)
         if outcome.status == "completed" and task.output_schema is not None:
             self._extract(task, ctx, outcome.output or "", child_id)
 
@@ -161,6 +176,15 @@ class AgentActor:
             )
         finally:
             factory.close()
+
+
+def _knowledge(loaded: Any, options: Any) -> dict[str, Any] | None:
+    """The child's knowledge bases, when it has rag nodes (built once, never silently)."""
+    if not any(n.type == "rag" for n in loaded.graph.nodes.values()):
+        return None
+    from graphrun.runtime.rag_node import prepare_knowledge_bases
+
+    return prepare_knowledge_bases(loaded, interactive=False, config_dir=options.config_dir)
 
 
 def _child_model(driver: Driver, child_id: str) -> str | None:

@@ -6,6 +6,14 @@ audit: :func:`loop_agent_graph` turns its config.yaml into a two-node graph (one
 calls to a final answer, then an ``end``). Loki's instruction variables are
 resolved when the agent is loaded — ``{{__now__}}`` included — and the resolved
 graph text is what ``RunStarted`` records, so a replay sees exactly what ran.
+
+Supported as Loki does: ``model``, ``temperature``, ``top_p``, ``instructions``
+with Loki's special variables (``{{__tools__}}`` lists global, MCP and agent tools;
+it starts the MCP servers only when the instructions use it) and the agent's
+``variables`` (defaults, then ``$<NAME>_VARIABLES`` as JSON), ``dynamic_instructions``
+(the ``_instructions`` function of tools.py / tools.sh), ``global_tools``,
+``mcp_servers``, ``conversation_starters``, ``description``. Other fields are
+accepted and warned about once per process.
 """
 
 from __future__ import annotations
@@ -15,7 +23,6 @@ import locale
 import os
 import platform
 import sys
-import warnings
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +30,8 @@ from typing import Any
 
 import yaml
 
-from graphrun.runtime.errors import GraphLoadError
+from graphrun.eventstore.errors import GraphrunError
+from graphrun.runtime.errors import GraphLoadError, GraphValidationError
 from graphrun.runtime.loader import LoadedGraph, load_graph, load_text
 
 #: config.yaml fields graphrun reads; others are accepted and warned about once.
@@ -43,10 +51,13 @@ KNOWN_FIELDS = {
     "agent_session",
     "max_iterations",
 }
-_IMPLEMENTED_LATER = {"dynamic_instructions"}
+#: Loki fields graphrun reads but does not act on (warned about once when set).
+_UNSUPPORTED = {"agent_session": "graphrun runs have no chat sessions"}
 _warned: set[str] = set()
 
 DEFAULT_MAX_ITERATIONS = 50
+#: Seconds an agent's ``_instructions`` function may take.
+DYNAMIC_INSTRUCTIONS_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -98,19 +109,52 @@ def _tool_names(
     return names + [f"mcp:{server}" for server in mcp_servers]
 
 
-def _tools_text(agent_dir: Path, global_tools: list[str], config_dir: Path | None) -> str:
-    from graphrun.actors.tools import discover_tools
+def _tools_text(
+    agent_dir: Path, global_tools: list[str], mcp_servers: list[str], config_dir: Path | None
+) -> str:
+    """Loki's ``{{__tools__}}``: every enabled tool (global, MCP, agent) with its description.
 
-    specs = discover_tools(agent_dir, global_tools=global_tools, config_dir=config_dir)
+    Listing an MCP server's tools starts the server, so this runs only when the
+    instructions ask for ``{{__tools__}}``.
+    """
+    from graphrun.actors.mcp import load_mcp_config
+    from graphrun.actors.tools import discover_tools, load_toolbox
+
+    specs = dict(discover_tools(agent_dir, global_tools=global_tools, config_dir=config_dir))
+    # A server missing from mcp.json is left to validation, which says where it is named.
+    configured = load_mcp_config(config_dir) if mcp_servers else {}
+    mcp_servers = [server for server in mcp_servers if server in configured]
+    if mcp_servers:
+        try:
+            box = load_toolbox(
+                agent_dir,
+                [f"mcp:{server}" for server in mcp_servers],
+                global_tools=global_tools,
+                mcp_servers=mcp_servers,
+                config_dir=config_dir,
+            )
+        except GraphrunError as exc:
+            raise GraphLoadError(
+                f"agent '{agent_dir.name}': cannot list the tools for {{{{__tools__}}}}: {exc}"
+            ) from None
+        specs.update({spec.name: spec for spec in box.specs})
     return "\n".join(f"- {name}: {spec.description}" for name, spec in sorted(specs.items()))
 
 
 def builtin_variables(
-    agent_dir: Path, global_tools: list[str], config_dir: Path | None
+    agent_dir: Path,
+    global_tools: list[str],
+    config_dir: Path | None,
+    mcp_servers: list[str] | None = None,
+    *,
+    with_tools: bool = True,
 ) -> dict[str, str]:
-    """Loki's ``{{__os__}}``-style instruction variables (read once, at load time)."""
+    """Loki's ``{{__os__}}``-style instruction variables (read once, at load time).
+
+    ``with_tools=False`` leaves ``__tools__`` out (it may start MCP servers).
+    """
     system = platform.system().lower()
-    return {
+    values = {
         "__os__": {"darwin": "macos"}.get(system, system),
         "__os_family__": "windows" if system == "windows" else "unix",
         "__arch__": platform.machine(),
@@ -118,8 +162,10 @@ def builtin_variables(
         "__locale__": (locale.getlocale()[0] or "en_US"),
         "__now__": datetime.now().astimezone().isoformat(timespec="seconds"),
         "__cwd__": os.getcwd(),
-        "__tools__": _tools_text(agent_dir, global_tools, config_dir),
     }
+    if with_tools:
+        values["__tools__"] = _tools_text(agent_dir, global_tools, mcp_servers or [], config_dir)
+    return values
 
 
 def agent_variables(name: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -152,41 +198,142 @@ def agent_variables(name: str, config: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph:
-    """The graph an LLM-loop agent (config.yaml) runs as."""
-    from graphrun.runtime.templates import render
+def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """config.yaml as data, with the YAML line of each JSON path."""
+    from graphrun.runtime.loader import parse_yaml
 
-    path = agent_dir / "config.yaml"
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise GraphLoadError(
-            f"malformed YAML: {getattr(exc, 'problem', exc)}", where=where
-        ) from None
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise GraphLoadError(f"cannot read {path}: {exc}") from None
+    config, lines, problems = parse_yaml(text, str(path))
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        raise GraphLoadError(errors[0].message, where=f"{path}:{errors[0].line or 1}")
+    if config is None:
+        config = {}
     if not isinstance(config, dict):
         raise GraphLoadError("config.yaml must be a mapping", where=str(path))
-    name = str(config.get("name") or agent_dir.name)
-    for key in config:
-        if key in _IMPLEMENTED_LATER and config[key]:
-            _warn_once(
-                f"{name}:{key}",
-                f"agent '{name}': '{key}' is not supported by graphrun and is ignored",
-            )
+    return config, lines
+
+
+def _warn_fields(name: str, config: dict[str, Any]) -> None:
+    for key, value in config.items():
+        if key in _UNSUPPORTED:
+            if value not in (None, "", False, [], {}):
+                _warn_once(
+                    f"{name}:{key}",
+                    f"agent '{name}': '{key}' is not supported by graphrun and is ignored "
+                    f"({_UNSUPPORTED[key]})",
+                )
         elif key not in KNOWN_FIELDS:
             _warn_once(
                 f"{name}:{key}", f"agent '{name}': config.yaml field '{key}' is ignored by graphrun"
             )
+
+
+def dynamic_instructions(agent_dir: Path, *, config_dir: Path | None) -> str:
+    """The output of the agent's ``_instructions`` function (Loki's ``dynamic_instructions``).
+
+    Loki calls a function named ``_instructions`` in ``tools.py`` (its return value)
+    or ``tools.sh`` (an ``@cmd`` function writing to ``$LLM_OUTPUT``) when the agent
+    starts. graphrun calls it with no terminal input: an ``_instructions`` that
+    prompts for input reads end-of-file.
+
+    Raises:
+        GraphLoadError: there is no ``_instructions`` function, or it failed.
+    """
+    from graphrun.actors.providers.base import ToolSpec
+    from graphrun.actors.tools import BashTool, PythonTool, _context, parse_argc
+
+    ctx = _context(agent_dir.resolve(), config_dir, agent=True)
+    tool: Any = None
+    py, sh = agent_dir / "tools.py", agent_dir / "tools.sh"
+    if py.is_file() and "def _instructions(" in py.read_text(encoding="utf-8"):
+        spec = ToolSpec("_instructions", "dynamic instructions", {}, "tools.py")
+        tool = PythonTool(spec, py.resolve(), "_instructions", ctx, True)
+    elif sh.is_file():
+        _root, commands = parse_argc(sh.read_text(encoding="utf-8"), path=sh)
+        command = next((c for c in commands if c.function == "_instructions"), None)
+        if command is not None:
+            spec = ToolSpec("_instructions", "dynamic instructions", {}, "tools.sh")
+            tool = BashTool(spec, sh.resolve(), command, ctx, True)
+    if tool is None:
+        raise GraphLoadError(
+            f"agent '{agent_dir.name}' sets dynamic_instructions but defines no _instructions "
+            "function",
+            where=str(agent_dir / "config.yaml"),
+            hint="define _instructions() in tools.py, or an `@cmd` _instructions function "
+            "in tools.sh",
+        )
+    result = tool.call("{}", cancel=None, timeout=DYNAMIC_INSTRUCTIONS_TIMEOUT)
+    if result.is_error:
+        raise GraphLoadError(
+            f"agent '{agent_dir.name}': _instructions failed: {result.output}",
+            where=str(agent_dir / tool.spec.source),
+        )
+    return result.output
+
+
+# Synthesized graph paths -> the config.yaml paths they come from (for diagnostics).
+_CONFIG_PATHS = {
+    "$.model": "$.model",
+    "$.temperature": "$.temperature",
+    "$.top_p": "$.top_p",
+    "$.global_tools": "$.global_tools",
+    "$.mcp_servers": "$.mcp_servers",
+    "$.conversation_starters": "$.conversation_starters",
+    "$.nodes.agent.instructions": "$.instructions",
+    "$.nodes.agent.tools": "$.mcp_servers",
+    "$.nodes.agent.max_iterations": "$.max_iterations",
+}
+
+
+def _config_lines(
+    graph_lines: dict[str, int], config_lines: dict[str, int], config: dict[str, Any]
+) -> dict[str, int]:
+    """Diagnostics on an LLM-loop agent point at config.yaml, not at the graph it became."""
+    out = {"$": 1}
+    for graph_path in graph_lines:
+        source = _CONFIG_PATHS.get(graph_path)
+        if graph_path.startswith("$.nodes.agent.tools") and not config.get("mcp_servers"):
+            source = "$.global_tools"
+        for prefix in ("$.global_tools", "$.mcp_servers", "$.conversation_starters"):
+            if graph_path.startswith(prefix + "["):
+                source = graph_path
+        if source is not None and source in config_lines:
+            out[graph_path] = config_lines[source]
+    return out
+
+
+def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph:
+    """The graph an LLM-loop agent (config.yaml) runs as.
+
+    The instructions are rendered here (Loki's special variables and the agent's
+    ``variables``), so the graph text that ``RunStarted`` records is exactly what
+    the model was told. Diagnostics point at config.yaml.
+    """
+    from graphrun.runtime.templates import render
+
+    path = agent_dir / "config.yaml"
+    config, config_lines = _read_config(path)
+    name = str(config.get("name") or agent_dir.name)
+    _warn_fields(name, config)
     global_tools = list(config.get("global_tools") or [])
     mcp_servers = list(config.get("mcp_servers") or [])
-    context = {
-        **builtin_variables(agent_dir, global_tools, config_dir),
-        **agent_variables(name, config),
-    }
-    instructions = render(str(config.get("instructions") or ""), context, strict=False)
+    if config.get("dynamic_instructions"):
+        template = dynamic_instructions(agent_dir, config_dir=config_dir)
+    else:
+        template = str(config.get("instructions") or "")
+    context: dict[str, Any] = builtin_variables(
+        agent_dir,
+        global_tools,
+        config_dir,
+        mcp_servers,
+        with_tools="__tools__" in template,
+    )
+    context.update(agent_variables(name, config))
+    instructions = render(template, context, strict=False)
     tools = _tool_names(agent_dir, global_tools, mcp_servers, config_dir)
     graph: dict[str, Any] = {
         "name": name,
@@ -215,11 +362,18 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
             graph[key] = config[key]
     if config.get("conversation_starters"):
         graph["conversation_starters"] = list(config["conversation_starters"])
-    # Templates in the instructions are resolved; escape what's left so the decider
-    # does not treat a literal "{{" in the agent's prose as a state reference.
     text = yaml.safe_dump(graph, sort_keys=False, allow_unicode=True, width=100)
-    with warnings.catch_warnings():
-        return load_text(text, path=path.with_name("config.yaml"), agent_dir=agent_dir)
+    try:
+        loaded = load_text(text, path=path, agent_dir=agent_dir)
+    except GraphValidationError as exc:
+        first = next(d for d in exc.diagnostics if d.severity == "error")
+        source = _CONFIG_PATHS.get(first.path or "$", first.path or "$")
+        line = config_lines.get(source, 1)
+        raise GraphLoadError(
+            f"agent '{name}': {first.message}", where=f"{path}:{line} ({source})"
+        ) from None
+    loaded.lines = _config_lines(loaded.lines, config_lines, config)
+    return loaded
 
 
 def load_agent(target: Path, *, config_dir: Path | None) -> LoadedGraph:

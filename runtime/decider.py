@@ -347,7 +347,7 @@ def structured_value(
         if error2 is None:
             return value, None
         return None, f"structured output extraction failed: {error2}"
-    return None, f"structured output extraction failed: {extract_error or error}"
+    return None, extract_error or f"structured output extraction failed: {error}"
 
 
 def _complete_llm(

@@ -6,6 +6,8 @@ They are registered with :func:`graphrun.runtime.validate.register_rule` and mar
 
 from __future__ import annotations
 
+import difflib
+
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.runtime.graph import LlmNode, RagNode
 from graphrun.runtime.loader import Diagnostic
@@ -43,6 +45,42 @@ def llm_tools_known(c: Check) -> list[Diagnostic]:
             )
             for p in problems
         ]
+    return out
+
+
+@register_rule
+@deep
+def mcp_servers_known(c: Check) -> list[Diagnostic]:
+    """Each graph-level ``mcp_servers`` entry must be a server in ``functions/mcp.json``."""
+    if not c.graph.mcp_servers:
+        return []
+    from graphrun.actors.mcp import load_mcp_config
+
+    try:
+        configured = load_mcp_config(c.config_dir)
+    except GraphrunError as exc:
+        return [c.diag("error", "mcp-config", str(exc), "$.mcp_servers")]
+    where = c.config_dir / "functions" / "mcp.json" if c.config_dir else "functions/mcp.json"
+    out = []
+    for i, server in enumerate(c.graph.mcp_servers):
+        if server in configured:
+            continue
+        close = difflib.get_close_matches(server, list(configured), n=1)
+        if close:
+            hint = f"did you mean '{close[0]}'?"
+        elif configured:
+            hint = f"configured: {', '.join(sorted(configured))}"
+        else:
+            hint = f"add it to {where}"
+        out.append(
+            c.diag(
+                "error",
+                "unknown-mcp-server",
+                f"MCP server '{server}' is not configured in {where}",
+                f"$.mcp_servers[{i}]",
+                hint=hint,
+            )
+        )
     return out
 
 

@@ -113,9 +113,12 @@ def describe_run(store: SqliteStore, run_id: str, at_seq: int | None = None) -> 
     children = []
     for child in store.runs(parent=run_id):
         children.append(describe_run(store, child.run_id))
+    first = events[0] if events else None
     return {
         "run_id": run_id,
         "graph": state.graph_name,
+        "forked_from": getattr(first, "forked_from", None),
+        "forked_at": getattr(first, "forked_at", None),
         "status": state.status,
         "at_seq": state.last_seq,
         "last_seq": row.last_seq,
@@ -166,16 +169,31 @@ def format_description(info: dict[str, Any], depth: int = 0) -> str:
 
 
 def audit_tree(store: SqliteStore, run_id: str, *, verify: bool) -> dict[str, Any]:
-    """Human decisions of a run and its descendants; optionally the chain check of each."""
+    """Every human decision of a run and of its descendant runs, oldest first.
+
+    Each decision has the run, seq, time, node, the question and options as
+    shown, the answer as given, ``used`` (what the graph took: an empty answer to
+    an input node takes its default), who answered (claimed name, OS user, host),
+    ``via`` (tty, flag, approve, answer) and ``depth`` (0 for the run itself).
+
+    Args:
+        store: The event store.
+        run_id: The run to audit.
+        verify: Also recompute the hash chain of every run's events; each run's
+            check (``ok``, first bad ``seq``, ``reason``) is under ``verify``.
+
+    Returns:
+        ``{"run_id", "decisions": [...], "verify": [...]}``.
+    """
     from graphrun.runtime.transfer import run_tree
 
-    found = []
-    checks = []
-    parents = {run_id: 0}
+    found: list[dict[str, Any]] = []
+    checks: list[dict[str, Any]] = []
+    depths = {run_id: 0}
     for rid in run_tree(store, run_id):
-        depth = parents.get(rid, 0)
+        depth = depths.get(rid, 0)
         for child in store.runs(parent=rid):
-            parents[child.run_id] = depth + 1
+            depths[child.run_id] = depth + 1
         if verify:
             problem = store.verify(rid)
             checks.append(
@@ -187,10 +205,20 @@ def audit_tree(store: SqliteStore, run_id: str, *, verify: bool) -> dict[str, An
                     "reason": problem.reason if problem else None,
                 }
             )
-            if problem is not None:
-                continue
-        for d in decisions(store.read(rid), depth=depth):
-            found.append(d.__dict__)
+        events = store.read(rid)
+        defaults = {
+            (e.node_id, e.visit): e.default
+            for e in events
+            if isinstance(e, HumanInputRequested) and e.kind == "input"
+        }
+        visits = {e.seq: e.visit for e in events if isinstance(e, HumanInputReceived)}
+        for d in decisions(events, depth=depth):
+            item = dict(d.__dict__)
+            default = defaults.get((d.node_id, visits.get(d.seq, 0)))
+            item["default"] = default
+            blank = not d.answer.strip() and default is not None
+            item["used"] = default if blank else d.answer
+            found.append(item)
     found.sort(key=lambda d: (d["ts"], d["run_id"], d["seq"]))
     return {"run_id": run_id, "decisions": found, "verify": checks}
 
@@ -226,6 +254,8 @@ def _node_records(events: list[Event]) -> dict[tuple[str, int], dict[str, Any]]:
                 rec["output"] = e.output if e.error is None else f"error: {e.error}"
             case HumanInputReceived():
                 rec["output"] = e.answer
+            case HumanInputRequested():
+                rec["request"] = e.question
             case RetrievalDone():
                 rec["request"] = e.query
                 rec["output"] = e.result
@@ -290,7 +320,29 @@ def diff_runs(a: list[Event], b: list[Event]) -> dict[str, Any]:
     }
 
 
+def _wants_diff(value: Any) -> bool:
+    """Long or multi-line values (prompts, requests) read better as a unified diff."""
+    if isinstance(value, str):
+        return "\n" in value or len(value) > 70
+    return isinstance(value, dict | list) and len(_short(value, 1000)) > 70
+
+
+def _unified(a: Any, b: Any) -> list[str]:
+    import difflib
+
+    def text(v: Any) -> list[str]:
+        if v is None:
+            return []
+        if isinstance(v, str):
+            return v.splitlines()
+        return json.dumps(v, indent=2, sort_keys=True, ensure_ascii=False, default=str).splitlines()
+
+    out = list(difflib.unified_diff(text(a), text(b), "a", "b", lineterm="", n=1))
+    return out[:40] + (["..."] if len(out) > 40 else [])
+
+
 def format_diff(report: dict[str, Any]) -> str:
+    """The text form of :func:`diff_runs`."""
     first = report["first_difference"]
     if first is None:
         return f"runs {report['a']} and {report['b']} made the same decisions"
@@ -307,8 +359,13 @@ def format_diff(report: dict[str, Any]) -> str:
             continue
         lines.append(f"{head}:")
         for field, vals in node["changed"].items():
-            lines.append(f"  {field}: a={_short(vals['a'], 70)}")
-            lines.append(f"  {' ' * len(field)}  b={_short(vals['b'], 70)}")
+            left, right = vals["a"], vals["b"]
+            if _wants_diff(left) or _wants_diff(right):
+                lines.append(f"  {field}:")
+                lines.extend(f"    {line}" for line in _unified(left, right))
+                continue
+            lines.append(f"  {field}: a={_short(left, 70)}")
+            lines.append(f"  {' ' * len(field)}  b={_short(right, 70)}")
     if report["final_state"]:
         lines.append("final state:")
         for key, vals in report["final_state"].items():

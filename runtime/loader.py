@@ -137,7 +137,12 @@ def parse_yaml(text: str, file: str = "graph.yaml") -> tuple[Any, dict[str, int]
     """Parse YAML text into Python values plus a JSON-path -> line map."""
     try:
         node = yaml.compose(text, Loader=_Loader)
+        if node is None:
+            raise GraphLoadError("the file is empty", where=file)
+        builder = _Builder(file)
+        data = builder.build(node, "$")
     except yaml.MarkedYAMLError as exc:
+        # One line: PyYAML's str() adds the marks on further lines.
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         what = exc.problem or exc.context or "invalid YAML"
@@ -145,14 +150,8 @@ def parse_yaml(text: str, file: str = "graph.yaml") -> tuple[Any, dict[str, int]
             f"malformed YAML: {what}", where=f"{file}:{line}" if line else file
         ) from None
     except yaml.YAMLError as exc:
-        raise GraphLoadError(f"malformed YAML: {exc}", where=file) from None
-    if node is None:
-        raise GraphLoadError("the file is empty", where=file)
-    builder = _Builder(file)
-    try:
-        data = builder.build(node, "$")
-    except yaml.YAMLError as exc:
-        raise GraphLoadError(f"malformed YAML: {exc}", where=file) from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
+        raise GraphLoadError(f"malformed YAML: {first}", where=file) from None
     return data, builder.lines, builder.problems
 
 
@@ -338,9 +337,15 @@ def structure(data: Any, lines: dict[str, int], file: str) -> tuple[Graph | None
     if isinstance(settings, dict):
         from graphrun.runtime.graph import Settings
 
-        problems.extend(
-            _check_fields(settings, Settings, "$.settings", lines, file, None, "settings")
+        settings_problems = _check_fields(
+            settings, Settings, "$.settings", lines, file, None, "settings"
         )
+        if not settings_problems:
+            # Typed here too, so a bad setting is reported alongside other errors.
+            _value, settings_problems = _convert(
+                settings, Settings, "$.settings", lines, file, None
+            )
+        problems.extend(settings_problems)
     if any(p.severity == "error" for p in problems):
         return None, problems
     top = {k: v for k, v in data.items() if k != "nodes"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from graphrun.runtime.errors import GraphrunError, node_context
+from graphrun.runtime.errors import GraphrunError
 
 if TYPE_CHECKING:
     from graphrun.runtime.supervisor import Driver
@@ -51,12 +51,11 @@ class LlmActor:
         return box
 
     def perform(self, task: Any, ctx: Any) -> Any:
+        # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
+        # supervisor prefixes the node id, so they carry none of their own.
         from graphrun.actors.llm import perform_llm
 
-        with node_context(task.node_id):
-            return perform_llm(
-                task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools)
-            )
+        return perform_llm(task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools))
 
 
 def node_actor(node_type: str, driver: Driver) -> tuple[type, tuple[Any, ...]]:

@@ -11,19 +11,28 @@ from graphrun.runtime.loader import LoadedGraph
 def preflight(loaded: LoadedGraph, options: Any) -> None:
     """Raise a GraphrunError if the graph cannot run with this configuration.
 
-    LLM nodes need a known provider or client and its API key (named, never
-    echoed) unless responses are served from a recording.
+    LLM nodes need a known provider or client and its API key (the variable is
+    named, a key is never echoed) unless responses are served from a recording
+    (``--llm-replay``), which needs neither network nor key.
     """
     graph = loaded.graph
-    models = {
-        node.model or graph.model or ""
-        for node in graph.nodes.values()
-        if isinstance(node, LlmNode)
-    }
-    if not models or options.llm_replay is not None:
+    users: dict[str, list[str]] = {}  # model id -> the llm nodes calling it
+    for node_id, node in graph.nodes.items():
+        if isinstance(node, LlmNode):
+            users.setdefault(node.model or graph.model or "", []).append(node_id)
+    if not users or options.llm_replay is not None:
         return
-    from graphrun.actors.llmconfig import load_llm_config
+    from graphrun.actors.llmconfig import LlmConfigError, load_llm_config
 
     config = load_llm_config(options.config_dir)
-    for model in sorted(models):
-        config.check_ready(model)
+    for model in sorted(users):
+        named = users[model]
+        nodes = ("llm nodes " if len(named) > 1 else "llm node ") + ", ".join(
+            f"'{n}'" for n in named
+        )
+        try:
+            config.check_ready(model)
+        except LlmConfigError as exc:
+            exc.message = f"{nodes}: {exc.message}"
+            exc.args = (exc.message,)
+            raise

@@ -1,60 +1,113 @@
 """Regression against a changed graph, live: ``graphrun replay RUN --graph NEW --live``.
 
-A new run is started with the recorded run's initial state and prompt on the new
-graph. For each effect the new run needs, the recorded outcome of the same node
-and visit is reused when its request is unchanged; otherwise the effect is
-performed for real and recorded in the new run.
+A new run is started on the new graph with the recorded run's initial state and
+prompt. For each effect the new run needs, the recorded outcome of the same node
+and visit is reused when the request is unchanged: the same kind of task with the
+same rendered fields (prompt, system prompt, model, script, the state a script
+receives, the question shown) and, for scripts, the same script file. Otherwise
+the effect is performed for real and recorded in the new run.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
 import msgspec
 
-from graphrun.eventstore.events import Event, NodeEntered, RunStarted
+from graphrun.eventstore.events import Event, RunStarted
 from graphrun.eventstore.store import SqliteStore
 from graphrun.runtime import decider
 from graphrun.runtime.loader import LoadedGraph
-from graphrun.runtime.replay import EFFECTS, check_request
+from graphrun.runtime.replay import check_request, recorded_requests
 
 
+@dataclass
 class RecordedEffects:
-    """Recorded effect outcomes by (node id, visit), served when the request matches."""
+    """Recorded effect outcomes by (node id, visit), served when the request matches.
 
-    def __init__(self, events: list[Event]) -> None:
-        self.by_visit: dict[tuple[str, int], list[Event]] = {}
-        current: tuple[str, int] | None = None
-        for event in events:
-            if isinstance(event, NodeEntered):
-                current = (event.node_id, event.visit)
-            elif isinstance(event, EFFECTS) and current is not None:
-                self.by_visit.setdefault(current, []).append(event)
-        self.reused = 0
-        self.performed = 0
+    The driver calls :meth:`take` before performing an effect (``RunOptions.effect_source``).
+    """
 
-    def take(self, step: decider.Perform, visit: int, agent_dir: object) -> list[Event] | None:
-        outcome = self.by_visit.get((step.node_id, visit))
-        if not outcome:
-            self.performed += 1
+    requests: dict[tuple[str, int], tuple[Any, list[Event]]]
+    reused: list[str] = field(default_factory=list)
+    performed: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_events(cls, events: list[Event]) -> RecordedEffects:
+        """Index a recorded run's effects by the requests its own graph made."""
+        return cls(recorded_requests(events))
+
+    def take(self, step: decider.Perform, visit: int, agent_dir: Path | None) -> list[Event] | None:
+        """The recorded events answering ``step``, or None to perform it for real."""
+        label = f"{step.node_id}#{visit}"
+        found = self.requests.get((step.node_id, visit))
+        if found is None:
+            self.performed.append(f"{label} (new)")
             return None
-        if check_request(step, outcome, agent_dir, True) is not None:  # type: ignore[arg-type]
-            self.performed += 1
+        old_task, outcome = found
+        if old_task != step.task:
+            self.performed.append(f"{label} (request changed)")
             return None
-        self.reused += 1
+        if check_request(step, outcome, agent_dir, True) is not None:
+            self.performed.append(f"{label} (script changed)")
+            return None
+        self.reused.append(label)
         return [msgspec.structs.replace(e, run_id="", seq=0, ts=0.0) for e in outcome]
 
 
-def rerun_live(store: SqliteStore, run_id: str, loaded: LoadedGraph) -> object:
+@dataclass(frozen=True)
+class LiveOutcome:
+    """The new run recorded by a live regression, and which effects were re-performed."""
+
+    run_id: str
+    status: str
+    output: str | None
+    error: str | None
+    reused: list[str]
+    performed: list[str]
+
+
+def rerun_live(
+    store: SqliteStore, run_id: str, loaded: LoadedGraph, *, options: Any = None
+) -> LiveOutcome:
+    """Run ``loaded`` anew with ``run_id``'s prompt and state, reusing matching effects."""
     from graphrun.actors.human import is_interactive
-    from graphrun.runtime.narrate import Narrator
     from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
 
     events = store.read(run_id)
     first = events[0]
     assert isinstance(first, RunStarted)
-    overrides = {k: v for k, v in first.initial_state.items() if k != "initial_prompt"}
+    # Only what the recorded run was seeded with beyond its graph's initial_state
+    # (its --set values): the new graph's own initial_state applies as written.
+    from graphrun.eventstore.fold import fold
+    from graphrun.runtime.supervisor import graph_of
+
+    seeded = graph_of(fold(events[:1])).graph.initial_state
+    overrides = {
+        k: v
+        for k, v in first.initial_state.items()
+        if k != "initial_prompt" and (k not in seeded or seeded[k] != v)
+    }
     new_id = start_run(
         store, loaded, prompt=first.initial_prompt, overrides=overrides, started_by=None
     )
-    options = RunOptions(interactive=is_interactive(), listener=Narrator())
-    options.effect_source = RecordedEffects(events)
-    return drive(Driver(store, new_id, options))
+    if options is None:
+        from graphrun.runtime.narrate import Narrator
+
+        options = RunOptions(interactive=is_interactive(), listener=Narrator())
+    source = RecordedEffects.from_events(events)
+    options.effect_source = source
+    outcome = drive(Driver(store, new_id, options))
+    return LiveOutcome(
+        outcome.run_id,
+        outcome.status,
+        outcome.output,
+        outcome.error,
+        source.reused,
+        source.performed,
+    )
+
+
+__all__ = ["LiveOutcome", "RecordedEffects", "rerun_live"]

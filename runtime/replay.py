@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from graphrun.eventstore.events import (
 )
 from graphrun.eventstore.fold import RunState, apply
 from graphrun.runtime import decider
+from graphrun.runtime.errors import GraphrunError
 from graphrun.runtime.graph import Graph
 from graphrun.runtime.loader import LoadedGraph
 
@@ -59,6 +61,10 @@ EFFECTS = (
 SUPERVISOR_FACTS = (RunResumed, ChildCancelled, RunCancelled)
 
 
+class ReplayError(GraphrunError):
+    """A log that cannot be replayed at all (not a divergence)."""
+
+
 @dataclass(frozen=True)
 class Divergence:
     """Where a replay first decided differently from the log."""
@@ -70,6 +76,21 @@ class Divergence:
     recorded: Any = None
     now: Any = None
     field: str | None = None
+    event_type: str | None = None  # the recorded event at ``seq``
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``--json`` output), with the diff."""
+        return {
+            "seq": self.seq,
+            "event_type": self.event_type,
+            "node_id": self.node_id,
+            "kind": self.kind,
+            "field": self.field,
+            "message": self.message,
+            "recorded": self.recorded,
+            "now": self.now,
+            "diff": self.diff(),
+        }
 
     def diff(self) -> str:
         """A short unified diff of recorded vs now."""
@@ -81,9 +102,12 @@ class Divergence:
         return "\n".join(lines[:60])
 
     def format(self) -> str:
+        """The report: where (seq, event type, node, field), what, and the diff."""
         where = []
         if self.seq is not None:
-            where.append(f"seq {self.seq}")
+            where.append(
+                f"seq {self.seq} ({self.event_type})" if self.event_type else f"seq {self.seq}"
+            )
         if self.node_id:
             where.append(f"node '{self.node_id}'")
         if self.field:
@@ -101,6 +125,8 @@ def _pretty(value: Any) -> str:
 
 @dataclass
 class ReplayResult:
+    """What a replay found: counts, the first divergence (if any), the final state."""
+
     run_id: str
     events: int
     decisions: int = 0
@@ -108,6 +134,8 @@ class ReplayResult:
     divergence: Divergence | None = None
     final: RunState | None = None
     notes: list[str] = field(default_factory=list)
+    # The log stops between decisions that are recorded together (one node step).
+    ends_mid_step: bool = False
 
     @property
     def ok(self) -> bool:
@@ -145,17 +173,45 @@ class Replayer:
         agent_dir: Path | None = None,
         check_files: bool = False,
         recorded_graph: Graph | None = None,
+        on_effect: Callable[[decider.Perform, list[Event]], None] | None = None,
+        sources: dict[str, str] | None = None,
     ) -> None:
         self.events = events
         self.graph = graph
         self.recorded_graph = recorded_graph
         self.agent_dir = agent_dir
         self.check_files = check_files
+        # Called with each request and the recorded events that answered it.
+        self.on_effect = on_effect
+        # Script texts as recorded (from an export file), to diff a changed script.
+        self.sources = sources
 
     def run(self) -> ReplayResult:
+        """Walk the log; the first difference stops the walk."""
+        result = self._walk()
+        if result.divergence is not None and result.divergence.event_type is None:
+            seq = result.divergence.seq
+            if seq is not None and 1 <= seq <= len(self.events):
+                result.divergence = replace(
+                    result.divergence, event_type=type(self.events[seq - 1]).__name__
+                )
+        final = result.final
+        if result.ok and final is not None and not final.terminal:
+            if final.waiting is not None:
+                result.notes.append(
+                    f"the log ends waiting for a person at node '{final.waiting.node_id}'"
+                )
+            else:
+                result.notes.append(
+                    "the run had not ended (interrupted or still running; "
+                    "`graphrun resume` continues it)"
+                )
+        return result
+
+    def _walk(self) -> ReplayResult:
         events = self.events
         if not events or not isinstance(events[0], RunStarted):
-            raise ValueError("a recorded run starts with RunStarted")
+            raise ReplayError("a recorded run starts with RunStarted; this log does not")
         result = ReplayResult(events[0].run_id, len(events))
         state = apply(RunState(), events[0])
         pos = 1
@@ -178,10 +234,11 @@ class Replayer:
                 continue
             step = decide(graph, state)
             if isinstance(step, decider.Append):
-                for now in step.events:
+                for i, now in enumerate(step.events):
                     if pos >= n:
                         # The log ends here: an interrupted run the decider would continue.
-                        result.notes.append(f"log ends before {type(now).__name__}")
+                        result.notes.append(f"the log ends before {type(now).__name__}")
+                        result.ends_mid_step = i > 0
                         result.final = state
                         return result
                     rec = events[pos]
@@ -233,13 +290,15 @@ class Replayer:
             ):
                 pos += 1
             outcome = events[first:pos]
-            problem = check_request(step, outcome, self.agent_dir, self.check_files)
+            problem = check_request(step, outcome, self.agent_dir, self.check_files, self.sources)
             if problem is None and self.recorded_graph is not None:
                 problem = self._against_recorded(state, step, outcome[0].seq)
             if problem is not None:
                 result.divergence = problem
                 result.final = state
                 return result
+            if self.on_effect is not None:
+                self.on_effect(step, outcome)
             for event in outcome:
                 state = apply(state, event)
             result.effects += len(outcome)
@@ -249,8 +308,6 @@ class Replayer:
     def _against_recorded(
         self, state: RunState, step: decider.Perform, seq: int
     ) -> Divergence | None:
-        from graphrun.runtime.errors import GraphrunError
-
         try:
             old = decider.decide(self.recorded_graph, state)  # type: ignore[arg-type]
         except GraphrunError:
@@ -278,6 +335,17 @@ class Replayer:
             message = f"routed to '{b.get('routed_to')}', recorded '{a.get('routed_to')}'"
         else:
             message = f"{what} differs in {detail}"
+        if len(changed) == 1:
+            # One field: diff its values themselves (a prompt diffs line by line).
+            return Divergence(
+                rec.seq,
+                node,
+                "decision",
+                message,
+                recorded=a.get(changed[0]),
+                now=b.get(changed[0]),
+                field=changed[0],
+            )
         return Divergence(
             rec.seq,
             node,
@@ -285,14 +353,22 @@ class Replayer:
             message,
             recorded={k: a.get(k) for k in changed},
             now={k: b.get(k) for k in changed},
-            field=changed[0] if len(changed) == 1 else None,
         )
 
 
 def check_request(
-    step: decider.Perform, outcome: list[Event], agent_dir: Path | None, check_files: bool
+    step: decider.Perform,
+    outcome: list[Event],
+    agent_dir: Path | None,
+    check_files: bool,
+    sources: dict[str, str] | None = None,
 ) -> Divergence | None:
-    """Does the recorded effect answer the request the decider makes now?"""
+    """Does the recorded effect answer the request the decider makes now?
+
+    With ``check_files`` the script file in ``agent_dir`` must be the one that ran
+    (same hash); ``sources`` (script texts as recorded) turn a changed script
+    into a text diff instead of two hashes.
+    """
     task = step.task
     first = outcome[0]
     seq = first.seq
@@ -321,19 +397,27 @@ def check_request(
             )
         if check_files and agent_dir is not None and done.script_hash:
             path = agent_dir / task.script
+            text: str | None = None
             try:
-                current = codec.content_hash(path.read_bytes())
+                data = path.read_bytes()
+                current = codec.content_hash(data)
+                text = data.decode("utf-8", "replace")
             except OSError:
                 current = "(missing)"
             if current != done.script_hash:
+                old_text = (sources or {}).get(task.script)
+                if old_text is not None and codec.content_hash(old_text) == done.script_hash:
+                    recorded_value, now_value = old_text, text if text is not None else current
+                else:
+                    recorded_value, now_value = done.script_hash, current
                 return Divergence(
                     seq,
                     task.node_id,
                     "request",
                     f"script file {task.script} changed since the run was recorded",
                     field="script",
-                    recorded=done.script_hash,
-                    now=current,
+                    recorded=recorded_value,
+                    now=now_value,
                 )
         return None
     if isinstance(task, HumanTask):
@@ -430,20 +514,60 @@ def task_divergence(old: Any, new: Any, seq: int | None) -> Divergence | None:
     return None
 
 
-def replay_events(
-    events: list[Event], loaded: LoadedGraph | None = None, *, check_files: bool = False
-) -> ReplayResult:
-    """Replay recorded events against ``loaded`` (default: the run's own graph)."""
+RequestKey = tuple[str, int]
+
+
+def recorded_requests(events: list[Event]) -> dict[RequestKey, tuple[Any, list[Event]]]:
+    """Each effect request the recorded graph made, by (node id, visit), with the
+    recorded events that answered it (walked through the run's own graph)."""
     from graphrun.eventstore.fold import fold
     from graphrun.runtime.supervisor import graph_of
 
+    found: dict[RequestKey, tuple[Any, list[Event]]] = {}
+
+    def keep(step: decider.Perform, outcome: list[Event]) -> None:
+        found[(step.node_id, step.task.visit)] = (step.task, list(outcome))
+
+    graph = graph_of(fold(events[:1])).graph
+    Replayer(events, graph, on_effect=keep).run()
+    return found
+
+
+def replay_events(
+    events: list[Event],
+    loaded: LoadedGraph | None = None,
+    *,
+    check_files: bool = False,
+    sources: dict[str, str] | None = None,
+) -> ReplayResult:
+    """Replay recorded events against ``loaded`` (default: the run's own graph).
+
+    ``check_files``: also require the agent's script files to be the ones that ran.
+    ``sources``: the recorded script texts (an export header's), for readable diffs.
+    """
+    from graphrun.eventstore.fold import fold
+    from graphrun.runtime.supervisor import graph_of
+
+    first = events[0] if events else None
+    if not isinstance(first, RunStarted):
+        raise ReplayError("a recorded run starts with RunStarted; this log does not")
+    if loaded is not None and loaded.source == first.graph_source:
+        # The graph is unchanged: no need to parse the recorded copy.
+        return Replayer(
+            events,
+            loaded.graph,
+            agent_dir=loaded.agent_dir,
+            check_files=check_files,
+            sources=sources,
+        ).run()
     recorded = graph_of(fold(events[:1]))
-    if loaded is None or loaded.source == recorded.source:
+    if loaded is None:
         return Replayer(
             events,
             recorded.graph,
-            agent_dir=(loaded or recorded).agent_dir,
+            agent_dir=recorded.agent_dir,
             check_files=check_files,
+            sources=sources,
         ).run()
     return Replayer(
         events,
@@ -451,4 +575,5 @@ def replay_events(
         agent_dir=loaded.agent_dir,
         check_files=check_files,
         recorded_graph=recorded.graph,
+        sources=sources,
     ).run()

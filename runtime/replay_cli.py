@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,6 +15,7 @@ from graphrun.runtime.transfer import run_tree
 
 
 def report(result: ReplayResult, label: str) -> str:
+    """One line for a run that replays; the divergence report for one that does not."""
     if result.ok:
         final = result.final.status if result.final else "?"
         note = f" ({'; '.join(result.notes)})" if result.notes else ""
@@ -26,6 +27,20 @@ def report(result: ReplayResult, label: str) -> str:
     return f"DIVERGED: {label}: {result.divergence.format()}"
 
 
+def result_dict(run_id: str, result: ReplayResult) -> dict[str, Any]:
+    """A replay result as JSON-ready data."""
+    return {
+        "run_id": run_id,
+        "ok": result.ok,
+        "events": result.events,
+        "decisions": result.decisions,
+        "effects": result.effects,
+        "status": result.final.status if result.final else None,
+        "notes": result.notes,
+        "divergence": result.divergence.as_dict() if result.divergence else None,
+    }
+
+
 def replay_command(
     store: SqliteStore,
     run_id: str,
@@ -33,8 +48,14 @@ def replay_command(
     graph_path: str | None,
     live: bool,
     as_json: bool,
-    db: str | None,
+    db: str | None = None,
 ) -> int:
+    """Replay ``run_id`` and its child runs; 0 when all match, 1 on a divergence.
+
+    With ``graph_path`` the top-level run is checked against that graph (and its
+    current script files); with ``live`` as well, a diverging run is re-run on the
+    new graph, reusing the recorded effects whose requests did not change.
+    """
     if live and not graph_path:
         from graphrun.runtime.errors import UsageError
 
@@ -49,33 +70,27 @@ def replay_command(
         )
         results.append((rid, result))
     diverged = [(rid, r) for rid, r in results if not r.ok]
+    live_data = None
     if live and diverged:
         from graphrun.runtime.regression import rerun_live
 
         assert loaded is not None
         outcome = rerun_live(store, run_id, loaded)
-        click.echo(
-            f"▸ re-ran {run_id} against {graph_path} live as run {outcome.run_id}: "
-            f"{outcome.status}",
-            err=True,
-        )
+        live_data = outcome.__dict__
+        if not as_json:
+            click.echo(
+                f"▸ re-ran {run_id} on {graph_path} live as run {outcome.run_id}: "
+                f"{outcome.status}; reused {len(outcome.reused)} recorded effect(s), "
+                f"performed {len(outcome.performed)}"
+                + (f" ({', '.join(outcome.performed)})" if outcome.performed else ""),
+                err=True,
+            )
+            if outcome.output is not None:
+                click.echo(outcome.output)
     if as_json:
-        data = [
-            {
-                "run_id": rid,
-                "ok": r.ok,
-                "events": r.events,
-                "decisions": r.decisions,
-                "effects": r.effects,
-                "divergence": None
-                if r.ok
-                else {
-                    **{k: v for k, v in r.divergence.__dict__.items()},  # type: ignore[union-attr]
-                    "diff": r.divergence.diff(),  # type: ignore[union-attr]
-                },
-            }
-            for rid, r in results
-        ]
+        data: dict[str, Any] = {"runs": [result_dict(rid, r) for rid, r in results]}
+        if live_data is not None:
+            data["live"] = live_data
         click.echo(json.dumps(data, ensure_ascii=False, default=str))
     else:
         for rid, r in results:
@@ -83,4 +98,4 @@ def replay_command(
     return 1 if diverged else 0
 
 
-__all__ = ["Path", "replay_command", "report"]
+__all__ = ["replay_command", "report", "result_dict"]

@@ -302,6 +302,9 @@ class Driver:
         timeout = self.graph.settings.timeout
         deadline = self.clock.monotonic() + timeout if timeout else None
         while True:
+            # A policy that ended the run mid-effect (a timeout) must not fire again.
+            if self.state.terminal:
+                break
             if self.cancel.cancelled:
                 self._speculate((RunCancelled(reason=self.cancel.reason or "cancelled"),))
                 break

@@ -2,38 +2,60 @@
 
 A recorded run is an export file (``graphrun export RUN -o replays/name.run.jsonl``).
 Testing it replays it offline against its agent's *current* graph.yaml and
-scripts: a changed prompt, route, template or script shows up as a divergence.
+scripts: a changed prompt, route, template or script shows up as a divergence
+naming the node. The agent directory is found through the file header's
+``agent_dirs`` (paths relative to the file, written by ``export -o``), else the
+directory the run was recorded in; with neither, the run is replayed against the
+graph recorded in its log (and says so).
 
 The pytest plugin (entry point ``graphrun``) collects every ``*.run.jsonl`` file
-as test items, one per recorded top-level run, so users put recorded runs into
-their own suites.
+as test items, one per recorded top-level run (its child runs are part of it), so
+users put recorded runs into their own suites.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from graphrun.eventstore.events import Event, RunStarted
-from graphrun.eventstore.fold import fold
 from graphrun.runtime.replay import ReplayResult, replay_events
+
+#: The file name ending that marks a recorded run (collected from directories).
+SUFFIX = ".run.jsonl"
 
 
 @dataclass
 class CaseResult:
+    """One recorded run of one file, replayed."""
+
     file: Path
     run_id: str
     graph: str
     result: ReplayResult | None
     error: str | None = None
     note: str | None = None
+    parent_run_id: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.result is not None and self.result.ok
+
+    @property
+    def events(self) -> int:
+        return self.result.events if self.result is not None else 0
+
+    def why(self) -> str:
+        """Why the case failed: the error or the divergence report."""
+        if self.error:
+            return self.error
+        if self.result is not None and self.result.divergence is not None:
+            return self.result.divergence.format()
+        return ""
 
 
 def _agent_dir(file: Path, header: dict[str, Any], run_id: str, first: RunStarted) -> Path | None:
@@ -47,92 +69,140 @@ def _agent_dir(file: Path, header: dict[str, Any], run_id: str, first: RunStarte
     return None
 
 
-def replay_file(file: Path) -> list[CaseResult]:
-    """Replay every run in one export file against the current graphs."""
+class _Graphs:
+    """Current graphs by agent directory, loaded once per suite."""
+
+    def __init__(self) -> None:
+        self._cache: dict[Path, Any] = {}
+
+    def load(self, agent_dir: Path) -> Any:
+        """A graph agent's graph.yaml, or the graph an LLM-loop agent runs as."""
+        from graphrun.runtime.agents import load_agent
+        from graphrun.runtime.config import config_dir
+
+        found = self._cache.get(agent_dir)
+        if found is None:
+            found = self._cache[agent_dir] = load_agent(agent_dir, config_dir=config_dir(None))
+        return found
+
+
+def replay_file(file: Path, *, graphs: _Graphs | None = None) -> list[CaseResult]:
+    """Replay every run in one export file against the current graphs and scripts."""
     from graphrun.runtime.errors import GraphrunError
-    from graphrun.runtime.loader import find_graph_file, load_graph
     from graphrun.runtime.transfer import read_export, read_header
 
+    graphs = graphs or _Graphs()
     try:
         header = read_header(file)
         runs = read_export(file)
     except GraphrunError as exc:
         return [CaseResult(file, "?", "?", None, error=str(exc))]
+    if not runs:
+        return [CaseResult(file, "?", "?", None, error=f"{file} holds no events")]
     out = []
     for run_id, events in runs.items():
         first = events[0]
-        assert isinstance(first, RunStarted)
-        agent_dir = _agent_dir(file, header, run_id, first)
-        note = None
-        loaded = None
-        if agent_dir is not None:
-            try:
-                loaded = load_graph(find_graph_file(agent_dir))
-            except GraphrunError as exc:
-                out.append(CaseResult(file, run_id, first.graph_name, None, error=str(exc)))
-                continue
-        else:
-            note = "agent directory not found: replayed against the recorded graph"
-        try:
-            result = replay_events(events, loaded, check_files=loaded is not None)
-        except GraphrunError as exc:
-            out.append(CaseResult(file, run_id, first.graph_name, None, error=str(exc)))
+        if not isinstance(first, RunStarted):
+            error = f"run {run_id} does not start with RunStarted"
+            out.append(CaseResult(file, run_id, "?", None, error=error))
             continue
-        out.append(CaseResult(file, run_id, first.graph_name, result, note=note))
+        case = CaseResult(file, run_id, first.graph_name, None, parent_run_id=first.parent_run_id)
+        out.append(case)
+        agent_dir = _agent_dir(file, header, run_id, first)
+        loaded = None
+        try:
+            if agent_dir is not None:
+                loaded = graphs.load(agent_dir)
+            else:
+                case.note = "agent directory not found: replayed against the recorded graph"
+            sources = (header.get("sources") or {}).get(run_id)
+            case.result = replay_events(
+                events, loaded, check_files=loaded is not None, sources=sources
+            )
+        except GraphrunError as exc:
+            case.error = str(exc)
     return out
 
 
 def find_files(paths: list[str]) -> list[Path]:
+    """The recorded-run files in ``paths`` (directories are searched for ``*.run.jsonl``)."""
     files: list[Path] = []
     for p in paths:
         path = Path(p)
         if path.is_dir():
-            files.extend(sorted(path.rglob("*.jsonl")))
+            files.extend(sorted(path.rglob(f"*{SUFFIX}")))
         elif path.exists():
             files.append(path)
         else:
             from graphrun.runtime.errors import UsageError
 
-            raise UsageError(f"no such file or directory: {p}")
+            raise UsageError(
+                f"no such file or directory: {p}",
+                hint="record one with `graphrun export RUN -o replays/NAME.run.jsonl`",
+            )
     return files
 
 
+def run_cases(paths: list[str]) -> Iterator[CaseResult]:
+    """Every recorded run under ``paths``, replayed (one suite: graphs loaded once)."""
+    graphs = _Graphs()
+    for file in find_files(paths):
+        yield from replay_file(file, graphs=graphs)
+
+
+def case_line(case: CaseResult) -> str:
+    """``PASS``/``FAIL`` line of one run (a failure carries its report)."""
+    label = f"{case.file} run {case.run_id} ({case.graph})"
+    if case.ok:
+        extra = f"; {case.note}" if case.note else ""
+        notes = f"; {'; '.join(case.result.notes)}" if case.result and case.result.notes else ""
+        return f"PASS {label}: {case.events} events{extra}{notes}"
+    return f"FAIL {label}: {case.why()}"
+
+
 def run_suite(paths: list[str], *, quiet: bool = False, as_json: bool = False) -> int:
-    cases = [case for file in find_files(paths) for case in replay_file(file)]
-    passed = sum(c.ok for c in cases)
-    failed = len(cases) - passed
-    for c in cases:
+    """``graphrun test``: one line per run, then ``N passed, M failed``.
+
+    Returns the exit code: 0 all passed, 1 any failed, 2 nothing to test.
+    """
+    passed = failed = 0
+    out = sys.stdout
+    for case in run_cases(paths):
+        if case.ok:
+            passed += 1
+        else:
+            failed += 1
         if as_json:
-            print(
+            out.write(
                 json.dumps(
                     {
-                        "file": str(c.file),
-                        "run_id": c.run_id,
-                        "graph": c.graph,
-                        "ok": c.ok,
-                        "events": c.result.events if c.result else 0,
-                        "error": c.error,
-                        "divergence": c.result.divergence.format()
-                        if c.result and c.result.divergence
+                        "file": str(case.file),
+                        "run_id": case.run_id,
+                        "graph": case.graph,
+                        "ok": case.ok,
+                        "events": case.events,
+                        "error": case.error,
+                        "note": case.note,
+                        "divergence": case.result.divergence.as_dict()
+                        if case.result and case.result.divergence
                         else None,
-                    }
+                    },
+                    ensure_ascii=False,
+                    default=str,
                 )
+                + "\n"
             )
-            continue
-        if c.ok:
-            if not quiet:
-                assert c.result is not None
-                extra = f" ({c.note})" if c.note else ""
-                print(f"PASS {c.file} run {c.run_id} ({c.graph}): {c.result.events} events{extra}")
-        else:
-            why = c.error or (
-                c.result.divergence.format() if c.result and c.result.divergence else ""
-            )
-            print(f"FAIL {c.file} run {c.run_id} ({c.graph}): {why}")
+        elif not (quiet and case.ok):
+            out.write(case_line(case) + "\n")
     if not as_json:
-        print(f"{passed} passed, {failed} failed")
-    sys.stdout.flush()
-    if not cases:
+        out.write(f"{passed} passed, {failed} failed\n")
+    out.flush()
+    if passed + failed == 0:
+        print(
+            f"no recorded runs (*{SUFFIX}) in {', '.join(paths)}; "
+            "record one with `graphrun export RUN -o replays/NAME.run.jsonl`",
+            file=sys.stderr,
+        )
         return 2
     return 1 if failed else 0
 
@@ -150,19 +220,26 @@ if pytest is not None:
         """A recorded run no longer replays."""
 
     class RecordedRunItem(pytest.Item):  # type: ignore[misc]
-        def __init__(self, *, case: CaseResult | None = None, run_id: str, **kwargs: Any) -> None:
+        """One recorded top-level run (with its child runs) of a ``*.run.jsonl`` file."""
+
+        def __init__(self, *, run_id: str, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.run_id = run_id
 
         def runtest(self) -> None:
-            for case in replay_file(self.path):
-                if case.run_id == self.run_id and not case.ok:
-                    why = case.error or (
-                        case.result.divergence.format()
-                        if case.result and case.result.divergence
-                        else ""
-                    )
-                    raise ReplayFailure(why)
+            cases = replay_file(self.path)
+            ids = {self.run_id}
+            mine = []
+            for case in cases:
+                # A file error (run id "?"), this run, or one of its descendants.
+                if case.run_id == "?" or case.run_id in ids or case.parent_run_id in ids:
+                    ids.add(case.run_id)
+                    mine.append(case)
+            if not mine:
+                raise ReplayFailure(f"run {self.run_id} is not in {self.path}")
+            bad = [c for c in mine if not c.ok]
+            if bad:
+                raise ReplayFailure("\n".join(f"run {c.run_id}: {c.why()}" for c in bad))
 
         def repr_failure(self, excinfo: Any, style: Any = None) -> str:
             if isinstance(excinfo.value, ReplayFailure):
@@ -173,17 +250,25 @@ if pytest is not None:
             return self.path, 0, f"recorded run {self.run_id}"
 
     class RecordedRunFile(pytest.File):  # type: ignore[misc]
-        def collect(self) -> Any:
-            from graphrun.runtime.transfer import read_header
+        """A ``*.run.jsonl`` export file: one item per top-level run."""
 
-            header = read_header(self.path)
-            for run_id in header.get("runs", [])[:1]:
+        def collect(self) -> Any:
+            from graphrun.runtime.errors import GraphrunError
+            from graphrun.runtime.transfer import top_level_runs
+
+            try:
+                runs = top_level_runs(self.path)
+            except GraphrunError:
+                # An unreadable file is still an item: it fails, saying why.
+                runs = ["?"]
+            for run_id in runs:
                 yield RecordedRunItem.from_parent(self, name=f"replay[{run_id}]", run_id=run_id)
 
     def pytest_collect_file(parent: Any, file_path: Path) -> Any:
-        if file_path.name.endswith(".run.jsonl"):
+        """Collect ``*.run.jsonl`` files as recorded-run tests."""
+        if file_path.name.endswith(SUFFIX):
             return RecordedRunFile.from_parent(parent, path=file_path)
         return None
 
 
-__all__ = ["CaseResult", "Event", "fold", "replay_file", "run_suite"]
+__all__ = ["SUFFIX", "CaseResult", "Event", "case_line", "replay_file", "run_cases", "run_suite"]

@@ -1,10 +1,33 @@
-"""Exported runs: a versioned JSON-lines file.
+"""Recorded runs as files: a versioned JSON-lines format (``graphrun export``/``import``).
 
-Line 1 is a header ``{"format": "graphrun-export", "version": 1, "event_schema": 1,
-"runs": [...]}``; every following line is ``{"hash": "sha256:…", "event": {…}}`` in
-run then seq order (child runs follow their parent). The hash is the event's
-hash-chain value in the log it came from; import recomputes and checks it, so a
-damaged or edited file is refused.
+Format ``graphrun-export``, version 1 (documented in ``docs/recorded-runs.md``)::
+
+    {"format": "graphrun-export", "version": 1, "event_schema": 1,
+     "runs": ["<root run id>", "<child run id>", ...],
+     "agent_dirs": {"<run id>": "<agent dir relative to this file>", ...}}
+    {"hash": "sha256:<hex>", "event": {"type": "RunStarted", "run_id": ..., "seq": 1, ...}}
+    {"hash": "sha256:<hex>", "event": {"type": "NodeEntered", ...}}
+    ...
+
+* Line 1 is the header. ``version`` is this file format's version (readers refuse
+  a version they do not know); ``event_schema`` is the event schema version the
+  events were written with; ``runs`` lists the runs in the file, the exported
+  run first, then its descendants (parents before children); ``agent_dirs``
+  (optional, written by ``export -o FILE``) says where each run's agent directory
+  is relative to the file, so ``graphrun test`` finds it wherever the repository
+  is checked out; ``sources`` (optional) holds, per run, the text of each script
+  file that was still unchanged at export time (``{"<run id>": {"scripts/x.py":
+  "<text>"}}``), so a later change to a script is reported as a text diff.
+  Unknown header keys are ignored.
+* Every following line is one event, in run then seq order: ``event`` is the
+  event's canonical JSON exactly as stored (tagged by ``type``; the fields of
+  each type are in ``eventstore/events.py``), ``hash`` its hash-chain value:
+  ``sha256(previous hash + canonical event bytes)``, starting from the genesis
+  value for seq 1. Import recomputes every hash and refuses a file whose events
+  were edited, reordered or lost; seqs run 1, 2, 3... per run with no gap.
+* Compatibility: event types only gain optional fields, so every version-1 file
+  keeps loading; ``replays/format-v1.run.jsonl`` is replayed by the test suite
+  to prove it. A change that old readers cannot read bumps ``version``.
 """
 
 from __future__ import annotations
@@ -24,6 +47,13 @@ from graphrun.runtime.errors import GraphrunError
 FORMAT = "graphrun-export"
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
+
+
+class _Line(msgspec.Struct):
+    """One event line of an export file."""
+
+    hash: str
+    event: msgspec.Raw
 
 
 class ExportFileError(GraphrunError):
@@ -64,6 +94,9 @@ def write_export(
             if agent_dir:
                 dirs[rid] = os.path.relpath(agent_dir, relative_to.resolve())
         header["agent_dirs"] = dirs
+    sources = {rid: found for rid in runs if (found := _script_sources(store, rid))}
+    if sources:
+        header["sources"] = sources
     fh.write(json.dumps(header) + "\n")
     count = 0
     for rid in runs:
@@ -71,6 +104,30 @@ def write_export(
             fh.write('{"hash":"' + digest + '","event":' + body.decode("utf-8") + "}\n")
             count += 1
     return count
+
+
+#: Script files larger than this are not copied into an export header.
+SOURCE_LIMIT = 64 * 1024
+
+
+def _script_sources(store: SqliteStore, run_id: str) -> dict[str, str]:
+    """The texts of the run's script files that are still exactly as they ran."""
+    first = store.read(run_id, upto=1)[0]
+    files = getattr(first, "files", None) or {}
+    agent_dir = Path(getattr(first, "agent_dir", "") or ".")
+    out = {}
+    for name, digest in sorted(files.items()):
+        try:
+            data = (agent_dir / name).read_bytes()
+        except OSError:
+            continue
+        if len(data) > SOURCE_LIMIT or codec.content_hash(data) != digest:
+            continue
+        try:
+            out[name] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return out
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -115,14 +172,15 @@ def read_export(path: Path) -> dict[str, list[Event]]:
         )
     runs: dict[str, list[Event]] = {}
     prev: dict[str, str] = {}
-    decoder = msgspec.json.Decoder(dict[str, Any])
+    decoder = msgspec.json.Decoder(_Line)
     for number, line in lines:
         where = f"{path}:{number}"
         try:
             record = decoder.decode(line)
-            event = codec.from_builtins(record["event"])
-            digest = record["hash"]
-        except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError) as exc:
+            # The typed decoder straight from the raw bytes (no dict in between).
+            event = codec.decode(record.event)
+            digest = record.hash
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise ExportFileError(f"{where}: not a valid event line ({exc})") from None
         events = runs.setdefault(event.run_id, [])
         if event.seq != len(events) + 1:
@@ -158,4 +216,15 @@ def import_runs(store: SqliteStore, path: Path) -> list[tuple[str, str]]:
             continue
         store.append(run_id, events)
         out.append((run_id, "imported"))
+    return out
+
+
+def top_level_runs(path: Path) -> list[str]:
+    """The runs in an export file that are not a child of another run in it."""
+    runs = read_export(path)
+    out = []
+    for run_id, events in runs.items():
+        parent = getattr(events[0], "parent_run_id", None) if events else None
+        if parent is None or parent not in runs:
+            out.append(run_id)
     return out

@@ -56,3 +56,13 @@ def test_schema_rejects_what_the_loader_rejects() -> None:
     errors = dict(schema_errors(bad))
     assert "Additional properties are not allowed ('outpt' was unexpected)" in errors["$.nodes.a"]
     assert errors["$.nodes.b"] == "'prompt' is a required property"
+
+
+def test_make_demo_uses_the_recorded_ticket() -> None:
+    """`make demo` must send exactly the prompt the recording was made with."""
+    import shlex
+
+    readme = (ROOT / "examples" / "ticket-triage" / "README.md").read_text(encoding="utf-8")
+    command = next(line for line in readme.splitlines() if line.startswith("graphrun run"))
+    prompt = shlex.split(command)[3]
+    assert f"DEMO_TICKET := {prompt}\n" in (ROOT / "Makefile").read_text(encoding="utf-8")

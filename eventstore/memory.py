@@ -1,0 +1,275 @@
+"""An event store in memory, with the same contract as :class:`SqliteStore`.
+
+It keeps the stored form (canonical bytes, ``prev_hash``, ``hash``) of every event,
+so the hash chain, ``verify`` and the ``runs`` projection behave exactly as on
+disk. Useful for fast tests and for tools that fold a log without a file.
+Several instances can share one :class:`MemoryBackend` to play two processes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import msgspec
+
+from graphrun.eventstore import codec
+from graphrun.eventstore.errors import (
+    ConcurrentAppendError,
+    CorruptStoreError,
+    LeaseHeldError,
+    UnknownRunError,
+)
+from graphrun.eventstore.events import Event
+from graphrun.eventstore.ids import Clock
+from graphrun.eventstore.projections import RunRow, apply_run_row, rebuild_rows
+from graphrun.eventstore.store import LEASE_SECONDS, Lease
+
+
+@dataclass
+class MemoryBackend:
+    """The shared "database": stored rows, the runs projection and the leases."""
+
+    # run id -> [(seq, body, prev_hash, hash)] in seq order
+    events: dict[str, list[tuple[int, bytes, str, str]]] = field(default_factory=dict)
+    runs: dict[str, RunRow] = field(default_factory=dict)
+    leases: dict[str, Lease] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+class MemoryStore:
+    """An event store that lives in a :class:`MemoryBackend`.
+
+    Args:
+        backend: the storage to use; a new one when omitted.
+        clock: the clock that stamps events and leases.
+        pid: the process id this store claims in leases (lets a test play two
+            processes in one).
+    """
+
+    path = ":memory:"
+
+    def __init__(
+        self,
+        backend: MemoryBackend | None = None,
+        *,
+        clock: Clock | None = None,
+        pid: int | None = None,
+    ) -> None:
+        self.backend = backend or MemoryBackend()
+        self.clock = clock or Clock()
+        self.pid = os.getpid() if pid is None else pid
+        self.owner = f"{socket.gethostname()}:{self.pid}:{uuid.uuid4().hex[:8]}"
+        # What this store last saw of each run, like SqliteStore's cache: a stale
+        # view means another writer got there first.
+        self._seen: dict[str, int] = {}
+
+    def close(self) -> None:
+        """Nothing to release; kept for interface parity."""
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- appending -----------------------------------------------------------------
+
+    def append(self, run_id: str, events: Sequence[Event], *, sync: bool = False) -> list[Event]:
+        """Append events to a run atomically; returns them stamped."""
+        if not events:
+            return []
+        b = self.backend
+        with b.lock:
+            row = b.runs.get(run_id)
+            seq = row.last_seq if row else 0
+            seen = self._seen.get(run_id)
+            if seen is not None and seen != seq:
+                self._seen.pop(run_id, None)
+                raise ConcurrentAppendError(
+                    f"run {run_id} was extended by another writer (seq {seen + 1} taken)",
+                    hint="only one process may extend a run at a time",
+                )
+            prev = row.last_hash if row else codec.GENESIS
+            now = self.clock.now()
+            stamped: list[Event] = []
+            stored: list[tuple[int, bytes, str, str]] = []
+            for event in events:
+                seq += 1
+                event = msgspec.structs.replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
+                body = codec.encode(event)
+                digest = codec.chain_hash(prev, body)
+                row = apply_run_row(row, event, digest)
+                stored.append((seq, body, prev, digest))
+                prev = digest
+                stamped.append(event)
+            assert row is not None
+            b.events.setdefault(run_id, []).extend(stored)
+            b.runs[run_id] = row
+            self._seen[run_id] = seq
+            lease = b.leases.get(run_id)
+            if lease is not None and lease.owner == self.owner:
+                b.leases[run_id] = Lease(
+                    run_id, lease.owner, lease.pid, lease.host, now + LEASE_SECONDS
+                )
+            return stamped
+
+    # -- reading -------------------------------------------------------------------
+
+    def has_run(self, run_id: str) -> bool:
+        return run_id in self.backend.runs
+
+    def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
+        """The events of a run in seq order (``after < seq <= upto``)."""
+        with self.backend.lock:
+            rows = list(self.backend.events.get(run_id, ()))
+        if not rows and not self.has_run(run_id):
+            raise self.unknown_run(run_id)
+        try:
+            return [
+                codec.decode(body)
+                for seq, body, _p, _h in rows
+                if seq > after and (upto is None or seq <= upto)
+            ]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise CorruptStoreError(
+                f"run {run_id}: an event does not decode ({exc})",
+                hint=f"graphrun audit {run_id} --verify names the damaged event",
+            ) from None
+
+    def raw_rows(self, run_id: str) -> Iterator[tuple[int, bytes, str, str]]:
+        """Stored ``(seq, body, prev_hash, hash)`` rows, for verification."""
+        with self.backend.lock:
+            rows = list(self.backend.events.get(run_id, ()))
+        yield from rows
+
+    def verify(self, run_id: str) -> codec.ChainProblem | None:
+        if not self.has_run(run_id):
+            raise self.unknown_run(run_id)
+        return codec.verify_chain(self.raw_rows(run_id))
+
+    def run(self, run_id: str) -> RunRow:
+        row = self.backend.runs.get(run_id)
+        if row is None:
+            raise self.unknown_run(run_id)
+        return row
+
+    def runs(
+        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+    ) -> list[RunRow]:
+        with self.backend.lock:
+            rows = list(self.backend.runs.values())
+        rows = [
+            r
+            for r in rows
+            if (not status or r.status == status) and (not parent or r.parent_run_id == parent)
+        ]
+        rows.sort(key=lambda r: (r.started_at, r.run_id), reverse=True)
+        return rows[:limit]
+
+    def resolve_run_id(self, prefix: str) -> str:
+        """A full run id from a unique prefix."""
+        found = sorted(r for r in self.backend.runs if r.startswith(prefix))[:3]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise self.unknown_run(prefix)
+        raise UnknownRunError(f"run id prefix {prefix!r} is ambiguous", hint="give more characters")
+
+    def unknown_run(self, run_id: str) -> UnknownRunError:
+        return UnknownRunError(
+            f"no run {run_id!r} in memory", hint="`graphrun runs` lists the runs"
+        )
+
+    def rebuild_runs(self) -> int:
+        """Rebuild the ``runs`` projection from the stored events; returns rows."""
+        b = self.backend
+        with b.lock:
+            ordered = [
+                (codec.decode(body), digest)
+                for run_id in sorted(b.events)
+                for _seq, body, _p, digest in b.events[run_id]
+            ]
+            b.runs = dict(rebuild_rows(ordered))
+            return len(b.runs)
+
+    # -- leases --------------------------------------------------------------------
+
+    def _holder_dead(self, lease: Lease) -> bool:
+        if lease.host != socket.gethostname():
+            return False
+        from graphrun.eventstore.store import _pid_alive
+
+        return not _pid_alive(lease.pid)
+
+    def acquire_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None:
+        """Take the run for this store, or raise :class:`LeaseHeldError`."""
+        now = self.clock.now()
+        with self.backend.lock:
+            found = self.backend.leases.get(run_id)
+            if (
+                found is not None
+                and found.owner != self.owner
+                and found.expires_at > now
+                and not self._holder_dead(found)
+            ):
+                raise LeaseHeldError(
+                    f"run {run_id} is being extended by process {found.pid} on {found.host}",
+                    hint="wait for it to finish or stop it; the lease expires "
+                    f"in {found.expires_at - now:.0f}s if that process is gone",
+                )
+            self.backend.leases[run_id] = Lease(
+                run_id, self.owner, self.pid, socket.gethostname(), now + seconds
+            )
+        # Another holder may have appended while this store did not hold the run.
+        self._seen.pop(run_id, None)
+
+    def renew_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None:
+        with self.backend.lock:
+            lease = self.backend.leases.get(run_id)
+            if lease is not None and lease.owner == self.owner:
+                self.backend.leases[run_id] = Lease(
+                    run_id, lease.owner, lease.pid, lease.host, self.clock.now() + seconds
+                )
+
+    def release_lease(self, run_id: str) -> None:
+        with self.backend.lock:
+            lease = self.backend.leases.get(run_id)
+            if lease is not None and lease.owner == self.owner:
+                del self.backend.leases[run_id]
+
+    def lease(self, run_id: str) -> Lease | None:
+        return self.backend.leases.get(run_id)
+
+    def is_live(self, run_id: str) -> bool:
+        """Whether some live holder has the run's lease."""
+        lease = self.lease(run_id)
+        if lease is None or lease.expires_at < self.clock.now():
+            return False
+        return not self._holder_dead(lease)
+
+    @contextmanager
+    def leased(self, run_id: str) -> Iterator[None]:
+        self.acquire_lease(run_id)
+        try:
+            yield
+        finally:
+            self.release_lease(run_id)
+
+    def tamper(self, run_id: str, seq: int, body: bytes) -> None:
+        """Replace one stored body without rehashing (tests of ``verify``)."""
+        with self.backend.lock:
+            rows = self.backend.events[run_id]
+            for i, (s, _body, prev, digest) in enumerate(rows):
+                if s == seq:
+                    rows[i] = (s, body, prev, digest)
+                    return
+        raise KeyError(seq)
+
+
+__all__ = ["MemoryBackend", "MemoryStore"]

@@ -1,0 +1,313 @@
+"""The contract every event store keeps, as a test class to subclass.
+
+A store test module subclasses :class:`StoreContract` and provides ``open_store``
+(a new store on the same storage each call, as a second process would open it),
+``tamper`` (change one stored body without rehashing) and ``set_lease_pid``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from graphrun.eventstore import codec
+from graphrun.eventstore.errors import (
+    ConcurrentAppendError,
+    LeaseHeldError,
+    UnknownRunError,
+)
+from graphrun.eventstore.events import (
+    HumanInputReceived,
+    HumanInputRequested,
+    NodeCompleted,
+    NodeEntered,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    ScriptFinished,
+)
+from graphrun.eventstore.ids import Clock
+
+
+class FakeClock(Clock):
+    """A clock tests move by hand."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+def started(name: str = "g", parent: str | None = None) -> RunStarted:
+    return RunStarted(
+        graph_name=name,
+        graph_source="name: g\n",
+        graph_hash=codec.content_hash("name: g\n"),
+        initial_state={"n": 0},
+        parent_run_id=parent,
+        started_by="ann",
+    )
+
+
+def step(node: str, visit: int, n: int, to: str | None) -> list[Any]:
+    return [
+        NodeEntered(node_id=node, node_type="script", visit=visit),
+        ScriptFinished(node_id=node, visit=visit, script="s.py", exit_code=0, output={"n": n}),
+        NodeCompleted(node_id=node, visit=visit, routed_to=to, merge_effect=True),
+    ]
+
+
+class StoreContract:
+    """Tests every store must pass."""
+
+    def open_store(self, clock: Clock | None = None) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def tamper(self, store: Any, run_id: str, seq: int, body: bytes) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def set_lease_pid(self, store: Any, run_id: str, pid: int) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    # -- appending and reading ------------------------------------------------------
+
+    def test_append_stamps_run_id_seq_and_ts(self) -> None:
+        store = self.open_store(FakeClock(500.0))
+        out = store.append("r1", [started(), *step("a", 1, 1, "b")])
+        assert [e.seq for e in out] == [1, 2, 3, 4]
+        assert {e.run_id for e in out} == {"r1"}
+        assert {e.ts for e in out} == {500.0}
+        more = store.append("r1", step("b", 1, 2, None))
+        assert [e.seq for e in more] == [5, 6, 7]
+        assert store.read("r1") == out + more
+
+    def test_recorded_ts_is_kept(self) -> None:
+        store = self.open_store(FakeClock(500.0))
+        (event,) = store.append(
+            "r1", [codec.from_builtins({**codec.to_builtins(started()), "ts": 7.5})]
+        )
+        assert event.ts == 7.5
+        assert store.read("r1")[0].ts == 7.5
+
+    def test_read_ranges(self) -> None:
+        store = self.open_store()
+        store.append("r1", [started(), *step("a", 1, 1, "a"), *step("a", 2, 2, None)])
+        assert [e.seq for e in store.read("r1", after=2)] == [3, 4, 5, 6, 7]
+        assert [e.seq for e in store.read("r1", upto=3)] == [1, 2, 3]
+        assert [e.seq for e in store.read("r1", after=2, upto=4)] == [3, 4]
+
+    def test_runs_are_independent(self) -> None:
+        store = self.open_store()
+        store.append("r1", [started("one")])
+        store.append("r2", [started("two")])
+        store.append("r1", step("a", 1, 1, None))
+        assert [e.seq for e in store.read("r2")] == [1]
+        assert store.run("r1").last_seq == 4
+        assert store.run("r2").graph_name == "two"
+
+    def test_empty_append_is_a_no_op(self) -> None:
+        store = self.open_store()
+        assert store.append("r1", []) == []
+        assert not store.has_run("r1")
+
+    def test_first_event_must_be_run_started(self) -> None:
+        store = self.open_store()
+        with pytest.raises(ValueError, match="does not start with RunStarted"):
+            store.append("r1", step("a", 1, 1, None))
+        assert not store.has_run("r1")
+
+    def test_unknown_run(self) -> None:
+        store = self.open_store()
+        assert not store.has_run("nope")
+        for call in (store.read, store.run, store.verify):
+            with pytest.raises(UnknownRunError, match="no run 'nope'"):
+                call("nope")
+
+    def test_events_round_trip_through_the_store(self) -> None:
+        store = self.open_store()
+        events = [
+            started(),
+            NodeEntered(node_id="ask", node_type="input", visit=1),
+            HumanInputRequested(node_id="ask", visit=1, kind="input", question="Name? ü"),
+            HumanInputReceived(node_id="ask", visit=1, answer="Zoë", by="ann", channel="flag"),
+            NodeCompleted(node_id="ask", visit=1, routed_to="end", updates={"x": [1, {"y": None}]}),
+            RunCompleted(node_id="end", output="done"),
+        ]
+        stamped = store.append("r1", events)
+        assert store.read("r1") == stamped
+        for original, back in zip(events, stamped, strict=True):
+            assert codec.to_builtins(back) | {"run_id": "", "seq": 0, "ts": 0.0} == (
+                codec.to_builtins(original) | {"run_id": "", "seq": 0, "ts": 0.0}
+            )
+
+    # -- the runs projection ---------------------------------------------------------
+
+    def test_runs_row_follows_the_events(self) -> None:
+        store = self.open_store()
+        store.append("r1", [started("g1"), NodeEntered(node_id="ask", node_type="input", visit=1)])
+        row = store.run("r1")
+        assert (row.status, row.current_node, row.started_by) == ("running", "ask", "ann")
+        store.append(
+            "r1", [HumanInputRequested(node_id="ask", visit=1, kind="input", question="?")]
+        )
+        assert (store.run("r1").status, store.run("r1").waiting_node) == ("waiting", "ask")
+        store.append("r1", [HumanInputReceived(node_id="ask", visit=1, answer="a", by="bo")])
+        assert (store.run("r1").status, store.run("r1").waiting_node) == ("running", None)
+        store.append("r1", [RunCompleted(node_id="end", output="fine")])
+        row = store.run("r1")
+        assert (row.status, row.output, row.last_seq) == ("completed", "fine", 5)
+        assert row.last_hash == list(store.raw_rows("r1"))[-1][3]
+
+    def test_runs_listing_filters(self) -> None:
+        clock = FakeClock(100.0)
+        store = self.open_store(clock)
+        store.append("p", [started("parent")])
+        clock.t = 101.0
+        store.append("c", [started("child", parent="p"), RunFailed(error="boom")])
+        clock.t = 102.0
+        store.append("x", [started("other"), RunCompleted(node_id="e", output="")])
+        assert [r.run_id for r in store.runs()] == ["x", "c", "p"]
+        assert [r.run_id for r in store.runs(status="failed")] == ["c"]
+        assert [r.run_id for r in store.runs(parent="p")] == ["c"]
+        assert [r.run_id for r in store.runs(limit=1)] == ["x"]
+        assert store.run("c").error == "boom"
+
+    def test_rebuild_runs_gives_the_same_rows(self) -> None:
+        clock = FakeClock(100.0)
+        store = self.open_store(clock)
+        store.append("p", [started("parent"), *step("a", 1, 1, "a")])
+        clock.t = 101.0
+        store.append("c", [started("child", parent="p")])
+        store.append("c", [NodeEntered(node_id="ask", node_type="input", visit=1)])
+        store.append("c", [HumanInputRequested(node_id="ask", visit=1, kind="input", question="?")])
+        clock.t = 102.0
+        store.append("p", [*step("a", 2, 2, None), RunFailed(error="x", node_id="a")])
+        store.append("d", [started("done"), RunCompleted(node_id="e", output="out")])
+        before = {r.run_id: r for r in store.runs()}
+        assert store.rebuild_runs() == 3
+        assert {r.run_id: r for r in store.runs()} == before
+        # A fresh store on the same storage sees the rebuilt rows, and can extend them.
+        other = self.open_store(clock)
+        assert {r.run_id: r for r in other.runs()} == before
+        other.append("c", [HumanInputReceived(node_id="ask", visit=1, answer="a", by="b")])
+        assert other.verify("c") is None
+
+    # -- the hash chain ------------------------------------------------------------------
+
+    def test_chain_verifies_and_links(self) -> None:
+        store = self.open_store()
+        store.append("r1", [started(), *step("a", 1, 1, None)])
+        store.append("r1", [RunCompleted(node_id="e", output="")])
+        rows = list(store.raw_rows("r1"))
+        assert rows[0][2] == codec.GENESIS
+        for (_s, _b, _p, digest), (_s2, _b2, prev, _h) in itertools.pairwise(rows):
+            assert prev == digest
+        for _seq, body, prev, digest in rows:
+            assert digest == codec.chain_hash(prev, body)
+        assert store.verify("r1") is None
+
+    def test_tampering_names_the_first_bad_seq(self) -> None:
+        store = self.open_store()
+        store.append("r1", [started(), *step("a", 1, 1, "a"), *step("a", 2, 2, None)])
+        rows = {seq: body for seq, body, _p, _h in store.raw_rows("r1")}
+        self.tamper(store, "r1", 3, rows[3].replace(b'"n":1', b'"n":9'))
+        problem = store.verify("r1")
+        assert problem is not None
+        assert problem.seq == 3
+        assert "modified" in problem.reason
+
+    # -- concurrency -------------------------------------------------------------------
+
+    def test_a_stale_writer_gets_concurrent_append_error(self) -> None:
+        a = self.open_store()
+        b = self.open_store()
+        a.append("r1", [started()])
+        b.append("r1", step("a", 1, 1, None))
+        with pytest.raises(ConcurrentAppendError, match="extended by another writer"):
+            a.append("r1", [RunCompleted(node_id="e", output="a")])
+        # Nothing of the refused append is stored; the log still verifies.
+        assert [e.seq for e in a.read("r1")] == [1, 2, 3, 4]
+        assert a.verify("r1") is None
+        # The refused writer may retry once it has caught up.
+        (done,) = a.append("r1", [RunCompleted(node_id="e", output="a")])
+        assert done.seq == 5
+        assert b.verify("r1") is None
+
+    # -- leases -------------------------------------------------------------------------
+
+    def test_one_lease_holder_at_a_time(self) -> None:
+        clock = FakeClock()
+        a = self.open_store(clock)
+        b = self.open_store(clock)
+        a.append("r1", [started()])
+        a.acquire_lease("r1")
+        a.acquire_lease("r1")  # re-entrant for the holder
+        assert a.is_live("r1")
+        with pytest.raises(LeaseHeldError, match="run r1 is being extended by process"):
+            b.acquire_lease("r1")
+        a.release_lease("r1")
+        assert a.lease("r1") is None
+        assert not b.is_live("r1")
+        with b.leased("r1"):
+            lease = b.lease("r1")
+            assert lease is not None and lease.owner == b.owner
+            with pytest.raises(LeaseHeldError):
+                a.acquire_lease("r1")
+        assert b.lease("r1") is None
+
+    def test_an_expired_lease_can_be_taken_over(self) -> None:
+        clock = FakeClock()
+        a = self.open_store(clock)
+        b = self.open_store(clock)
+        a.append("r1", [started()])
+        a.acquire_lease("r1", seconds=30)
+        clock.t += 29
+        with pytest.raises(LeaseHeldError):
+            b.acquire_lease("r1")
+        a.renew_lease("r1", seconds=30)
+        clock.t += 29
+        with pytest.raises(LeaseHeldError):
+            b.acquire_lease("r1")
+        clock.t += 2
+        assert not b.is_live("r1")
+        b.acquire_lease("r1")
+        assert b.lease("r1").owner == b.owner  # type: ignore[union-attr]
+        # The old holder's release does not drop the new holder's lease.
+        a.release_lease("r1")
+        assert b.lease("r1").owner == b.owner  # type: ignore[union-attr]
+
+    def test_a_dead_holders_lease_can_be_taken_over(self) -> None:
+        import subprocess
+        import sys
+
+        proc = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        dead_pid = int(proc.stdout)
+        a = self.open_store()
+        b = self.open_store()
+        a.append("r1", [started()])
+        a.acquire_lease("r1")
+        self.set_lease_pid(a, "r1", dead_pid)
+        assert not b.is_live("r1")
+        b.acquire_lease("r1")
+        assert b.lease("r1").owner == b.owner  # type: ignore[union-attr]
+
+    def test_appending_renews_the_holders_lease(self) -> None:
+        clock = FakeClock()
+        a = self.open_store(clock)
+        a.append("r1", [started()])
+        a.acquire_lease("r1", seconds=30)
+        clock.t += 25
+        a.append("r1", step("a", 1, 1, None))
+        lease = a.lease("r1")
+        assert lease is not None and lease.expires_at > clock.t + 25

@@ -1,0 +1,2 @@
+#!/usr/bin/env bash
+echo '{"label": "invoice-7", "category": "finance"}'
