@@ -125,6 +125,12 @@ def start_actor(cls: type, *args: Any, **kwargs: Any) -> Any:
             super().__init__()
             self.impl = cls(*args, **kwargs)
 
+        def on_stop(self) -> None:
+            # Actors that hold resources (HTTP pools, MCP sessions) release them here.
+            close = getattr(self.impl, "close", None)
+            if close is not None:
+                close()
+
         def on_receive(self, message: Any) -> Any:
             if isinstance(message, Execute):
                 return self.impl.perform(message.task, message.ctx)

@@ -50,6 +50,10 @@ class LlmActor:
             )
         return box
 
+    def close(self) -> None:
+        """Release the HTTP connection pools when the actor stops."""
+        self.clients.close()
+
     def perform(self, task: Any, ctx: Any) -> Any:
         # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
         # supervisor prefixes the node id, so they carry none of their own.

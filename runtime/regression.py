@@ -90,13 +90,24 @@ def rerun_live(
         for k, v in first.initial_state.items()
         if k != "initial_prompt" and (k not in seeded or seeded[k] != v)
     }
+    if options is None:
+        from graphrun.runtime.config import agents_dir, config_dir
+        from graphrun.runtime.narrate import Narrator
+
+        cfg = config_dir()
+        options = RunOptions(
+            interactive=is_interactive(),
+            listener=Narrator(),
+            config_dir=cfg,
+            agents_dir=agents_dir(config=cfg),
+        )
+    # Bad configuration (unknown model, missing key) fails before anything runs.
+    from graphrun.runtime.preflight import preflight
+
+    preflight(loaded, options)
     new_id = start_run(
         store, loaded, prompt=first.initial_prompt, overrides=overrides, started_by=None
     )
-    if options is None:
-        from graphrun.runtime.narrate import Narrator
-
-        options = RunOptions(interactive=is_interactive(), listener=Narrator())
     source = RecordedEffects.from_events(events)
     options.effect_source = source
     outcome = drive(Driver(store, new_id, options))
