@@ -177,8 +177,9 @@ def run_cmd(
         print_diagnostics(
             check_graph(loaded, agents_dir=options.agents_dir, config_dir=options.config_dir)
         )
-    from graphrun.runtime.preflight import preflight
+    from graphrun.runtime.preflight import check_answers, preflight
 
+    check_answers(loaded, options.answers)
     preflight(loaded, options)
     if any(n.type == "rag" for n in loaded.graph.nodes.values()):
         from graphrun.runtime.rag_node import prepare_knowledge_bases

@@ -36,3 +36,38 @@ def preflight(loaded: LoadedGraph, options: Any) -> None:
             exc.message = f"{nodes}: {exc.message}"
             exc.args = (exc.message,)
             raise
+
+
+def check_answers(loaded: LoadedGraph, answers: dict[str, list[str]]) -> None:
+    """``--answer NODE=VALUE`` must name an input or approval node of the graph.
+
+    Graphs with agent nodes are not checked: an answer may be for a child run's node.
+    """
+    from graphrun.runtime.errors import UsageError
+    from graphrun.runtime.graph import AgentNode, ApprovalNode, InputNode
+
+    nodes = loaded.graph.nodes
+    if any(isinstance(n, AgentNode) for n in nodes.values()):
+        return
+    human = [nid for nid, n in nodes.items() if isinstance(n, ApprovalNode | InputNode)]
+    for node_id in answers:
+        if node_id in human:
+            continue
+        import difflib
+
+        close = difflib.get_close_matches(node_id, human, n=1)
+        if node_id in nodes:
+            message = (
+                f"--answer {node_id}=…: node '{node_id}' ({nodes[node_id].type}) "
+                "is not an input or approval node"
+            )
+        else:
+            message = f"--answer {node_id}=…: the graph has no node '{node_id}'"
+        hint = (
+            f"did you mean '{close[0]}'?"
+            if close
+            else (
+                f"input/approval nodes: {', '.join(human)}" if human else "the graph asks nothing"
+            )
+        )
+        raise UsageError(message, hint=hint)
