@@ -15,13 +15,14 @@ generating tokens nobody will read).
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+import msgspec
 
 from graphrun.actors.base import CancelToken
 from graphrun.actors.llmconfig import LlmConfig, LlmConfigError, ResolvedModel, load_llm_config
@@ -44,7 +45,7 @@ class LlmReplayMissError(GraphrunError):
 
 def canonical_json(value: Any) -> str:
     """One text per JSON value: sorted keys, no spaces (how requests are matched)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return msgspec.json.encode(value, order="sorted").decode("utf-8")
 
 
 class ClientFactory:
@@ -105,11 +106,20 @@ class ClientFactory:
             return recorded
 
     def client(self, base_url: str) -> httpx.Client:
-        """The shared client for ``base_url`` (created on first use)."""
+        """The shared client for ``base_url`` (created on first use).
+
+        When replaying, a :class:`ReplayClient` answers without building HTTP
+        requests at all: nothing leaves the process, and a replayed call costs
+        microseconds rather than a trip through httpx's request machinery.
+        """
         with self._lock:
             existing = self._clients.get(base_url)
             if existing is not None:
                 return existing
+            if isinstance(self._transport, ReplayTransport):
+                replay: Any = ReplayClient(self._transport)
+                self._clients[base_url] = replay
+                return replay  # type: ignore[no-any-return]
             import httpx
 
             transport = self._transport if self._transport is not None else self._live()
@@ -319,32 +329,41 @@ class ReplayTransport:
             )
         return None
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        import httpx
+    def take(self, method: str, path: str, content: bytes) -> tuple[LlmCalled, bytes]:
+        """The recorded call answering this request, and its response body bytes.
 
-        path = request.url.path
+        Raises :class:`LlmReplayMissError` when nothing recorded matches, and the
+        recorded transport error (as httpx raises it) when the call had failed.
+        """
         try:
-            body = json.loads(request.read() or b"null")
-        except ValueError:
+            body = msgspec.json.decode(content or b"null")
+        except msgspec.DecodeError:
             body = None
-        key = (request.method, _endpoint(path), canonical_json(body))
+        key = (method, _endpoint(path), canonical_json(body))
         with self._lock:
             queue = self._queues.get(key)
             event = queue.popleft() if queue else None
         if event is None:
-            raise LlmReplayMissError(self._miss_message(request.method, path, body, key))
+            raise LlmReplayMissError(self._miss_message(method, path, body, key))
         if event.status is None:
+            import httpx
+
             message = event.error or "recorded transport failure"
+            request = httpx.Request(method, path)
             if "timed out" in message:
                 raise httpx.ReadTimeout(message, request=request)
             raise httpx.ConnectError(message, request=request)
         response = event.response if event.response is not None else {}
         if set(response) == {"_raw"}:
-            content = str(response["_raw"]).encode("utf-8")
-        else:
-            content = json.dumps(response, ensure_ascii=False).encode("utf-8")
+            return event, str(response["_raw"]).encode("utf-8")
+        return event, msgspec.json.encode(response)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        import httpx
+
+        event, content = self.take(request.method, request.url.path, request.read())
         return httpx.Response(
-            event.status,
+            event.status or 200,
             content=content,
             headers={"content-type": "application/json"},
             request=request,
@@ -385,6 +404,37 @@ class ReplayTransport:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class _ReplayResponse:
+    """The part of ``httpx.Response`` the providers read."""
+
+    __slots__ = ("content", "headers", "status_code")
+
+    reason_phrase = ""
+
+    def __init__(self, status_code: int, content: bytes) -> None:
+        self.status_code = status_code
+        self.content = content
+        self.headers = {"content-type": "application/json"}
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8")
+
+
+class ReplayClient:
+    """Answers ``post`` from a :class:`ReplayTransport` without httpx's request objects."""
+
+    def __init__(self, transport: ReplayTransport) -> None:
+        self.transport = transport
+
+    def post(self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None) -> Any:
+        event, body = self.transport.take("POST", urlsplit(url).path, content)
+        return _ReplayResponse(event.status or 200, body)
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 # The protocols' endpoints: a recording answers the same endpoint whatever the base

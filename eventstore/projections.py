@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
+
 from graphrun.eventstore.events import (
     ChildRunFinished,
     ChildRunStarted,
@@ -25,9 +27,8 @@ from graphrun.eventstore.events import (
 )
 
 
-@dataclass(frozen=True)
-class RunRow:
-    """One row of the ``runs`` table."""
+class RunRow(msgspec.Struct, frozen=True):
+    """One row of the ``runs`` table (a msgspec Struct: replacing a field is cheap)."""
 
     run_id: str
     graph_name: str
@@ -45,10 +46,11 @@ class RunRow:
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {name: getattr(self, name) for name in self.__struct_fields__}
 
 
-COLUMNS = tuple(RunRow.__dataclass_fields__)
+COLUMNS = tuple(RunRow.__struct_fields__)
+_replace = msgspec.structs.replace
 
 
 def apply_run_row(row: RunRow | None, event: Event, event_hash: str) -> RunRow:
@@ -68,22 +70,22 @@ def apply_run_row(row: RunRow | None, event: Event, event_hash: str) -> RunRow:
             started_by=event.started_by,
             agent_dir=event.agent_dir,
         )
-    row = replace(row, updated_at=event.ts, last_seq=event.seq, last_hash=event_hash)
+    row = _replace(row, updated_at=event.ts, last_seq=event.seq, last_hash=event_hash)
     match event:
         case NodeEntered(node_id=node_id):
-            return replace(row, current_node=node_id)
+            return _replace(row, current_node=node_id)
         case HumanInputRequested(node_id=node_id):
-            return replace(row, status="waiting", waiting_node=node_id)
+            return _replace(row, status="waiting", waiting_node=node_id)
         case HumanInputReceived() | RunResumed():
             if row.status in ("waiting", "running"):
-                return replace(row, status="running", waiting_node=None)
+                return _replace(row, status="running", waiting_node=None)
             return row
         case RunCompleted(output=output):
-            return replace(row, status="completed", output=output, waiting_node=None)
+            return _replace(row, status="completed", output=output, waiting_node=None)
         case RunFailed(error=error):
-            return replace(row, status="failed", error=error, waiting_node=None)
+            return _replace(row, status="failed", error=error, waiting_node=None)
         case RunCancelled(reason=reason):
-            return replace(row, status="cancelled", error=reason, waiting_node=None)
+            return _replace(row, status="cancelled", error=reason, waiting_node=None)
         case _:
             return row
 

@@ -313,8 +313,6 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
     ``variables``), so the graph text that ``RunStarted`` records is exactly what
     the model was told. Diagnostics point at config.yaml.
     """
-    from graphrun.runtime.templates import render
-
     path = agent_dir / "config.yaml"
     config, config_lines = _read_config(path)
     name = str(config.get("name") or agent_dir.name)
@@ -333,7 +331,11 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
         with_tools="__tools__" in template,
     )
     context.update(agent_variables(name, config))
-    instructions = render(template, context, strict=False)
+    # The variables stay templates in the graph and their values go into the run's
+    # initial state (recorded in RunStarted): the graph text is the same on every
+    # load and machine, so recorded runs replay against it; what the model was told
+    # is still in the log. Any other {{...}} renders empty, as Loki renders it.
+    instructions = _keep_variables(template, context)
     tools = _tool_names(agent_dir, global_tools, mcp_servers, config_dir)
     graph: dict[str, Any] = {
         "name": name,
@@ -372,8 +374,26 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
         raise GraphLoadError(
             f"agent '{name}': {first.message}", where=f"{path}:{line} ({source})"
         ) from None
-    loaded.lines = _config_lines(loaded.lines, config_lines, config)
-    return loaded
+    import dataclasses
+
+    return dataclasses.replace(
+        loaded,
+        lines=_config_lines(loaded.lines, config_lines, config),
+        seed_state=dict(context),
+    )
+
+
+def _keep_variables(template: str, variables: dict[str, Any]) -> str:
+    from graphrun.runtime.templates import _EXPR, parse_path
+
+    def keep(match: Any) -> str:
+        try:
+            root = parse_path(match.group(1))[0]
+        except ValueError:
+            return ""
+        return match.group(0) if root in variables else ""
+
+    return _EXPR.sub(keep, template)
 
 
 def load_agent(target: Path, *, config_dir: Path | None) -> LoadedGraph:

@@ -57,6 +57,8 @@ class LoadedGraph:
     path: Path
     agent_dir: Path
     lines: dict[str, int] = field(default_factory=dict)
+    # State an agent's loader seeds into every run of it (an LLM-loop agent's variables).
+    seed_state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def file(self) -> str:
@@ -376,7 +378,30 @@ def find_graph_file(target: Path) -> Path:
 
 
 def load_text(text: str, *, path: Path, agent_dir: Path | None = None) -> LoadedGraph:
-    """Parse and structure graph.yaml text; raises GraphLoadError on structural errors."""
+    """Parse and structure graph.yaml text; raises GraphLoadError on structural errors.
+
+    The result is cached by (text, path, agent dir): a run's driver, its replay and
+    the command that started it parse the same graph once. Callers never mutate it.
+    """
+    key = (
+        text,
+        str(path.resolve()),
+        str((agent_dir if agent_dir is not None else path.parent).resolve()),
+    )
+    cached = _LOADED.get(key)
+    if cached is not None:
+        return cached
+    loaded = _load_text(text, path=path, agent_dir=agent_dir)
+    if len(_LOADED) >= 64:
+        _LOADED.pop(next(iter(_LOADED)))
+    _LOADED[key] = loaded
+    return loaded
+
+
+_LOADED: dict[tuple[str, str, str], LoadedGraph] = {}
+
+
+def _load_text(text: str, *, path: Path, agent_dir: Path | None = None) -> LoadedGraph:
     file = str(path)
     data, lines, problems = parse_yaml(text, file)
     graph, more = structure(data, lines, file)

@@ -124,6 +124,7 @@ def seed_state(
 ) -> dict[str, Any]:
     """initial_state, then --set overrides, then initial_prompt (always the caller's)."""
     state = dict(loaded.graph.initial_state)
+    state.update(loaded.seed_state)
     state.update(overrides or {})
     state["initial_prompt"] = prompt
     return state

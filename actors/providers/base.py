@@ -18,11 +18,12 @@ Neutral messages are dicts with ``role`` ``"user"``, ``"assistant"`` or ``"tool"
 from __future__ import annotations
 
 import email.utils
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from graphrun.eventstore.errors import GraphrunError
 
@@ -278,7 +279,7 @@ class Provider:
 
         url = self.endpoint(resolved.base_url)
         body = self.build_body(request, resolved.model, resolved.max_output_tokens)
-        content = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        content = msgspec.json.encode(body)
         headers = self.headers(resolved.api_key)
         headers["content-type"] = "application/json"
         timeout: Any = httpx.USE_CLIENT_DEFAULT
@@ -310,13 +311,16 @@ class Provider:
             raise fail(message, transient=is_transient_message(message)) from None
         latency_ms = (time.perf_counter() - start) * 1000.0
         status = response.status_code
-        raw = response.text
+        raw_bytes = response.content
+        raw = raw_bytes.decode("utf-8", errors="replace")
         try:
-            data = json.loads(raw) if raw else {}
-        except ValueError:
+            data = msgspec.json.decode(raw_bytes) if raw_bytes else {}
+        except msgspec.DecodeError:
             data = None
         parsed: dict[str, Any] = redact(
-            data if isinstance(data, dict) else {"_raw": raw[: _EXCERPT_CHARS * 4]}, secret
+            data if isinstance(data, dict) else {"_raw": raw[: _EXCERPT_CHARS * 4]},
+            # Walk the body only when the server actually echoed the key back.
+            secret if secret and secret in raw else None,
         )
 
         if status >= 400:

@@ -43,7 +43,7 @@ def test_core_bench_runs_and_prints_every_ratio(tmp_path: Path) -> None:
     names = " | ".join(lines)
     for target in (
         "replay throughput vs bare select+decode+fold",
-        "graphrun replay (CLI, start-up subtracted)",
+        "graphrun replay (CLI, start-up = replay of a tiny run subtracted)",
         "script loop of 10 visits vs 10x subprocess.run",
         "show: load + fold",
         "show: 199 events vs 100 (linearity)",
