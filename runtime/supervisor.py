@@ -264,7 +264,11 @@ class Driver:
     # -- the loop ------------------------------------------------------------------
 
     def drive(self) -> RunOutcome:
-        self.store.acquire_lease(self.run_id)
+        try:
+            self.store.acquire_lease(self.run_id)
+        except BaseException:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            raise
         try:
             return self._drive()
         finally:
