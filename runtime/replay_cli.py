@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime.loader import load_graph
 from graphrun.runtime.replay import ReplayResult, replay_events
 from graphrun.runtime.transfer import run_tree
 
@@ -60,9 +60,29 @@ def replay_command(
         from graphrun.runtime.errors import UsageError
 
         raise UsageError("--live needs --graph (replaying a run's own graph never needs effects)")
-    loaded = load_graph(graph_path) if graph_path else None
+    loaded = None
+    if graph_path:
+        from graphrun.runtime.agents import load_agent
+        from graphrun.runtime.config import config_dir
+
+        loaded = load_agent(Path(graph_path), config_dir=config_dir())
     results = []
     for rid in run_tree(store, run_id):
+        # A log that was tampered with is not replayed: its decisions prove nothing.
+        problem = store.verify(rid)
+        if problem is not None:
+            from graphrun.runtime.replay import Divergence
+
+            broken = ReplayResult(rid, store.run(rid).last_seq)
+            broken.divergence = Divergence(
+                problem.seq,
+                None,
+                "integrity",
+                f"the stored log does not verify: {problem.reason} "
+                f"(graphrun audit {rid} --verify)",
+            )
+            results.append((rid, broken))
+            continue
         events = store.read(rid)
         # Child runs are checked against their own recorded graphs.
         result = replay_events(

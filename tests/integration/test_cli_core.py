@@ -456,18 +456,15 @@ def test_one_changed_byte_is_found_by_audit_verify(graphrun: Any, agent: Any) ->
     assert f"DIVERGED: run {run_id}" in replay.stdout + replay.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="replay does not check the hash chain: a tampered field "
-    "that changes no decision replays as ok",
-)
 def test_replay_reports_a_broken_chain(graphrun: Any, agent: Any) -> None:
     root = agent(LOOP, STEP)
     assert graphrun("run", str(root)).code == 0
     run_id = graphrun.last_run()
     tamper(graphrun.db, run_id, 3, '"duration_ms":', '"duration_ms":1')
     replay = graphrun("replay", run_id)
-    assert replay.code != 0 or "seq 3" in replay.stderr
+    assert replay.code == 1
+    assert "diverged at seq 3" in replay.stdout
+    assert "the stored log does not verify" in replay.stdout
 
 
 # --- events record changes, never whole states ----------------------------------------
