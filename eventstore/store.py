@@ -291,7 +291,8 @@ class SqliteStore:
                 (run_id,),
             ).fetchall()
         for seq, body, prev_hash, digest in rows:
-            yield seq, body.encode("utf-8"), prev_hash, digest
+            # Bodies are TEXT; a hand-edited row may hold a BLOB.
+            yield seq, body if isinstance(body, bytes) else body.encode("utf-8"), prev_hash, digest
 
     def verify(self, run_id: str) -> codec.ChainProblem | None:
         if not self.has_run(run_id):

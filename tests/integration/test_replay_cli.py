@@ -61,6 +61,27 @@ def test_replay_of_a_completed_run_matches(graphrun, shipit) -> None:  # type: i
     assert data["runs"][0]["effects"] == 2  # ScriptFinished + HumanInputReceived
 
 
+def _rechain(db: sqlite3.Connection, run_id: str) -> None:
+    """Recompute the hash chain after an edit, so the log verifies (as a log written
+    by an older decider would) and only the decision differs."""
+    from graphrun.eventstore import codec
+
+    prev = codec.GENESIS
+    rows = db.execute(
+        "SELECT seq, body FROM events WHERE run_id=? ORDER BY seq", (run_id,)
+    ).fetchall()
+    for seq, body in rows:
+        raw = body if isinstance(body, bytes) else body.encode()
+        canonical = codec.encode(codec.decode(raw))
+        digest = codec.chain_hash(prev, canonical)
+        db.execute(
+            "UPDATE events SET body=?, prev_hash=?, hash=? WHERE run_id=? AND seq=?",
+            (canonical.decode(), prev, digest, run_id, seq),
+        )
+        prev = digest
+    db.execute("UPDATE runs SET last_hash=? WHERE run_id=?", (prev, run_id))
+
+
 def test_replay_reports_a_changed_decider_outcome(graphrun, shipit) -> None:  # type: ignore[no-untyped-def]
     """A log whose recorded decision no longer follows: the report names node, seq,
     event type, recorded vs now and a diff (the log is edited directly in SQLite,
@@ -77,6 +98,7 @@ def test_replay_reports_a_changed_decider_outcome(graphrun, shipit) -> None:  # 
             "UPDATE events SET body=? WHERE run_id=? AND seq=?",
             (json.dumps(body).encode(), run_id, row[0]),
         )
+        _rechain(db, run_id)
     replayed = graphrun("replay", run_id)
     assert replayed.code == 1
     out = replayed.stdout
