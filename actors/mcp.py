@@ -300,7 +300,9 @@ class McpHub:
                 raise McpError("the MCP hub is closed")
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="graphrun-mcp", daemon=True)
+                thread = threading.Thread(
+                    target=_run_unpinned, args=(loop,), name="graphrun-mcp", daemon=True
+                )
                 thread.start()
                 self._loop, self._thread = loop, thread
                 atexit.register(self.close)
@@ -566,3 +568,11 @@ def default_hub(config_dir: Path | None) -> McpHub:
         if hub is None or hub._closed:
             hub = _HUBS[key] = McpHub.from_config_dir(config_dir)
         return hub
+
+
+def _run_unpinned(loop: Any) -> None:
+    """The MCP event loop thread: servers it starts get every CPU (see actors.base)."""
+    from graphrun.actors.base import all_cpus
+
+    all_cpus().__enter__()  # this thread keeps the full mask for its whole life
+    loop.run_forever()

@@ -14,10 +14,11 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from graphrun.actors.base import EffectContext
+from graphrun.actors.base import EffectContext, all_cpus, watchdog
 from graphrun.actors.messages import ScriptTask
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.events import ScriptFinished
@@ -31,12 +32,6 @@ _OUTPUT_LIMIT = 4 * 1024 * 1024
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _reset_affinity() -> None:  # pragma: no cover - runs in the child
-    # The runtime may confine itself to one CPU; scripts get all of them back.
-    with contextlib.suppress(AttributeError, OSError):
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))
 
 
 def resolve_script(agent_dir: Path, script: str) -> Path:
@@ -95,16 +90,18 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
         env["GRAPH_STATE_FILE"] = name
 
     try:
-        proc = subprocess.Popen(
-            [*runtime, str(path)],
-            cwd=ctx.agent_dir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=_reset_affinity if hasattr(os, "sched_setaffinity") else None,
-        )
+        # No preexec_fn: it forces a full fork(); without it CPython uses vfork.
+        # The runtime may be pinned to one CPU; the script gets every CPU back.
+        with all_cpus():
+            proc = subprocess.Popen(
+                [*runtime, str(path)],
+                cwd=ctx.agent_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
     except FileNotFoundError:
         finish(
             script_hash=script_hash,
@@ -112,20 +109,26 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
         )
         return
     unregister = ctx.cancel.on_cancel(lambda: _kill_group(proc))
-    timed_out = False
-    try:
-        stdout_b, stderr_b = proc.communicate(timeout=task.timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+    # A timer kills the group on expiry; communicate() without a timeout then
+    # returns as soon as the pipes close (with a timeout it polls with sleeps).
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
         _kill_group(proc)
+
+    timer = watchdog.schedule(task.timeout, expire)
+    try:
         stdout_b, stderr_b = proc.communicate()
     finally:
+        watchdog.cancel(timer)
         unregister()
         # Whatever the script left running in its group goes too.
         _kill_group(proc)
         if state_file is not None and tmp_dir is None:
             with contextlib.suppress(OSError):
                 state_file.unlink()
+    timed_out = expired.is_set()
     stdout = stdout_b[:_OUTPUT_LIMIT].decode("utf-8", errors="replace")
     stderr = stderr_b[-_OUTPUT_LIMIT:].decode("utf-8", errors="replace")
     code = proc.returncode

@@ -636,15 +636,18 @@ def _run_process(
     env = {**env, "LLM_OUTPUT": output_path}
     try:
         try:
-            process = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group, so a kill reaches children
-            )
+            from graphrun.actors.base import all_cpus
+
+            with all_cpus():  # the runtime may be pinned to one CPU; tools are not
+                process = subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # its own group, so a kill reaches children
+                )
         except OSError as exc:
             return _error(f"tool '{name}' could not start: {exc}", source, started)
 

@@ -253,9 +253,16 @@ def bench_script(report: Report, tmp: Path, visits: int, rounds: int) -> None:
     state = json.dumps({"i": 1, "n": visits + 10}, sort_keys=True, separators=(",", ":"))
     env = dict(os.environ, GRAPH_STATE=state)
 
+    # As the CLI does (cli/__init__.py): the runtime pinned to one CPU, processes it
+    # starts free. The bare loop spawns the same way, so both see the same machine.
+    from graphrun.actors.base import all_cpus, confine_to_one_cpu
+
+    confine_to_one_cpu()
+
     def bare() -> None:
-        for _ in range(visits):
-            subprocess.run(["bash", str(script)], env=env, cwd=agent_dir, capture_output=True)
+        with all_cpus():
+            for _ in range(visits):
+                subprocess.run(["bash", str(script)], env=env, cwd=agent_dir, capture_output=True)
 
     counter = iter(range(1_000_000))
 

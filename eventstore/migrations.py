@@ -12,7 +12,7 @@ from typing import Any
 #: ``PRAGMA application_id`` of a graphrun database ("grn1").
 APPLICATION_ID = 0x67726E31
 #: ``PRAGMA user_version`` once every migration below has run.
-SCHEMA_USER_VERSION = 1
+SCHEMA_USER_VERSION = 2
 
 
 def _migrations() -> Any:
@@ -72,6 +72,38 @@ def _migrations() -> Any:
         )
         db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('event_schema_version', '1')")
+
+    @migrations()
+    def m002_events_rowid_table(db: Any) -> None:
+        """``events`` as a rowid table with a unique ``(run_id, seq)`` index.
+
+        In a WITHOUT ROWID table a row over ~1/4 page spills to overflow pages, so
+        an event carrying a 1 KB script output took ~4 KB on disk; rowid tables
+        keep rows up to a page inline. The unique index is still the lock.
+        """
+        db.execute(
+            """
+            CREATE TABLE events_v2 (
+                id        INTEGER PRIMARY KEY,
+                run_id    TEXT    NOT NULL,
+                seq       INTEGER NOT NULL,
+                ts        REAL    NOT NULL,
+                type      TEXT    NOT NULL,
+                node_id   TEXT,
+                body      TEXT    NOT NULL,
+                prev_hash TEXT    NOT NULL,
+                hash      TEXT    NOT NULL,
+                UNIQUE (run_id, seq)
+            )
+            """
+        )
+        db.execute(
+            "INSERT INTO events_v2 (run_id, seq, ts, type, node_id, body, prev_hash, hash) "
+            "SELECT run_id, seq, ts, type, node_id, body, prev_hash, hash FROM events "
+            "ORDER BY run_id, seq"
+        )
+        db.execute("DROP TABLE events")
+        db.execute("ALTER TABLE events_v2 RENAME TO events")
 
     return migrations
 

@@ -1,6 +1,6 @@
 """The SQLite event store: append-only ``events``, the ``runs`` projection, ``leases``.
 
-* ``events`` has the primary key ``(run_id, seq)``: that constraint is the lock.
+* ``events`` has a unique key ``(run_id, seq)``: that constraint is the lock.
   Appending a seq that already exists raises :class:`ConcurrentAppendError`.
 * A node step's events are appended in one transaction together with the
   ``runs`` row they imply; appends go through the raw ``sqlite3`` connection
