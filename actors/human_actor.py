@@ -8,14 +8,13 @@ otherwise the run waits (the ``on_wait`` exception) and ``graphrun approve`` /
 An approval node may list ``approvers``. An answer from anyone else is refused
 before it is recorded (and a person who may not answer is not asked): the run is
 left waiting at the node, nothing about the refused answer enters the log, and
-the refusal is kept for the command that drove the run (:func:`take_refusal`),
-which reports it and exits with its code (2). A prompt the person interrupts
+the driver returns the refusal with the waiting outcome (``RunOutcome.refused``),
+and the command reports it and exits with its code (2). A prompt the person interrupts
 (Ctrl-C, Ctrl-D) leaves the run waiting the same way (exit 130).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 
 from graphrun.actors.base import EffectContext
@@ -23,7 +22,7 @@ from graphrun.actors.messages import HumanTask
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import HumanInputReceived
 
-__all__ = ["AnswerRefused", "HumanActor", "check_approver", "take_refusal"]
+__all__ = ["AnswerRefused", "HumanActor", "check_approver"]
 
 
 class AnswerRefused(GraphrunError):
@@ -52,26 +51,6 @@ def check_approver(approvers: Sequence[str], by: str, node_id: str, *, how: str 
 # Why a run driven by this process was left waiting although an answer was
 # offered, by run id. The supervisor reports a wait as a wait; the command that
 # drove the run takes the reason from here to report an error instead.
-_refusals: dict[str, GraphrunError] = {}
-_refusals_lock = threading.Lock()
-
-
-def take_refusal(run_id: str) -> GraphrunError | None:
-    """Why an offered answer to ``run_id`` was not taken in this process (taken once).
-
-    Returns:
-        :class:`AnswerRefused` (not an approver), a ``HumanInputError`` (blank
-        ``--as``, an interrupted prompt), or None when the run simply waits.
-    """
-    with _refusals_lock:
-        return _refusals.pop(run_id, None)
-
-
-def _remember(run_id: str, refused: GraphrunError) -> None:
-    with _refusals_lock:
-        _refusals[run_id] = refused
-
-
 class HumanActor:
     """Asks, or takes a supplied answer, and records ``HumanInputReceived``."""
 
@@ -105,7 +84,7 @@ class HumanActor:
             else:
                 answer, channel = self._ask(task)
         except (AnswerRefused, HumanInputError) as refused:
-            _remember(ctx.run_id, refused)
+            # The run waits; the driver reports the refusal (RunOutcome.refused).
             raise self.on_wait(task) from refused
         ctx.record(
             HumanInputReceived(

@@ -264,10 +264,20 @@ def bench_script(report: Report, tmp: Path, visits: int, rounds: int) -> None:
             for _ in range(visits):
                 subprocess.run(["bash", str(script)], env=env, cwd=agent_dir, capture_output=True)
 
-    counter = iter(range(1_000_000))
+    from graphrun.eventstore.store import SqliteStore
+    from graphrun.runtime.loader import load_graph
+    from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+
+    # The loop against the loop: one open store and one parsed graph, a new run per
+    # timing (opening a database is not part of a script node's cost).
+    store = SqliteStore(tmp / "script-loop.db")
+    loaded = load_graph(agent_dir)
 
     def loop() -> None:
-        run_loop(tmp / f"script-{next(counter)}.db", agent_dir, visits)
+        run_id = start_run(store, loaded, overrides={"n": visits})
+        outcome = drive(Driver(store, run_id, RunOptions(agents_dir=agent_dir.parent)))
+        if outcome.status != "completed":
+            raise RuntimeError(f"the loop run {run_id} ended {outcome.status}: {outcome.error}")
 
     ratios = []
     pairs = []

@@ -58,9 +58,7 @@ def _refusal(outcome: Any) -> Any:
     """Why an answer offered to a now-waiting run was not taken (see human_actor)."""
     if outcome.status != "waiting":
         return None
-    from graphrun.actors.human_actor import take_refusal
-
-    return take_refusal(outcome.run_id)
+    return getattr(outcome, "refused", None)
 
 
 def render_outcome(outcome: Any, *, as_json: bool, db: str | None) -> int:

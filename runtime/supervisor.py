@@ -83,6 +83,9 @@ class RunOutcome:
     output: str | None = None
     error: str | None = None
     waiting: HumanInputRequested | None = None
+    # Why an answer offered while driving was not taken (not an approver, an
+    # interrupted prompt): the run still waits, and the command exits with its code.
+    refused: GraphrunError | None = None
 
 
 class _Context:
@@ -204,6 +207,7 @@ class Driver:
         self._pending: list[Event] = []
         self._effects: list[Event] = []
         self.timed_out: float | None = None
+        self.refused: GraphrunError | None = None
         self._pending_lock = threading.Lock()
         self._actors: dict[str, Any] = {}
         self.tmp_dir = Path(tempfile.mkdtemp(prefix="graphrun-"))
@@ -301,7 +305,8 @@ class Driver:
                     )
                 ]
             )
-            self.flush()
+            # Committed with the first step that follows: a resume that only offers
+            # a refused answer leaves the log exactly as it was.
         elif self.options.listener is not None:
             self.options.listener(events, self.durable)
         timeout = self.graph.settings.timeout
@@ -324,14 +329,24 @@ class Driver:
             if isinstance(step, decider.Append):
                 self._speculate(step.events)
                 continue
-            self.flush()
+            if not (step.node_type in ("approval", "input") and self._only_resumed()):
+                self.flush()
             waiting = self._perform(step, deadline, timeout)
             if waiting is not None:
+                refused = self.refused
+                if refused is not None and self._only_resumed():
+                    with self._pending_lock:
+                        self._pending.clear()
                 self.flush()
-                return RunOutcome(self.run_id, "waiting", waiting=waiting)
+                return RunOutcome(self.run_id, "waiting", waiting=waiting, refused=refused)
         self._end_children()
         self.flush()
         return self._outcome()
+
+    def _only_resumed(self) -> bool:
+        """Whether nothing but a ``RunResumed`` waits to be committed."""
+        with self._pending_lock:
+            return bool(self._pending) and all(isinstance(e, RunResumed) for e in self._pending)
 
     def _end_children(self) -> None:
         """A run that ends cancels every child run it started that is still running."""
@@ -373,6 +388,8 @@ class Driver:
             self._wait(future, deadline, timeout, node_id)
         except WaitingForHuman as exc:
             self.absorb_effects()
+            cause = exc.__cause__
+            self.refused = cause if isinstance(cause, GraphrunError) else None
             return getattr(exc, "request", None) or self.state.waiting
         except GraphrunError as exc:
             self.absorb_effects()

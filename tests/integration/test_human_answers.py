@@ -176,6 +176,11 @@ def test_approvers_refuse_anyone_else_on_every_channel(graphrun, agent):
         "pass --as NAME with one of them to graphrun approve)\n"
     )
     assert _count(graphrun, run_id) == count
+    # resume --answer as a non-approver: refused, and not even a RunResumed appended.
+    res = graphrun("resume", run_id, "--answer", "review=approve", "--as", "mallory")
+    assert res.code == 2
+    assert "error: 'mallory' may not answer approval node 'review'" in res.stderr
+    assert _count(graphrun, run_id) == count
     # An approver is accepted.
     res = graphrun("approve", run_id, "approve", "--as", "bob")
     assert res.code == 0, res.stderr
