@@ -61,7 +61,11 @@ def runs_cmd(status: str | None, limit: int, as_json: bool, db: str | None) -> N
     def add(row: Any, depth: int) -> None:
         status_text = row.status
         if row.status == "running" and not store.is_live(row.run_id):
-            status_text = "interrupted"
+            # A parent whose agent node waits on a child run that waits for a person.
+            waiting_child = any(
+                c.status == "waiting" for c in store.runs(parent=row.run_id, limit=100)
+            )
+            status_text = "waiting (child)" if waiting_child else "interrupted"
         request = waits.get(row.run_id)
         waits_for = ""
         if request is not None:
