@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-NODE_BIN := $(VENV)/node/node_modules/.bin
+NODE_PREFIX := $(CURDIR)/$(VENV)/node
 # The ticket the recorded run in replays/ticket-triage.run.jsonl was made with.
 DEMO_TICKET := I was charged twice for my Pro plan this month: two payments of 49 USD on March 3, invoices INV-20931 and INV-20932. Please refund the duplicate charge. Account: dana@brightpixel.io
 
@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,mcp,pdf]'
-	@# .ts script nodes run with `npx tsx`; install tsx locally if npm is here (optional).
+	@# .ts script nodes run with `npx tsx`: install tsx as a "global" package under
+	@# .venv/node (optional; npx finds it there through NPM_CONFIG_PREFIX).
 	@if command -v npm >/dev/null 2>&1; then \
-	  npm install --silent --no-audit --no-fund --prefix $(VENV)/node tsx@4 >/dev/null 2>&1 \
+	  npm install -g --silent --no-audit --no-fund --prefix $(NODE_PREFIX) tsx@4 >/dev/null 2>&1 \
 	    || echo "note: tsx not installed; .ts script tests will be skipped"; fi
 	touch $(STAMP)
 
@@ -31,7 +32,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	PATH="$(CURDIR)/$(NODE_BIN):$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+	NPM_CONFIG_PREFIX="$(NODE_PREFIX)" PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 	$(BIN)/graphrun test replays/
 
 bench: $(STAMP)
