@@ -25,10 +25,14 @@ def json_option(fn: F) -> F:
 
 
 def open_store(db: str | None, *, create: bool = False) -> Any:
+    import os
+
     from graphrun.eventstore.store import SqliteStore
     from graphrun.runtime.config import db_path
 
-    return SqliteStore(db_path(db), create=create)
+    # GRAPHRUN_DURABILITY=full fsyncs every commit (default: WAL, synchronous=NORMAL).
+    durability = os.environ.get("GRAPHRUN_DURABILITY", "normal").strip().lower() or "normal"
+    return SqliteStore(db_path(db), create=create, durability=durability)
 
 
 def resolve_run(store: Any, run_id: str) -> str:
