@@ -97,23 +97,14 @@ class ListContext:
         self.events.extend(events)
 
 
-class NodeActor:
-    """Base of the per-node-type actors: ``ask(Execute(task, ctx))`` performs one effect.
-
-    Subclasses set :meth:`perform`. The reply is whatever ``perform`` returns; an
-    exception travels back through the future to the supervisor, which records it
-    as the node's failure (an actor is only ever asked, never told, so no failure
-    is silent).
-    """
-
-    node_type: str = ""
-
-    def perform(self, task: Any, ctx: EffectContext) -> Any:  # pragma: no cover - abstract
-        raise NotImplementedError(f"{type(self).__name__} does not perform effects")
-
-
 def start_actor(cls: type, *args: Any, **kwargs: Any) -> Any:
-    """Start a pykka actor whose ``on_receive`` calls ``cls.perform``."""
+    """Start a pykka actor around ``cls(*args, **kwargs)``, a node type's effect class.
+
+    The actor answers ``ask(Execute(task, ctx))`` by calling ``perform(task, ctx)``.
+    An exception travels back through the future to the supervisor, which records it
+    as the node's failure (actors are only ever asked, never told, so no failure is
+    silent). ``close()``, if the class has one, runs when the actor stops.
+    """
     import pykka
 
     from graphrun.actors.messages import Execute
