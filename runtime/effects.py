@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from graphrun.runtime.errors import GraphrunError, WaitingForHuman
+from graphrun.runtime.errors import WaitingForHuman
 
 if TYPE_CHECKING:
     from graphrun.runtime.supervisor import Driver
@@ -33,4 +33,4 @@ def actor_class(node_type: str, driver: Driver) -> tuple[type, tuple[Any, ...]]:
     return node_actor(node_type, driver)
 
 
-__all__ = ["GraphrunError", "actor_class"]
+__all__ = ["actor_class"]
