@@ -420,68 +420,47 @@ def check_request(
                     now=now_value,
                 )
         return None
-    if isinstance(task, HumanTask):
-        answer = next((e for e in outcome if isinstance(e, HumanInputReceived)), None)
-        if answer is None or not answer.question:
-            return None
-        if answer.question != task.question:
-            return Divergence(
-                seq,
-                task.node_id,
-                "request",
-                "the question shown now differs",
-                field="question",
-                recorded=answer.question,
-                now=task.question,
-            )
-        if list(answer.options) != list(task.options):
-            return Divergence(
-                seq,
-                task.node_id,
-                "request",
-                "the options shown now differ",
-                field="options",
-                recorded=list(answer.options),
-                now=list(task.options),
-            )
+    checks = _RECORDED_REQUEST.get(type(task))
+    if checks is None:
         return None
-    if isinstance(task, RagTask):
-        done_r = next((e for e in outcome if isinstance(e, RetrievalDone)), None)
-        if done_r is not None and done_r.query != task.query:
-            return Divergence(
-                seq,
-                task.node_id,
-                "request",
-                "the retrieval query differs",
-                field="query",
-                recorded=done_r.query,
-                now=task.query,
-            )
+    kind, fields = checks
+    recorded = next((e for e in outcome if isinstance(e, kind)), None)
+    if recorded is None:
         return None
-    if isinstance(task, AgentTask):
-        started = next((e for e in outcome if isinstance(e, ChildRunStarted)), None)
-        if started is not None and started.prompt != task.prompt:
+    for event_field, task_field, message in fields:
+        was = getattr(recorded, event_field)
+        now = getattr(task, task_field)
+        if isinstance(was, list | tuple):
+            was, now = list(was), list(now)
+        # Human answers recorded without what was shown carry empty defaults.
+        if kind is HumanInputReceived and was in ("", []):
+            continue
+        if was != now:
             return Divergence(
-                seq,
-                task.node_id,
-                "request",
-                "the child agent's prompt differs",
-                field="prompt",
-                recorded=started.prompt,
-                now=task.prompt,
+                seq, task.node_id, "request", message, field=task_field, recorded=was, now=now
             )
-        if started is not None and started.agent != task.agent:
-            return Divergence(
-                seq,
-                task.node_id,
-                "request",
-                "a different child agent runs now",
-                field="agent",
-                recorded=started.agent,
-                now=task.agent,
-            )
-        return None
     return None
+
+
+#: Per task type: the effect event that records its request, and the
+#: (event field, task field, message) pairs that must still agree.
+_RECORDED_REQUEST: dict[type, tuple[type, tuple[tuple[str, str, str], ...]]] = {
+    HumanTask: (
+        HumanInputReceived,
+        (
+            ("question", "question", "the question shown now differs"),
+            ("options", "options", "the options shown now differ"),
+        ),
+    ),
+    RagTask: (RetrievalDone, (("query", "query", "the retrieval query differs"),)),
+    AgentTask: (
+        ChildRunStarted,
+        (
+            ("prompt", "prompt", "the child agent's prompt differs"),
+            ("agent", "agent", "a different child agent runs now"),
+        ),
+    ),
+}
 
 
 def task_divergence(old: Any, new: Any, seq: int | None) -> Divergence | None:
