@@ -184,13 +184,15 @@ def bench_replay(
     store = SqliteStore(db, create=False)
     conn = sqlite3.connect(str(db))
     n = store.run(run_id).last_seq
+    (run_no,) = conn.execute("SELECT run_no FROM runs WHERE run_id = ?", (run_id,)).fetchone()
 
     def bare() -> None:
         rows = conn.execute(
-            "SELECT body FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
+            "SELECT body FROM events WHERE id > ? AND id < ? ORDER BY id",
+            (run_no << 32, (run_no + 1) << 32),
         ).fetchall()
-        decode = codec.decode
-        fold([decode(body) for (body,) in rows])
+        decode, unpack = codec.decode, codec.unpack_body
+        fold([decode(b if isinstance(b, str) else unpack(b)) for (b,) in rows])
 
     def replay() -> None:
         result = replay_events(store.read(run_id))

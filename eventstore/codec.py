@@ -9,13 +9,14 @@ event of a run chains from :data:`GENESIS`. :func:`verify_chain` recomputes it.
 from __future__ import annotations
 
 import hashlib
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from graphrun.eventstore.events import Event
+from graphrun.eventstore.events import Event, RunStarted
 
 HASH_ALGORITHM = "sha256"
 GENESIS = "sha256:" + "0" * 64
@@ -51,6 +52,70 @@ def to_builtins(event: Event) -> dict[str, Any]:
 
 def from_builtins(value: dict[str, Any]) -> Event:
     return msgspec.convert(value, Event)
+
+
+#: Bodies at least this long are stored zlib-compressed when that saves space.
+COMPRESS_FROM = 512
+
+
+def pack_body(body: bytes, compress: bool = True) -> str | bytes:
+    """What the store keeps for canonical bytes ``body``: the JSON text, or, for a
+    large body that compresses by a tenth or more, its zlib bytes."""
+    if compress and len(body) >= COMPRESS_FROM:
+        packed = zlib.compress(body, 6)
+        if len(packed) <= len(body) * 0.9:
+            return packed
+    return body.decode("utf-8")
+
+
+def unpack_body(stored: str | bytes) -> bytes:
+    """The canonical bytes of a stored body (raises ``zlib.error`` if damaged).
+
+    Bytes are compressed unless they are plain JSON (a hand-edited row)."""
+    if isinstance(stored, str):
+        return stored.encode("utf-8")
+    if stored[:1] == b"{":
+        return stored
+    return zlib.decompress(stored)
+
+
+#: Kept as plain JSON whatever their size, so SQL can read the human decisions.
+PLAIN_TYPES = frozenset({"HumanInputRequested", "HumanInputReceived"})
+
+
+def storable(event: Event, canonical: bytes) -> bytes:
+    """The bytes the store keeps for a stamped event: its canonical bytes without
+    ``run_id``, ``seq`` and ``ts`` (the row's key and ``ts`` column hold those),
+    except a ``RunStarted``, kept whole so the log alone names its run."""
+    if isinstance(event, RunStarted):
+        return canonical
+    return _encoder.encode(msgspec.structs.replace(event, run_id="", seq=0, ts=0.0))
+
+
+def event_from_row(stored: str | bytes, run_id: str, seq: int, ts: float) -> Event:
+    """The event a stored row holds (a whole stored body is taken as it is)."""
+    event = _decoder.decode(stored if isinstance(stored, str) else unpack_body(stored))
+    if event.run_id:
+        return event
+    return msgspec.structs.replace(event, run_id=run_id, seq=seq, ts=ts)
+
+
+def canonical_from_row(stored: str | bytes, run_id: str, seq: int, ts: float) -> bytes:
+    """The canonical bytes (the ones the chain hashes) of a stored row.
+
+    A row that does not unpack or decode gives its stored bytes: they will not
+    hash to the stored hash, and verification names the row."""
+    try:
+        raw = unpack_body(stored)
+    except zlib.error:
+        return stored if isinstance(stored, bytes) else stored.encode("utf-8")
+    try:
+        event = _decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return raw
+    if event.run_id:
+        return raw
+    return _encoder.encode(msgspec.structs.replace(event, run_id=run_id, seq=seq, ts=ts))
 
 
 def chain_hash(prev_hash: str, body: bytes) -> str:

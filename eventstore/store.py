@@ -1,7 +1,12 @@
 """The SQLite event store: append-only ``events``, the ``runs`` projection, ``leases``.
 
-* ``events`` has a unique key ``(run_id, seq)``: that constraint is the lock.
-  Appending a seq that already exists raises :class:`ConcurrentAppendError`.
+* ``events`` is keyed by one integer, ``id = run_no << 32 | seq``, where
+  ``run_no`` is the run's number in this file (``runs.run_no``). The key is the
+  lock: appending a seq that already exists raises :class:`ConcurrentAppendError`.
+  A run's events are one range of the table, with no secondary index to keep.
+* Each row keeps the canonical JSON body (TEXT), or the same bytes compressed
+  with zlib (BLOB) when the body is large and compresses, and the event's chain
+  hash as 32 raw bytes; ``prev_hash`` is the previous row's hash.
 * A node step's events are appended in one transaction together with the
   ``runs`` row they imply; appends go through the raw ``sqlite3`` connection
   (sqlite-utils only runs migrations and inspection queries).
@@ -18,6 +23,7 @@ import socket
 import sqlite3
 import threading
 import uuid
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,13 +47,19 @@ from graphrun.eventstore.projections import COLUMNS, RunRow, apply_run_row, rebu
 
 LEASE_SECONDS = 30.0
 
-_INSERT_EVENT = (
-    "INSERT INTO events (run_id, seq, ts, type, node_id, body, prev_hash, hash) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
+_INSERT_EVENT = "INSERT INTO events (id, ts, type, node_id, body, hash) VALUES (?, ?, ?, ?, ?, ?)"
 _UPSERT_RUN = (
-    f"INSERT OR REPLACE INTO runs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
+    f"INSERT INTO runs ({', '.join(COLUMNS)}, run_no) "
+    f"VALUES ({', '.join('?' for _ in COLUMNS)}, ?) "
+    f"ON CONFLICT (run_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[1:])
 )
+_SEQ_BITS = 32
+_SEQ_MASK = (1 << _SEQ_BITS) - 1
+_HASH_PREFIX = codec.HASH_ALGORITHM + ":"
+def event_key(run_no: int, seq: int) -> int:
+    """The ``events.id`` of event ``seq`` of run number ``run_no``."""
+    return run_no << _SEQ_BITS | seq
 # The columns a step changes in an existing run; none is indexed, so a step
 # rewrites one page of ``runs`` instead of the row and its three index entries.
 _TAIL_COLUMNS = (
@@ -85,6 +97,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _format_hash(raw: bytes | str) -> str:
+    """A stored hash (32 raw bytes) as ``sha256:<hex>``."""
+    if isinstance(raw, str):  # a hand-edited row
+        return raw
+    return _HASH_PREFIX + raw.hex()
+
+
 class SqliteStore:
     """An event store in one SQLite file."""
 
@@ -101,6 +120,7 @@ class SqliteStore:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._lock = threading.RLock()
         self._rows: dict[str, RunRow] = {}
+        self._run_nos: dict[str, int] = {}
         # run id -> when an append should next renew this store's lease on it. Only
         # runs leased through this store are here (no other lease row can match).
         self._renew_at: dict[str, float] = {}
@@ -196,21 +216,27 @@ class SqliteStore:
             now = self.clock.now()
             stamped: list[Event] = []
             params: list[tuple[Any, ...]] = []
+            replace = msgspec.structs.replace
+            encode = codec.encode
+            chain_hash = codec.chain_hash
+            pack = codec.pack_body
+            storable = codec.storable
+            plain = codec.PLAIN_TYPES
             for event in events:
                 seq += 1
-                event = msgspec.structs.replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
-                body = codec.encode(event)
-                digest = codec.chain_hash(prev, body)
+                event = replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
+                canonical = encode(event)
+                kind = type(event).__name__
+                stored = pack(storable(event, canonical), kind not in plain)
+                digest = chain_hash(prev, canonical)
                 params.append(
                     (
-                        run_id,
                         seq,
                         event.ts,
-                        type(event).__name__,
+                        kind,
                         getattr(event, "node_id", None),
-                        body.decode("utf-8"),
-                        prev,
-                        digest,
+                        stored,
+                        bytes.fromhex(digest[len(_HASH_PREFIX) :]),
                     )
                 )
                 row = apply_run_row(row, event, digest)
@@ -223,7 +249,11 @@ class SqliteStore:
                     conn.execute("PRAGMA synchronous=FULL")
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    conn.executemany(_INSERT_EVENT, params)
+                    run_no = self._run_nos.get(run_id)
+                    if run_no is None:
+                        run_no = self._run_no(run_id, new=before is None)
+                    base = run_no << _SEQ_BITS
+                    conn.executemany(_INSERT_EVENT, [(base + p[0], *p[1:]) for p in params])
                     if before is not None and all(
                         getattr(before, c) == getattr(row, c) for c in _HEAD_COLUMNS
                     ):
@@ -232,7 +262,7 @@ class SqliteStore:
                             (*(getattr(row, c) for c in _TAIL_COLUMNS), run_id),
                         )
                     else:
-                        conn.execute(_UPSERT_RUN, tuple(getattr(row, c) for c in COLUMNS))
+                        conn.execute(_UPSERT_RUN, (*(getattr(row, c) for c in COLUMNS), run_no))
                     renew_at = self._renew_at.get(run_id)
                     if renew_at is not None and now >= renew_at:
                         # Renewing every step would rewrite the leases page every
@@ -246,14 +276,37 @@ class SqliteStore:
             except sqlite3.IntegrityError:
                 self._rows.pop(run_id, None)
                 raise ConcurrentAppendError(
-                    f"run {run_id} was extended by another writer (seq {params[0][1]} taken)",
+                    f"run {run_id} was extended by another writer (seq {params[0][0]} taken)",
                     hint="only one process may extend a run at a time",
                 ) from None
             finally:
                 if sync and self.durability != "full":
                     conn.execute("PRAGMA synchronous=NORMAL")
+            self._run_nos[run_id] = run_no
             self._rows[run_id] = row
             return stamped
+
+    def _run_no(self, run_id: str, *, new: bool = False) -> int:
+        """The run's number in this file; a new run gets the next one (in a write
+        transaction, so two writers cannot pick the same)."""
+        run_no = self._run_nos.get(run_id)
+        if run_no is not None:
+            return run_no
+        found = self.conn.execute("SELECT run_no FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if found is not None and found[0] is not None:
+            run_no = int(found[0])
+        elif new:
+            top = self.conn.execute("SELECT max(id) FROM events").fetchone()[0]
+            run_no = (top >> _SEQ_BITS if top is not None else 0) + 1
+        else:
+            raise self.unknown_run(run_id)
+        self._run_nos[run_id] = run_no
+        return run_no
+
+    def _range(self, run_id: str, after: int = 0, upto: int | None = None) -> tuple[int, int]:
+        """``events.id`` bounds ``(lo, hi]`` of a run's seqs ``after < seq <= upto``."""
+        base = self._run_no(run_id) << _SEQ_BITS
+        return base + after, base + min(upto if upto is not None else _SEQ_MASK, _SEQ_MASK)
 
     # -- reading -------------------------------------------------------------------
 
@@ -264,35 +317,37 @@ class SqliteStore:
 
     def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
         """The events of a run in seq order (``after < seq <= upto``)."""
-        sql = "SELECT body FROM events WHERE run_id = ? AND seq > ?"
-        args: list[Any] = [run_id, after]
-        if upto is not None:
-            sql += " AND seq <= ?"
-            args.append(upto)
-        sql += " ORDER BY seq"
         with self._lock:
-            rows = self.conn.execute(sql, args).fetchall()
-        if not rows and after == 0 and not self.has_run(run_id):
-            raise self.unknown_run(run_id)
-        decode = codec.decode
+            lo, hi = self._range(run_id, after, upto)
+            rows = self.conn.execute(
+                "SELECT id, ts, body FROM events WHERE id > ? AND id <= ? ORDER BY id", (lo, hi)
+            ).fetchall()
+        from_row = codec.event_from_row
         try:
-            return [decode(body) for (body,) in rows]
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return [from_row(body, run_id, key & _SEQ_MASK, ts) for key, ts, body in rows]
+        except (msgspec.DecodeError, msgspec.ValidationError, zlib.error) as exc:
             raise CorruptStoreError(
                 f"run {run_id}: an event in the database does not decode ({exc})",
                 hint=f"graphrun audit {run_id} --verify names the damaged event",
             ) from None
 
     def raw_rows(self, run_id: str) -> Iterator[tuple[int, bytes, str, str]]:
-        """Stored ``(seq, body, prev_hash, hash)`` rows, for verification."""
+        """Stored ``(seq, body, prev_hash, hash)`` rows, for verification.
+
+        ``body`` is the canonical bytes (decompressed); ``prev_hash`` is the
+        previous row's hash, as the chain defines it."""
         with self._lock:
+            lo, hi = self._range(run_id)
             rows = self.conn.execute(
-                "SELECT seq, body, prev_hash, hash FROM events WHERE run_id = ? ORDER BY seq",
-                (run_id,),
+                "SELECT id, ts, body, hash FROM events WHERE id > ? AND id <= ? ORDER BY id",
+                (lo, hi),
             ).fetchall()
-        for seq, body, prev_hash, digest in rows:
-            # Bodies are TEXT; a hand-edited row may hold a BLOB.
-            yield seq, body if isinstance(body, bytes) else body.encode("utf-8"), prev_hash, digest
+        prev = codec.GENESIS
+        for key, ts, stored, raw_hash in rows:
+            seq = key & _SEQ_MASK
+            digest = _format_hash(raw_hash)
+            yield seq, codec.canonical_from_row(stored, run_id, seq, ts), prev, digest
+            prev = digest
 
     def verify(self, run_id: str) -> codec.ChainProblem | None:
         if not self.has_run(run_id):
@@ -346,15 +401,27 @@ class SqliteStore:
     def rebuild_runs(self) -> int:
         """Drop and rebuild the ``runs`` projection from ``events``; returns rows."""
         with self._lock:
-            rows = self.conn.execute(
-                "SELECT body, hash FROM events ORDER BY run_id, seq"
-            ).fetchall()
-            rebuilt = rebuild_rows((codec.decode(body), digest) for body, digest in rows)
+            rows = self.conn.execute("SELECT id, ts, body, hash FROM events ORDER BY id").fetchall()
+            run_nos: dict[str, int] = {}
+            names: dict[int, str] = {}  # run_no -> run id, from each run's RunStarted
+
+            def stored() -> Iterator[tuple[Event, str]]:
+                for key, ts, body, raw_hash in rows:
+                    run_no = key >> _SEQ_BITS
+                    event = codec.event_from_row(body, names.get(run_no, ""), key & _SEQ_MASK, ts)
+                    names.setdefault(run_no, event.run_id)
+                    run_nos.setdefault(event.run_id, run_no)
+                    yield event, _format_hash(raw_hash)
+
+            rebuilt = rebuild_rows(stored())
             self.conn.execute("BEGIN IMMEDIATE")
             self.conn.execute("DELETE FROM runs")
             self.conn.executemany(
                 _UPSERT_RUN,
-                [tuple(getattr(r, c) for c in COLUMNS) for r in rebuilt.values()],
+                [
+                    (*(getattr(r, c) for c in COLUMNS), run_nos[r.run_id])
+                    for r in rebuilt.values()
+                ],
             )
             self.conn.execute("COMMIT")
             self._rows.clear()

@@ -424,11 +424,12 @@ def test_events_show_replay_and_audit(graphrun: Any, agent: Any) -> None:
 def tamper(db: Path, run_id: str, seq: int, old: str, new: str) -> None:
     conn = sqlite3.connect(db)
     (body,) = conn.execute(
-        "SELECT body FROM events WHERE run_id = ? AND seq = ?", (run_id, seq)
+        "SELECT body FROM run_events WHERE run_id = ? AND seq = ?", (run_id, seq)
     ).fetchone()
     assert old in body
     conn.execute(
-        "UPDATE events SET body = ? WHERE run_id = ? AND seq = ?",
+        "UPDATE events SET body = ? "
+        "WHERE id = (SELECT id FROM run_events WHERE run_id = ? AND seq = ?)",
         (body.replace(old, new, 1), run_id, seq),
     )
     conn.commit()
@@ -513,7 +514,7 @@ def test_database_grows_linearly_with_visits(agent: Any, tmp_path: Path) -> None
         state = fold(store.read(run_id)).state
         assert len(state) == visits + 1  # every visit's kilobyte is in the state
         (logged[visits],) = store.conn.execute(
-            "SELECT sum(length(body)) FROM events WHERE run_id = ?", (run_id,)
+            "SELECT sum(length(body)) FROM run_events WHERE run_id = ?", (run_id,)
         ).fetchone()
         store.close()
         files[visits] = db.stat().st_size

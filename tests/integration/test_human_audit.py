@@ -73,7 +73,8 @@ def test_verify_passes_then_names_the_first_tampered_seq(graphrun, agent):
     forged = dict(received, by="bob")
     with sqlite3.connect(graphrun.db) as conn:
         conn.execute(
-            "UPDATE events SET body = ? WHERE run_id = ? AND seq = ?",
+            "UPDATE events SET body = ? "
+            "WHERE id = (SELECT id FROM run_events WHERE run_id = ? AND seq = ?)",
             (json.dumps(forged), run_id, received["seq"]),
         )
     res = graphrun("audit", run_id, "--verify")

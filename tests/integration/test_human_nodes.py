@@ -7,6 +7,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from graphrun.eventstore.codec import unpack_body
+
 APPROVAL = """
 version: "1.0"
 name: gate
@@ -53,15 +55,18 @@ def _agent(agent: Any, graph: str = APPROVAL) -> Path:
 
 
 def events(db: Path, run_id: str | None = None) -> list[dict[str, Any]]:
-    """The stored events (decoded bodies), oldest first."""
+    """The stored events (decoded bodies with their envelope), oldest first."""
     with sqlite3.connect(db) as conn:
-        sql = "SELECT body FROM events"
+        sql = "SELECT run_id, seq, ts, body FROM run_events"
         args: tuple[str, ...] = ()
         if run_id:
             sql += " WHERE run_id = ?"
             args = (run_id,)
         rows = conn.execute(sql + " ORDER BY run_id, seq", args).fetchall()
-    return [json.loads(body) for (body,) in rows]
+    return [
+        json.loads(unpack_body(body)) | {"run_id": rid, "seq": seq, "ts": ts}
+        for rid, seq, ts, body in rows
+    ]
 
 
 def of_type(evs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:

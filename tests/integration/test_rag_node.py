@@ -8,6 +8,8 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+from graphrun.eventstore.codec import unpack_body
+
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
 
 GRAPH = """
@@ -42,9 +44,9 @@ def _agent(tmp_path: Path, graph: str = GRAPH) -> Path:
 def _events(db: Path, run_id: str) -> list[dict]:
     with sqlite3.connect(db) as conn:
         rows = conn.execute(
-            "SELECT body FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
+            "SELECT seq, body FROM run_events WHERE run_id = ? ORDER BY seq", (run_id,)
         ).fetchall()
-    return [json.loads(body) for (body,) in rows]
+    return [json.loads(unpack_body(body)) | {"seq": seq} for seq, body in rows]
 
 
 def test_a_rag_run_is_recorded_and_replays_without_the_index(graphrun, tmp_path: Path) -> None:

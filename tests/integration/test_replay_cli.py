@@ -68,15 +68,14 @@ def _rechain(db: sqlite3.Connection, run_id: str) -> None:
 
     prev = codec.GENESIS
     rows = db.execute(
-        "SELECT seq, body FROM events WHERE run_id=? ORDER BY seq", (run_id,)
+        "SELECT seq, ts, body FROM run_events WHERE run_id=? ORDER BY seq", (run_id,)
     ).fetchall()
-    for seq, body in rows:
-        raw = body if isinstance(body, bytes) else body.encode()
-        canonical = codec.encode(codec.decode(raw))
-        digest = codec.chain_hash(prev, canonical)
+    for seq, ts, body in rows:
+        digest = codec.chain_hash(prev, codec.canonical_from_row(body, run_id, seq, ts))
         db.execute(
-            "UPDATE events SET body=?, prev_hash=?, hash=? WHERE run_id=? AND seq=?",
-            (canonical.decode(), prev, digest, run_id, seq),
+            "UPDATE events SET hash=? WHERE id = (SELECT id FROM run_events "
+            "WHERE run_id=? AND seq=?)",
+            (bytes.fromhex(digest.split(":")[1]), run_id, seq),
         )
         prev = digest
     db.execute("UPDATE runs SET last_hash=? WHERE run_id=?", (prev, run_id))
@@ -90,12 +89,13 @@ def test_replay_reports_a_changed_decider_outcome(graphrun, shipit) -> None:  # 
     run_id = last_run(graphrun)
     with sqlite3.connect(graphrun.db) as db:
         row = db.execute(
-            "SELECT seq, body FROM events WHERE run_id=? AND body LIKE '%RunCompleted%'", (run_id,)
+            "SELECT seq, body FROM run_events WHERE run_id=? AND type = 'RunCompleted'", (run_id,)
         ).fetchone()
         body = json.loads(row[1])
         body["output"] = "shipped something else"
         db.execute(
-            "UPDATE events SET body=? WHERE run_id=? AND seq=?",
+            "UPDATE events SET body=? WHERE id = (SELECT id FROM run_events "
+            "WHERE run_id=? AND seq=?)",
             (json.dumps(body).encode(), run_id, row[0]),
         )
         _rechain(db, run_id)

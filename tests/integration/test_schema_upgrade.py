@@ -1,5 +1,6 @@
 """A database written by the first schema (events WITHOUT ROWID, user_version 1)
-keeps working: it is migrated on open, and its runs list, replay and verify."""
+keeps working: it is migrated on open (through every later schema), and its runs
+list, replay and verify."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ def test_a_schema_v1_database_is_migrated_and_its_runs_replay(graphrun, tmp_path
     rows = graphrun("runs", "--json").json_lines()
     assert sorted(r["graph_name"] for r in rows) == ["file-triage", "release-checklist"]
     with sqlite3.connect(graphrun.db) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
         ddl = db.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
+        numbers = [n for (n,) in db.execute("SELECT run_no FROM runs ORDER BY run_no")]
     assert "WITHOUT ROWID" not in ddl
+    assert "prev_hash" not in ddl and "run_id" not in ddl
+    assert numbers == [1, 2]
     for row in rows:
         replay = graphrun("replay", row["run_id"])
         assert replay.code == 0, replay.stdout + replay.stderr
