@@ -257,7 +257,7 @@ def bench_script(report: Report, tmp: Path, visits: int, rounds: int) -> None:
 
     # As the CLI does (cli/__init__.py): the runtime pinned to one CPU, processes it
     # starts free. The bare loop spawns the same way, so both see the same machine.
-    from graphrun.actors.base import all_cpus, confine_to_one_cpu
+    from graphrun.actors.base import all_cpus, confine_to_one_cpu, settle_heap
 
     confine_to_one_cpu()
 
@@ -274,6 +274,7 @@ def bench_script(report: Report, tmp: Path, visits: int, rounds: int) -> None:
     # timing (opening a database is not part of a script node's cost).
     store = SqliteStore(tmp / "script-loop.db")
     loaded = load_graph(agent_dir)
+    settle_heap()  # as the CLI does before driving a run (cli/run.py)
 
     def loop() -> None:
         run_id = start_run(store, loaded, overrides={"n": visits})

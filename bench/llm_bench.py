@@ -17,6 +17,7 @@ more than on one; both engines are sequential). Usage:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -324,6 +325,14 @@ def main(argv: list[str] | None = None) -> int:
             agent_dir, db, run_id = bench_calls(report, tmp, url, steps, rounds)
             recorded = recorded_calls(db, run_id)
             os.environ["OPENAI_BASE_URL"] = "http://127.0.0.1:9/v1"  # replay: never dialled
+            # As the CLI does before driving a run (cli/run.py); LangGraph's side runs
+            # in the same settled process.
+            with contextlib.suppress(ImportError):  # imported before settling, as graphrun is
+                import langgraph.checkpoint.sqlite
+                import langgraph.graph  # noqa: F401
+            from graphrun.actors.base import settle_heap
+
+            settle_heap()
             bench_langgraph(report, tmp, agent_dir, recorded, steps)
     finally:
         for key, value in saved.items():

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from graphrun.actors.base import settle_heap
 from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 
 
@@ -188,6 +189,7 @@ def run_cmd(
             loaded, interactive=options.interactive, config_dir=options.config_dir
         )
     run_id = start_run(store, loaded, prompt=prompt, overrides=overrides, started_by=as_user)
+    settle_heap()
     outcome = drive(Driver(store, run_id, options))
     finish(outcome, as_json=as_json, db=db)
 
@@ -229,6 +231,7 @@ def resume_cmd(
         store=store,
         quiet=as_json,
     )
+    settle_heap()
     outcome = drive(Driver(store, run_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)
 
@@ -277,6 +280,7 @@ def _answer_and_resume(
     # This command answers one question: the run goes on to its end or to the
     # next wait, which is answered by another command, not prompted for here.
     options.interactive = False
+    settle_heap()
     outcome = drive(Driver(store, run_id, options, resumed_by=as_user))
     from graphrun.runtime.agent_node import resume_ancestors
 
@@ -398,5 +402,6 @@ def fork_cmd(
         store=store,
         quiet=as_json,
     )
+    settle_heap()
     outcome = drive(Driver(store, new_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)

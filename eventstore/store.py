@@ -204,8 +204,10 @@ class SqliteStore:
     def append(self, run_id: str, events: Sequence[Event], *, sync: bool = False) -> list[Event]:
         """Append events to a run in one transaction; returns them stamped.
 
-        Each event gets ``run_id``, the next ``seq`` and (unless set) ``ts``.
-        Raises :class:`ConcurrentAppendError` if another writer got there first.
+        Each event gets ``run_id``, the next ``seq`` and (unless set) ``ts``; events
+        already stamped with exactly those (as the supervisor stamps them) are
+        stored as they are. Raises :class:`ConcurrentAppendError` if another writer
+        got there first.
         """
         if not events:
             return []
@@ -224,7 +226,14 @@ class SqliteStore:
             plain = codec.PLAIN_TYPES
             for event in events:
                 seq += 1
-                event = replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
+                if event.seq != seq or event.run_id != run_id or not event.ts:
+                    if event.run_id == run_id and event.seq and event.seq != seq:
+                        raise ConcurrentAppendError(
+                            f"run {run_id} is at seq {seq - 1} here, not {event.seq - 1} "
+                            "as its writer thought",
+                            hint="only one process may extend a run at a time",
+                        )
+                    event = replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
                 canonical = encode(event)
                 kind = type(event).__name__
                 stored = pack(storable(event, canonical), kind not in plain)

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from graphrun.actors.base import CancelToken, start_actor
 from graphrun.actors.messages import Execute
 from graphrun.eventstore.codec import content_hash
@@ -53,6 +55,7 @@ from graphrun.runtime import decider
 from graphrun.runtime.errors import GraphValidationError, WaitingForHuman
 from graphrun.runtime.loader import Diagnostic, LoadedGraph, load_text
 
+_replace = msgspec.structs.replace
 log = logging.getLogger("graphrun.run")
 
 GRAPHRUN_VERSION = "0.1.0"
@@ -218,9 +221,25 @@ class Driver:
 
     # -- buffering ----------------------------------------------------------------
 
-    def buffer(self, events: tuple[Event, ...] | list[Event]) -> None:
+    def _stamp(self, events: tuple[Event, ...] | list[Event]) -> list[Event]:
+        """The events with their envelope (run id, next seqs, time); under the lock.
+
+        Stamping here, not in the store, lets the working state be folded from
+        the very events that get committed, so a commit needs no second fold."""
+        seq = self.durable.last_seq + len(self._pending)
+        now = self.clock.now()
+        run_id = self.run_id
+        stamped = []
+        for event in events:
+            seq += 1
+            stamped.append(_replace(event, run_id=run_id, seq=seq, ts=event.ts or now))
+        return stamped
+
+    def buffer(self, events: tuple[Event, ...] | list[Event]) -> list[Event]:
         with self._pending_lock:
-            self._pending.extend(events)
+            stamped = self._stamp(events)
+            self._pending.extend(stamped)
+        return stamped
 
     def record_effects(self, events: tuple[Event, ...] | list[Event]) -> None:
         """Effect events from an actor (any thread); absorbed after the effect returns."""
@@ -238,12 +257,19 @@ class Driver:
         """Fold the effect events recorded so far and queue them for the next commit."""
         with self._pending_lock:
             effects, self._effects = self._effects, []
-            self._pending.extend(effects)
+            stamped = self._stamp(effects)
+            self._pending.extend(stamped)
         state = self.state
-        for event in effects:
+        for event in stamped:
             state = apply(state, event)
         self.state = state
-        return len(effects)
+        return len(stamped)
+
+    def discard_pending(self) -> None:
+        """Drop what is not committed yet (a resume that only offered a refused answer)."""
+        with self._pending_lock:
+            self._pending.clear()
+        self.state = self.durable
 
     def flush(self) -> None:
         with self._pending_lock:
@@ -251,17 +277,16 @@ class Driver:
         if not pending:
             return
         sync = any(isinstance(e, HumanInputReceived | HumanInputRequested) for e in pending)
-        stamped = self.store.append(self.run_id, pending, sync=sync)
-        self.durable = fold(stamped, self.durable)
-        self.state = self.durable
+        self.store.append(self.run_id, pending, sync=sync)
+        # The working state was folded from exactly these events, in this order.
+        self.durable = self.state
         if self.options.listener is not None:
-            self.options.listener(stamped, self.durable)
+            self.options.listener(pending, self.durable)
 
     def _speculate(self, events: tuple[Event, ...]) -> None:
         """Buffer decision events and fold them into the working state."""
-        self.buffer(events)
         state = self.state
-        for event in events:
+        for event in self.buffer(events):
             state = apply(state, event)
         self.state = state
 
@@ -295,15 +320,15 @@ class Driver:
         self.agent_dir = loaded.agent_dir
         resumed = any(not isinstance(e, RunStarted) for e in events)
         if resumed:
-            self.buffer(
-                [
+            self._speculate(
+                (
                     RunResumed(
                         by=whoami(self.resumed_by),
                         host=socket.gethostname(),
                         pid=os.getpid(),
                         reason="resume",
-                    )
-                ]
+                    ),
+                )
             )
             # Committed with the first step that follows: a resume that only offers
             # a refused answer leaves the log exactly as it was.
@@ -335,8 +360,7 @@ class Driver:
             if waiting is not None:
                 refused = self.refused
                 if refused is not None and self._only_resumed():
-                    with self._pending_lock:
-                        self._pending.clear()
+                    self.discard_pending()
                 self.flush()
                 return RunOutcome(self.run_id, "waiting", waiting=waiting, refused=refused)
         self._end_children()
@@ -486,12 +510,10 @@ def drive(driver: Driver) -> RunOutcome:
 
 
 def _make_supervisor() -> type:
-    import pykka
+    from graphrun.actors.base import light_actor
 
-    class RunSupervisor(pykka.ThreadingActor):  # type: ignore[misc]
+    class RunSupervisor(light_actor()):  # type: ignore[misc]
         """The actor that owns one run's loop."""
-
-        use_daemon_thread = True
 
         def __init__(self, driver: Driver) -> None:
             super().__init__()
