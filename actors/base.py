@@ -21,25 +21,34 @@ from graphrun.eventstore.events import Event
 
 
 class CancelToken:
-    """A one-shot, thread-safe cancellation signal with kill callbacks."""
+    """A one-shot, thread-safe cancellation signal with kill callbacks.
+
+    One is made per node step, so it is kept small: the event a waiter sleeps on is
+    only created by the first :meth:`wait`."""
+
+    __slots__ = ("_callbacks", "_cancelled", "_event", "_lock", "reason")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
+        self._event: threading.Event | None = None
+        self._cancelled = False
         self.reason: str | None = None
 
     @property
     def cancelled(self) -> bool:
-        return self._event.is_set()
+        return self._cancelled
 
     def cancel(self, reason: str = "cancelled") -> None:
         with self._lock:
-            if self._event.is_set():
+            if self._cancelled:
                 return
             self.reason = reason
-            self._event.set()
+            self._cancelled = True
+            event = self._event
             callbacks, self._callbacks = self._callbacks, []
+        if event is not None:
+            event.set()
         for callback in callbacks:
             try:
                 callback()
@@ -52,7 +61,7 @@ class CancelToken:
         Returns a function that unregisters it.
         """
         with self._lock:
-            if not self._event.is_set():
+            if not self._cancelled:
                 self._callbacks.append(callback)
 
                 def remove() -> None:
@@ -65,7 +74,14 @@ class CancelToken:
         return lambda: None
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        """Sleep until cancelled or ``timeout`` passes; whether it was cancelled."""
+        with self._lock:
+            if self._cancelled:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
 
 class EffectContext(Protocol):

@@ -15,6 +15,7 @@ generating tokens nobody will read).
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import threading
 from collections import deque
@@ -76,6 +77,7 @@ class ClientFactory:
         self._clients: dict[str, httpx.Client] = {}
         self._lock = threading.Lock()
         self._aborts = _AbortRegistry()
+        self._resolved: dict[str, ResolvedModel] = {}
 
     @classmethod
     def replay(cls, events: Iterable[LlmCalled], config: LlmConfig | None = None) -> ClientFactory:
@@ -94,16 +96,25 @@ class ClientFactory:
 
     def resolve(self, model_id: str) -> ResolvedModel:
         """Resolve ``model_id``; when replaying, a client unknown here is taken
-        from the recording (the machine replaying need not have its config)."""
+        from the recording (the machine replaying need not have its config), and
+        each model is resolved once (the recording does not change)."""
+        replaying = isinstance(self._transport, ReplayTransport)
+        if replaying:
+            known = self._resolved.get(model_id)
+            if known is not None:
+                return known
         try:
-            return self.config.resolve(model_id)
+            resolved = self.config.resolve(model_id)
         except LlmConfigError:
-            if not isinstance(self._transport, ReplayTransport):
+            if not replaying:
                 raise
-            recorded = self._transport.resolve(model_id)
+            recorded = self._transport.resolve(model_id)  # type: ignore[union-attr]
             if recorded is None:
                 raise
-            return recorded
+            resolved = recorded
+        if replaying:
+            self._resolved[model_id] = resolved
+        return resolved
 
     def client(self, base_url: str) -> httpx.Client:
         """The shared client for ``base_url`` (created on first use).
@@ -136,6 +147,9 @@ class ClientFactory:
     @contextlib.contextmanager
     def abort_on(self, token: CancelToken) -> Iterator[None]:
         """While in this block, ``token`` firing aborts this thread's in-flight request."""
+        if isinstance(self._transport, ReplayTransport):
+            yield  # a replayed call never waits on anything to abort
+            return
         scope = _AbortScope()
         remove = token.on_cancel(scope.abort)
         self._aborts.enter(scope)
@@ -430,7 +444,7 @@ class ReplayClient:
         self.transport = transport
 
     def post(self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None) -> Any:
-        event, body = self.transport.take("POST", urlsplit(url).path, content)
+        event, body = self.transport.take("POST", _path(url), content)
         return _ReplayResponse(event.status or 200, body)
 
     def close(self) -> None:
@@ -443,8 +457,14 @@ class ReplayClient:
 _ENDPOINTS = ("/chat/completions", "/v1/messages")
 
 
+@functools.lru_cache(maxsize=256)
 def _endpoint(path: str) -> str:
     return next((end for end in _ENDPOINTS if path.endswith(end)), path)
+
+
+@functools.lru_cache(maxsize=256)
+def _path(url: str) -> str:
+    return urlsplit(url).path
 
 
 def _differing_keys(recorded: dict[str, Any], body: Any) -> list[str]:
