@@ -9,16 +9,18 @@ cancellation kills everything it started.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import select
+import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from graphrun.actors.base import EffectContext, all_cpus, watchdog
+from graphrun.actors.base import EffectContext, all_cpus
 from graphrun.actors.messages import ScriptTask
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.events import ScriptFinished
@@ -27,6 +29,8 @@ from graphrun.eventstore.events import ScriptFinished
 INLINE_STATE_LIMIT = 32 * 1024
 RUNTIMES = {".sh": ["bash"], ".py": ["python3"], ".ts": ["npx", "tsx"]}
 _OUTPUT_LIMIT = 4 * 1024 * 1024
+_READ_SIZE = 32 * 1024  # per read from a pipe, as communicate() does
+_MAX_POLL_MS = 24 * 3600 * 1000.0  # poll() takes at most INT_MAX ms; wake daily to re-check
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -40,6 +44,167 @@ def resolve_script(agent_dir: Path, script: str) -> Path:
     if not path.is_relative_to(root):
         raise ValueError(f"script '{script}' is outside the agent directory")
     return path
+
+
+def _load(agent_dir: Path, script: str) -> tuple[str, list[str], bytes] | None:
+    """The common case of :func:`resolve_script`, the extension check and the read, done
+    with plain strings and one ``open()``: ``(real path, runtime, script bytes)``.
+
+    ``None`` when anything is off (outside the agent directory, unknown extension,
+    unreadable): the caller then takes the pathlib route, which words the error. Same
+    resolution (``os.path.realpath`` is what ``Path.resolve`` calls), a third the cost.
+    """
+    root = os.path.realpath(agent_dir)
+    real = os.path.realpath(os.path.join(root, script))
+    if not real.startswith(os.path.join(root, "")):  # root itself or outside it
+        return None
+    runtime = RUNTIMES.get(os.path.splitext(real)[1])
+    if runtime is None:
+        return None
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 64 * 1024):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return real, runtime, b"".join(chunks)
+
+
+@functools.lru_cache(maxsize=32)
+def _executable(name: str, path: bytes | None) -> str:
+    """Where ``name`` is on ``path`` (the script's PATH), looked up once per PATH.
+
+    Given a bare name, the spawned child tries ``execve`` in every PATH directory
+    before the one that has it, on every visit; the full path goes straight there.
+    Not found: the bare name, so spawning fails as it would have ("not on PATH").
+    """
+    found = shutil.which(name, path=os.fsdecode(path) if path is not None else None)
+    # A relative PATH entry is relative to the script's directory, not to ours.
+    return found if found and os.path.isabs(found) else name
+
+
+# --- spawning cheaply ------------------------------------------------------------------
+
+_env_cache: tuple[dict[bytes, bytes], dict[bytes, bytes]] | None = None
+
+
+def _script_env() -> dict[bytes, bytes]:
+    """A fresh copy of this process's environment minus GRAPH_STATE / GRAPH_STATE_FILE.
+
+    ``dict(os.environ)`` decodes every variable on every call (and Popen encodes them
+    all back). ``os.environ._data`` holds them encoded, exactly as Popen would encode
+    them, and comparing it to the last snapshot is one C-level dict comparison; the
+    bytes copy is rebuilt only when the environment changed.
+    """
+    global _env_cache
+    data: dict[bytes, bytes] = os.environ._data  # type: ignore[attr-defined]
+    cached = _env_cache
+    if cached is None or cached[0] != data:
+        snapshot = dict(data)
+        drop = (b"GRAPH_STATE", b"GRAPH_STATE_FILE")
+        cached = (snapshot, {k: v for k, v in snapshot.items() if k not in drop})
+        _env_cache = cached
+    return cached[1].copy()
+
+
+def _spawn(
+    argv: list[str], cwd: Path, env: dict[bytes, bytes]
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start the script in a new session: ``(process, stdout fd, stderr fd)``.
+
+    The pipes are made here rather than with ``subprocess.PIPE``, which wraps each
+    read end in a buffered file object (fstat, ioctl, lseek) only for it to go unused.
+    """
+    out_r, out_w = os.pipe()  # not inheritable: only the child's dup2 copies are
+    err_r, err_w = os.pipe()
+    try:
+        # No preexec_fn: it forces a full fork(); without it CPython uses vfork.
+        # The runtime may be pinned to one CPU; the script gets every CPU back.
+        with all_cpus():
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                start_new_session=True,
+            )
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return proc, out_r, err_r
+
+
+def _communicate(
+    proc: subprocess.Popen[bytes], out_fd: int, err_fd: int, timeout: float
+) -> tuple[bytes, bytes, bool]:
+    """Read stdout and stderr to EOF and reap the process: ``(stdout, stderr, timed_out)``.
+
+    One ``poll()`` waits on both pipes and on a pidfd of the process (readable once it
+    has exited), with the time left as its timeout; when that runs out the group is
+    killed and the wait goes on until everything is closed. This replaces
+    ``communicate()`` (selectors, per-call bookkeeping) plus a watchdog timer, and
+    unlike ``communicate(timeout=)`` it never sleeps in a polling loop. Closes both fds.
+    """
+    deadline = time.monotonic() + timeout
+    chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
+    pidfd: int | None = None
+    timed_out = False
+    try:
+        poller = select.poll()
+        poller.register(out_fd, select.POLLIN)
+        poller.register(err_fd, select.POLLIN)
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3: see below
+            pidfd = None
+        else:
+            poller.register(pidfd, select.POLLIN)
+        pending = len(chunks) + (pidfd is not None)
+        while pending:
+            wait_ms = None
+            if not timed_out:
+                left = deadline - time.monotonic()
+                if not left > 0:  # (NaN too: time out at once rather than never)
+                    timed_out = True
+                    _kill_group(proc)
+                    continue
+                wait_ms = min(left * 1000, _MAX_POLL_MS)
+            for fd, _mask in poller.poll(wait_ms):
+                data = os.read(fd, _READ_SIZE) if fd != pidfd else b""
+                if data:
+                    chunks[fd].append(data)
+                else:  # EOF, or the process exited
+                    poller.unregister(fd)
+                    pending -= 1
+        if pidfd is None and not timed_out:
+            # No pidfd: a script that closed its pipes but runs on is waited for here
+            # (Popen.wait with a timeout polls with short sleeps).
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+    finally:
+        # Whatever the script left running in its group goes too (everything, if this
+        # failed). With a pidfd the script has exited but is not reaped yet, so its
+        # group id cannot have been reused and the kill finds at least the zombie
+        # (no ProcessLookupError to raise and catch).
+        _kill_group(proc)
+        os.close(out_fd)
+        os.close(err_fd)
+        if pidfd is not None:
+            os.close(pidfd)
+    proc.wait()
+    return b"".join(chunks[out_fd]), b"".join(chunks[err_fd]), timed_out
 
 
 def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = None) -> None:
@@ -58,28 +223,29 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
             )
         )
 
-    try:
-        path = resolve_script(ctx.agent_dir, task.script)
-    except ValueError as exc:
-        finish(error=str(exc))
-        return
-    runtime = RUNTIMES.get(path.suffix)
-    if runtime is None:
-        finish(error=f"unsupported script extension '{path.suffix}' (use .sh, .py or .ts)")
-        return
-    try:
-        script_bytes = path.read_bytes()
-    except OSError as exc:
-        finish(error=f"cannot read script {task.script}: {exc.strerror or exc}")
-        return
+    loaded = _load(ctx.agent_dir, task.script)
+    if loaded is None:  # something is off: these steps find it and word the error
+        try:
+            path = resolve_script(ctx.agent_dir, task.script)
+        except ValueError as exc:
+            finish(error=str(exc))
+            return
+        runtime = RUNTIMES.get(path.suffix)
+        if runtime is None:
+            finish(error=f"unsupported script extension '{path.suffix}' (use .sh, .py or .ts)")
+            return
+        try:
+            loaded = (str(path), runtime, path.read_bytes())
+        except OSError as exc:
+            finish(error=f"cannot read script {task.script}: {exc.strerror or exc}")
+            return
+    real_path, runtime, script_bytes = loaded
     script_hash = content_hash(script_bytes)
 
-    env = dict(os.environ)
-    env.pop("GRAPH_STATE", None)
-    env.pop("GRAPH_STATE_FILE", None)
+    env = _script_env()
     state_file: Path | None = None
     if len(task.state_json.encode("utf-8")) <= INLINE_STATE_LIMIT:
-        env["GRAPH_STATE"] = task.state_json
+        env[b"GRAPH_STATE"] = os.fsencode(task.state_json)
     else:
         directory = tmp_dir or Path(tempfile.gettempdir())
         directory.mkdir(parents=True, exist_ok=True)
@@ -87,48 +253,27 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(task.state_json)
         state_file = Path(name)
-        env["GRAPH_STATE_FILE"] = name
+        env[b"GRAPH_STATE_FILE"] = os.fsencode(name)
 
     try:
-        # No preexec_fn: it forces a full fork(); without it CPython uses vfork.
-        # The runtime may be pinned to one CPU; the script gets every CPU back.
-        with all_cpus():
-            proc = subprocess.Popen(
-                [*runtime, str(path)],
-                cwd=ctx.agent_dir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
+        try:
+            argv = [_executable(runtime[0], env.get(b"PATH")), *runtime[1:], real_path]
+            proc, out_fd, err_fd = _spawn(argv, ctx.agent_dir, env)
+        except FileNotFoundError:
+            finish(
+                script_hash=script_hash,
+                error=f"cannot run {task.script}: '{runtime[0]}' is not on PATH",
             )
-    except FileNotFoundError:
-        finish(
-            script_hash=script_hash,
-            error=f"cannot run {task.script}: '{runtime[0]}' is not on PATH",
-        )
-        return
-    unregister = ctx.cancel.on_cancel(lambda: _kill_group(proc))
-    # A timer kills the group on expiry; communicate() without a timeout then
-    # returns as soon as the pipes close (with a timeout it polls with sleeps).
-    expired = threading.Event()
-
-    def expire() -> None:
-        expired.set()
-        _kill_group(proc)
-
-    timer = watchdog.schedule(task.timeout, expire)
-    try:
-        stdout_b, stderr_b = proc.communicate()
+            return
+        unregister = ctx.cancel.on_cancel(lambda: _kill_group(proc))
+        try:
+            stdout_b, stderr_b, timed_out = _communicate(proc, out_fd, err_fd, task.timeout)
+        finally:
+            unregister()
     finally:
-        watchdog.cancel(timer)
-        unregister()
-        # Whatever the script left running in its group goes too.
-        _kill_group(proc)
         if state_file is not None and tmp_dir is None:
             with contextlib.suppress(OSError):
                 state_file.unlink()
-    timed_out = expired.is_set()
     stdout = stdout_b[:_OUTPUT_LIMIT].decode("utf-8", errors="replace")
     stderr = stderr_b[-_OUTPUT_LIMIT:].decode("utf-8", errors="replace")
     code = proc.returncode

@@ -429,7 +429,7 @@ def bench_help(report: Report, tmp: Path, runs: int) -> None:
 
 # (small events, large events, script visits, script rounds, storage visits, repeat, help runs)
 SIZES = {
-    "full": (10_000, 20_000, 200, 3, 200, 5, 15),
+    "full": (10_000, 20_000, 200, 5, 200, 5, 15),
     "quick": (1_000, 2_000, 100, 1, 200, 2, 5),
     "smoke": (100, 200, 10, 1, 10, 1, 2),
 }

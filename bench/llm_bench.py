@@ -208,7 +208,7 @@ def bench_calls(
 # --- 7. engine overhead vs LangGraph ----------------------------------------------------------
 
 
-def langgraph_seconds(db: Path, steps: int, synchronous: str) -> float | None:
+def langgraph_seconds(db: Path, steps: int, synchronous: str, rounds: int) -> float | None:
     """Seconds LangGraph takes for a chain of ``steps`` trivial nodes, or None if absent."""
     try:
         import sqlite3
@@ -251,13 +251,13 @@ def langgraph_seconds(db: Path, steps: int, synchronous: str) -> float | None:
         assert out["x"] == steps, out
 
     run()
-    best = min(timed(run) for _ in range(3))
+    best = min(timed(run) for _ in range(rounds))
     conn.close()
     return best
 
 
 def bench_langgraph(
-    report: Report, tmp: Path, agent_dir: Path, recorded: list[Any], steps: int
+    report: Report, tmp: Path, agent_dir: Path, recorded: list[Any], steps: int, rounds: int
 ) -> None:
     from graphrun.eventstore.store import SqliteStore
     from graphrun.runtime.loader import load_graph
@@ -278,9 +278,11 @@ def bench_langgraph(
                 raise RuntimeError(f"chain run {run_id} ended {outcome.status}: {outcome.error}")
 
         graphrun()
-        t_graphrun = min(timed(graphrun) for _ in range(3))
+        t_graphrun = min(timed(graphrun) for _ in range(rounds))
         store.close()
-        t_langgraph = langgraph_seconds(tmp / f"langgraph-{durability}.db", steps, synchronous)
+        t_langgraph = langgraph_seconds(
+            tmp / f"langgraph-{durability}.db", steps, synchronous, rounds
+        )
         name = f"graphrun vs LangGraph steps/s, synchronous={synchronous}"
         gr_us = t_graphrun / steps * 1e6
         if t_langgraph is None:
@@ -312,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, argv)
     mode = mode_of(args)
     report = Report("llm_bench", mode=mode, as_json=args.json)
-    steps, rounds = {"full": (200, 3), "quick": (50, 2), "smoke": (10, 1)}[mode]
+    steps, rounds = {"full": (200, 5), "quick": (50, 3), "smoke": (10, 1)}[mode]
     saved = {k: os.environ.get(k) for k in ("OPENAI_BASE_URL", "OPENAI_API_KEY")}
     try:
         with (
@@ -333,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             from graphrun.actors.base import settle_heap
 
             settle_heap()
-            bench_langgraph(report, tmp, agent_dir, recorded, steps)
+            bench_langgraph(report, tmp, agent_dir, recorded, steps, rounds)
     finally:
         for key, value in saved.items():
             if value is None:
