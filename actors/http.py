@@ -349,15 +349,24 @@ class ReplayTransport:
         Raises :class:`LlmReplayMissError` when nothing recorded matches, and the
         recorded transport error (as httpx raises it) when the call had failed.
         """
-        try:
-            body = msgspec.json.decode(content or b"null")
-        except msgspec.DecodeError:
-            body = None
-        key = (method, _endpoint(path), canonical_json(body))
+        endpoint = _endpoint(path)
+        body: Any = None
+        # The providers send canonical JSON (sorted keys), so the bytes are the key;
+        # anything else is parsed and canonicalised first.
+        key = (method, endpoint, content.decode("utf-8", errors="replace"))
+        if key not in self._queues:
+            try:
+                body = msgspec.json.decode(content or b"null")
+            except msgspec.DecodeError:
+                body = None
+            key = (method, endpoint, canonical_json(body))
         with self._lock:
             queue = self._queues.get(key)
             event = queue.popleft() if queue else None
         if event is None:
+            if body is None:
+                with contextlib.suppress(msgspec.DecodeError):
+                    body = msgspec.json.decode(content or b"null")
             raise LlmReplayMissError(self._miss_message(method, path, body, key))
         if event.status is None:
             import httpx
@@ -439,6 +448,8 @@ class _ReplayResponse:
 
 class ReplayClient:
     """Answers ``post`` from a :class:`ReplayTransport` without httpx's request objects."""
+
+    replaying = True
 
     def __init__(self, transport: ReplayTransport) -> None:
         self.transport = transport

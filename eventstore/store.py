@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import socket
@@ -78,6 +79,18 @@ _LAST_ENTERED = (
     "SELECT node_id FROM events WHERE id > ? AND id < ? AND type = 'NodeEntered' "
     "ORDER BY id DESC LIMIT 1"
 )
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_many(rows: int) -> str:
+    """One INSERT of ``rows`` events."""
+    return (
+        _INSERT_EVENT.partition(" VALUES ")[0]
+        + " VALUES "
+        + ", ".join(["(?, ?, ?, ?, ?, ?)"] * rows)
+    )
+
+
 _RENEW_IN_APPEND = "UPDATE leases SET expires_at = ? WHERE run_id = ? AND owner = ?"
 
 
@@ -330,29 +343,42 @@ class SqliteStore:
                 stamped.append(event)
             assert row is not None
             conn = self.conn
+            values = astuple(row)
+            head_changed = before is None or _head(astuple(before)) != _head(values)
+            renew_at = self._renew_at.get(run_id)
+            renew = renew_at is not None and now >= renew_at
             try:
                 if sync and self.durability != "full":
                     conn.execute("PRAGMA synchronous=FULL")
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    run_no = self._run_nos.get(run_id)
-                    if run_no is None:
-                        run_no = self._run_no(run_id, new=before is None)
+                run_no = self._run_nos.get(run_id)
+                if not head_changed and not renew and run_no is not None and len(params) <= 64:
+                    # A node step: its events alone, in one statement, which SQLite
+                    # commits as one transaction (no BEGIN/COMMIT round trips).
                     base = run_no << _SEQ_BITS
-                    conn.executemany(_INSERT_EVENT, [(base + p[0], *p[1:]) for p in params])
-                    values = astuple(row)
-                    if before is None or _head(astuple(before)) != _head(values):
-                        conn.execute(_UPSERT_RUN, (*values, run_no))
-                    renew_at = self._renew_at.get(run_id)
-                    if renew_at is not None and now >= renew_at:
-                        # Renewing every step would rewrite the leases page every
-                        # commit; a third of the lease time is often enough.
-                        conn.execute(_RENEW_IN_APPEND, (now + LEASE_SECONDS, run_id, self.owner))
-                        self._renew_at[run_id] = now + LEASE_SECONDS / 3
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
+                    flat: list[Any] = []
+                    for p in params:
+                        flat += (base + p[0], *p[1:])
+                    conn.execute(_insert_many(len(params)), flat)
+                else:
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        if run_no is None:
+                            run_no = self._run_no(run_id, new=before is None)
+                        base = run_no << _SEQ_BITS
+                        conn.executemany(_INSERT_EVENT, [(base + p[0], *p[1:]) for p in params])
+                        if head_changed:
+                            conn.execute(_UPSERT_RUN, (*values, run_no))
+                        if renew:
+                            # Renewing every step would rewrite the leases page every
+                            # commit; a third of the lease time is often enough.
+                            conn.execute(
+                                _RENEW_IN_APPEND, (now + LEASE_SECONDS, run_id, self.owner)
+                            )
+                            self._renew_at[run_id] = now + LEASE_SECONDS / 3
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        conn.execute("ROLLBACK")
+                        raise
             except sqlite3.IntegrityError:
                 self._rows.pop(run_id, None)
                 raise ConcurrentAppendError(

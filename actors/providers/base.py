@@ -234,6 +234,9 @@ def redact(value: Any, secret: str | None) -> Any:
     return value
 
 
+_SORTED = msgspec.json.Encoder(order="sorted")
+
+
 class Provider:
     """A wire protocol. Subclasses build bodies and read responses; this sends them."""
 
@@ -275,16 +278,20 @@ class Provider:
         request: ChatRequest,
     ) -> ChatResponse:
         """Send ``request`` and return the response, or raise :class:`LlmCallError`."""
-        import httpx
-
         url = self.endpoint(resolved.base_url)
         body = self.build_body(request, resolved.model, resolved.max_output_tokens)
-        content = msgspec.json.encode(body)
+        # Keys sorted: the bytes sent are the request's canonical JSON, which is
+        # also what a recording is matched on (servers do not mind the order).
+        content = _SORTED.encode(body)
         headers = self.headers(resolved.api_key)
         headers["content-type"] = "application/json"
-        timeout: Any = httpx.USE_CLIENT_DEFAULT
-        if request.timeout is not None:
-            timeout = httpx.Timeout(request.timeout, connect=min(request.timeout, 10.0))
+        timeout: Any = None
+        if not getattr(client, "replaying", False):  # a recording needs no httpx at all
+            import httpx
+
+            timeout = httpx.USE_CLIENT_DEFAULT
+            if request.timeout is not None:
+                timeout = httpx.Timeout(request.timeout, connect=min(request.timeout, 10.0))
         secret = resolved.api_key
 
         def fail(message: str, **kwargs: Any) -> LlmCallError:
@@ -299,24 +306,30 @@ class Provider:
         start = time.perf_counter()
         try:
             response = client.post(url, content=content, headers=headers, timeout=timeout)
-        except httpx.TimeoutException as exc:
-            budget = f" after {request.timeout:g}s" if request.timeout is not None else ""
-            raise fail(f"request to {url} timed out{budget} ({exc})", transient=True) from None
-        except httpx.ConnectError as exc:
-            where = f" (check {self.base_url_env})" if self.base_url_env else ""
-            message = f"could not reach {url}: {exc}{where}"
-            raise fail(message, transient=is_transient_message(message)) from None
-        except httpx.TransportError as exc:
-            message = f"connection to {url} failed: {exc or type(exc).__name__}"
-            raise fail(message, transient=is_transient_message(message)) from None
+        except Exception as exc:
+            import httpx
+
+            if isinstance(exc, httpx.TimeoutException):
+                budget = f" after {request.timeout:g}s" if request.timeout is not None else ""
+                raise fail(f"request to {url} timed out{budget} ({exc})", transient=True) from None
+            if isinstance(exc, httpx.ConnectError):
+                where = f" (check {self.base_url_env})" if self.base_url_env else ""
+                message = f"could not reach {url}: {exc}{where}"
+                raise fail(message, transient=is_transient_message(message)) from None
+            if isinstance(exc, httpx.TransportError):
+                message = f"connection to {url} failed: {exc or type(exc).__name__}"
+                raise fail(message, transient=is_transient_message(message)) from None
+            raise
         latency_ms = (time.perf_counter() - start) * 1000.0
         status = response.status_code
         raw_bytes = response.content
-        raw = raw_bytes.decode("utf-8", errors="replace")
         try:
             data = msgspec.json.decode(raw_bytes) if raw_bytes else {}
         except msgspec.DecodeError:
             data = None
+        raw = ""  # the body as text: only for the key check and for messages
+        if secret or not isinstance(data, dict) or status >= 400:
+            raw = raw_bytes.decode("utf-8", errors="replace")
         parsed: dict[str, Any] = redact(
             data if isinstance(data, dict) else {"_raw": raw[: _EXCERPT_CHARS * 4]},
             # Walk the body only when the server actually echoed the key back.
