@@ -102,7 +102,6 @@ class _Context:
         self.cancel = driver.node_cancel
         self.options = driver.options
         self.driver = driver
-        self.tmp_dir = driver.tmp_dir
 
     def record(self, *events: Event) -> None:
         self.driver.record_effects(events)
@@ -183,7 +182,7 @@ def start_run(
         graphrun_version=GRAPHRUN_VERSION,
         files=files,
     )
-    store.append(run_id, [event], sync=True)
+    store.append(run_id, [event])
     return run_id
 
 
@@ -213,7 +212,7 @@ class Driver:
         self.refused: GraphrunError | None = None
         self._pending_lock = threading.Lock()
         self._actors: dict[str, Any] = {}
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix="graphrun-"))
+        self._tmp_dir: Path | None = None
         # Child runs started by this driver's agent nodes: child run id -> its cancel token.
         self.child_tokens: dict[str, CancelToken] = {}
         # Cancelling the run cancels whatever node is in flight.
@@ -293,11 +292,7 @@ class Driver:
     # -- the loop ------------------------------------------------------------------
 
     def drive(self) -> RunOutcome:
-        try:
-            self.store.acquire_lease(self.run_id)
-        except BaseException:
-            shutil.rmtree(self.tmp_dir, ignore_errors=True)
-            raise
+        self.store.acquire_lease(self.run_id)
         try:
             return self._drive()
         finally:
@@ -307,7 +302,15 @@ class Driver:
             for ref in self._actors.values():
                 with contextlib.suppress(Exception):
                     ref.stop(block=False)
-            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            if self._tmp_dir is not None:
+                shutil.rmtree(self._tmp_dir, ignore_errors=True)
+
+    @property
+    def tmp_dir(self) -> Path:
+        """The run's scratch directory (large script states), made on first use."""
+        if self._tmp_dir is None:
+            self._tmp_dir = Path(tempfile.mkdtemp(prefix="graphrun-"))
+        return self._tmp_dir
 
     def _drive(self) -> RunOutcome:
         events = self.store.read(self.run_id)
