@@ -113,55 +113,6 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-#: Commits between two WAL checkpoints (a commit writes a few pages; SQLite's own
-#: automatic checkpoint would run at 1,000 pages).
-CHECKPOINT_EVERY = 256
-
-
-class _Checkpointer:
-    """Copies the WAL back into the database on its own thread and connection.
-
-    SQLite's automatic checkpoint runs inside the commit that crosses the WAL's
-    size limit, so one append in a few hundred paid for copying the others' pages
-    and an fsync (milliseconds, a fifth of the average append). Here a commit only
-    pokes this thread; the checkpoint is PASSIVE, so it never blocks a writer, and
-    durability is unchanged (committed transactions are in the WAL already).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="graphrun-checkpoint", daemon=True)
-        self._thread.start()
-
-    def poke(self) -> None:
-        self._wake.set()
-
-    def _loop(self) -> None:
-        try:
-            conn = sqlite3.connect(str(self._path), isolation_level=None, timeout=10.0)
-        except sqlite3.Error:
-            return
-        try:
-            while True:
-                self._wake.wait()
-                self._wake.clear()
-                if self._stopping:
-                    return
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                except sqlite3.Error:  # busy or gone: the next poke tries again
-                    pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout=10)
-
-
 def _format_hash(raw: bytes | str) -> str:
     """A stored hash (32 raw bytes) as ``sha256:<hex>``."""
     if isinstance(raw, str):  # a hand-edited row
@@ -209,9 +160,6 @@ class SqliteStore:
             self.conn.execute("PRAGMA journal_mode=WAL")
             sync = "FULL" if durability == "full" else "NORMAL"
             self.conn.execute(f"PRAGMA synchronous={sync}")
-            # Checkpoints run on a thread of their own (see _Checkpointer), not
-            # inside whichever append happens to cross the WAL's size limit.
-            self.conn.execute("PRAGMA wal_autocheckpoint=0")
         except sqlite3.DatabaseError as exc:
             self.conn.close()
             raise CorruptStoreError(
@@ -219,8 +167,6 @@ class SqliteStore:
                 hint="point --db at a graphrun event database",
             ) from None
         self.durability = durability
-        self._checkpointer: _Checkpointer | None = None
-        self._commits = 0
 
     # -- opening -------------------------------------------------------------------
 
@@ -250,9 +196,6 @@ class SqliteStore:
 
     def close(self) -> None:
         with self._lock:
-            if self._checkpointer is not None:
-                self._checkpointer.close()
-                self._checkpointer = None
             self.conn.close()
 
     def __enter__(self) -> SqliteStore:
@@ -390,11 +333,6 @@ class SqliteStore:
                     conn.execute("PRAGMA synchronous=NORMAL")
             self._run_nos[run_id] = run_no
             self._rows[run_id] = row
-            self._commits += 1
-            if self._commits % CHECKPOINT_EVERY == 0:
-                if self._checkpointer is None:
-                    self._checkpointer = _Checkpointer(self.path)
-                self._checkpointer.poke()
             return stamped
 
     def _run_no(self, run_id: str, *, new: bool = False) -> int:
