@@ -104,26 +104,32 @@ def isolated_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def one_cpu() -> Iterator[bool]:
-    """Confine this thread (and threads it starts) to one CPU; yields whether it could.
+    """Confine this thread (and threads it starts) to one CPU under SCHED_BATCH, as
+    the CLI does for a run (``actors.base.confine_to_one_cpu``); yields whether it could.
 
     A pykka ``ask`` between threads on different CPUs costs several times more
     than on one; the runtime's work is sequential, so one CPU loses nothing.
     """
+    from graphrun.actors.base import batch_scheduling
+
     getter = getattr(os, "sched_getaffinity", None)
     setter = getattr(os, "sched_setaffinity", None)
     if getter is None or setter is None:
         yield False
         return
     before = getter(0)
+    policy = os.sched_getscheduler(0)
     try:
         setter(0, {min(before)})
     except OSError:
         yield False
         return
+    batch_scheduling()
     try:
         yield True
     finally:
         setter(0, before)
+        os.sched_setscheduler(0, policy, os.sched_param(0))
 
 
 @dataclass
