@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/core_bench.py
 	$(BIN)/python bench/llm_bench.py
 	$(BIN)/python bench/rag_bench.py
+	$(BIN)/python bench/replay_suite_bench.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -46,7 +46,10 @@ class LlmReplayMissError(GraphrunError):
 
 def canonical_json(value: Any) -> str:
     """One text per JSON value: sorted keys, no spaces (how requests are matched)."""
-    return msgspec.json.encode(value, order="sorted").decode("utf-8")
+    return _canonical_bytes(value).decode("utf-8")
+
+
+_canonical_bytes = msgspec.json.Encoder(order="sorted").encode
 
 
 class ClientFactory:
@@ -314,9 +317,9 @@ class ReplayTransport:
 
     def __init__(self, events: Iterable[LlmCalled]) -> None:
         self._events = list(events)
-        self._queues: dict[tuple[str, str, str], deque[LlmCalled]] = {}
+        self._queues: dict[tuple[str, str, bytes], deque[LlmCalled]] = {}
         for event in self._events:
-            key = ("POST", _endpoint(urlsplit(event.url).path), canonical_json(event.request))
+            key = ("POST", _endpoint(_path(event.url)), _canonical_bytes(event.request))
             self._queues.setdefault(key, deque()).append(event)
         self._lock = threading.Lock()
 
@@ -353,13 +356,13 @@ class ReplayTransport:
         body: Any = None
         # The providers send canonical JSON (sorted keys), so the bytes are the key;
         # anything else is parsed and canonicalised first.
-        key = (method, endpoint, content.decode("utf-8", errors="replace"))
+        key = (method, endpoint, bytes(content))
         if key not in self._queues:
             try:
                 body = msgspec.json.decode(content or b"null")
             except msgspec.DecodeError:
                 body = None
-            key = (method, endpoint, canonical_json(body))
+            key = (method, endpoint, _canonical_bytes(body))
         with self._lock:
             queue = self._queues.get(key)
             event = queue.popleft() if queue else None
@@ -392,7 +395,7 @@ class ReplayTransport:
             request=request,
         )
 
-    def _miss_message(self, method: str, path: str, body: Any, key: tuple[str, str, str]) -> str:
+    def _miss_message(self, method: str, path: str, body: Any, key: tuple[str, str, bytes]) -> str:
         model = body.get("model") if isinstance(body, dict) else None
         text = f"no recorded LLM response matches {method} {path} (model {model!r})"
         endpoint = _endpoint(path)
@@ -412,11 +415,11 @@ class ReplayTransport:
             " (the prompt, model or settings changed since the run was recorded)"
         )
 
-    def _events_for(self, key: tuple[str, str, str]) -> list[LlmCalled]:
+    def _events_for(self, key: tuple[str, str, bytes]) -> list[LlmCalled]:
         return [
             event
             for event in self._events
-            if ("POST", _endpoint(urlsplit(event.url).path), canonical_json(event.request)) == key
+            if ("POST", _endpoint(_path(event.url)), _canonical_bytes(event.request)) == key
         ]
 
     def close(self) -> None:
