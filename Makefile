@@ -32,6 +32,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	NPM_CONFIG_PREFIX="$(NODE_PREFIX)" PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 	$(BIN)/graphrun test replays/
 

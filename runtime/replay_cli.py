@@ -78,8 +78,7 @@ def replay_command(
                 problem.seq,
                 None,
                 "integrity",
-                f"the stored log does not verify: {problem.reason} "
-                f"(graphrun audit {rid} --verify)",
+                f"the stored log does not verify: {problem.reason} (graphrun audit {rid} --verify)",
             )
             results.append((rid, broken))
             continue
