@@ -24,9 +24,20 @@ SCHEMA_VERSION = 1
 
 
 class EventBase(
-    msgspec.Struct, frozen=True, tag=True, tag_field="type", kw_only=True, omit_defaults=True
+    msgspec.Struct,
+    frozen=True,
+    tag=True,
+    tag_field="type",
+    kw_only=True,
+    omit_defaults=True,
+    gc=False,
 ):
-    """The envelope every event has."""
+    """The envelope every event has.
+
+    ``gc=False``: an event is immutable and built from decoded data, so it can never
+    be part of a reference cycle; leaving events out of the cyclic collector keeps a
+    long log from making every collection slower (``show`` and replay stay linear).
+    """
 
     run_id: str = ""
     seq: int = 0

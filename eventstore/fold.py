@@ -38,7 +38,7 @@ from graphrun.eventstore.events import (
 _replace = msgspec.structs.replace
 
 
-class RunState(msgspec.Struct, frozen=True, kw_only=True):
+class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything the decider needs to know about a run, and nothing it doesn't."""
 
     run_id: str = ""
