@@ -30,6 +30,7 @@ INLINE_STATE_LIMIT = 32 * 1024
 RUNTIMES = {".sh": ["bash"], ".py": ["python3"], ".ts": ["npx", "tsx"]}
 _OUTPUT_LIMIT = 4 * 1024 * 1024
 _READ_SIZE = 32 * 1024  # per read from a pipe, as communicate() does
+_NO_PIDFD_POLL_MS = 50.0
 _MAX_POLL_MS = 24 * 3600 * 1000.0  # poll() takes at most INT_MAX ms; wake daily to re-check
 
 
@@ -151,9 +152,12 @@ def _communicate(
 
     One ``poll()`` waits on both pipes and on a pidfd of the process (readable once it
     has exited), with the time left as its timeout; when that runs out the group is
-    killed and the wait goes on until everything is closed. This replaces
-    ``communicate()`` (selectors, per-call bookkeeping) plus a watchdog timer, and
-    unlike ``communicate(timeout=)`` it never sleeps in a polling loop. Closes both fds.
+    killed and the wait goes on until everything is closed. When the script exits,
+    whatever it left running in its group is killed at once: a background job that
+    kept the pipes open would otherwise hold the node until it finished. This
+    replaces ``communicate()`` (selectors, per-call bookkeeping) plus a watchdog
+    timer, and unlike ``communicate(timeout=)`` it never sleeps in a polling loop
+    (except without a pidfd, see below). Closes both fds.
     """
     deadline = time.monotonic() + timeout
     chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
@@ -170,6 +174,7 @@ def _communicate(
         else:
             poller.register(pidfd, select.POLLIN)
         pending = len(chunks) + (pidfd is not None)
+        exited = False
         while pending:
             wait_ms = None
             if not timed_out:
@@ -179,6 +184,9 @@ def _communicate(
                     _kill_group(proc)
                     continue
                 wait_ms = min(left * 1000, _MAX_POLL_MS)
+            if pidfd is None and not exited:
+                # No pidfd: look for the script's exit between short waits.
+                wait_ms = min(wait_ms or _NO_PIDFD_POLL_MS, _NO_PIDFD_POLL_MS)
             for fd, _mask in poller.poll(wait_ms):
                 data = os.read(fd, _READ_SIZE) if fd != pidfd else b""
                 if data:
@@ -186,6 +194,12 @@ def _communicate(
                 else:  # EOF, or the process exited
                     poller.unregister(fd)
                     pending -= 1
+                    if fd == pidfd:
+                        exited = True
+                        _kill_group(proc)  # the leftovers, so the pipes close
+            if pidfd is None and not exited and proc.poll() is not None:
+                exited = True
+                _kill_group(proc)
         if pidfd is None and not timed_out:
             # No pidfd: a script that closed its pipes but runs on is waited for here
             # (Popen.wait with a timeout polls with short sleeps).

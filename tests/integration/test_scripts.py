@@ -266,3 +266,43 @@ def test_scoped_lenient_and_strict_fields(store: SqliteStore, agent: Any) -> Non
     assert state["copy"] == [1, 2]
     assert state["nothing"] == ""
     assert state["mixed"] == "v=[1,2] m="
+
+
+@pytest.mark.parametrize("pidfd", ["pidfd", "no pidfd"])
+def test_output_timeout_and_leftovers_with_and_without_a_pidfd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pidfd: str
+) -> None:
+    """The runner waits on a pidfd where the kernel has one (Linux >= 5.3) and on
+    the process otherwise: both read the output, time out and clean up the group."""
+    import os
+    import time
+
+    from graphrun.actors.base import ListContext
+    from graphrun.actors.messages import ScriptTask
+    from graphrun.actors.script import run_script
+
+    if pidfd == "no pidfd":
+
+        def no_pidfd(pid: int, flags: int = 0) -> int:
+            raise OSError("pidfd_open is not available")
+
+        monkeypatch.setattr(os, "pidfd_open", no_pidfd, raising=False)
+    marker = tmp_path / "left-behind"
+    (tmp_path / "ok.sh").write_text(
+        f'(sleep 2; touch "{marker}") &\necho \'{{"ok": true}}\'\n', encoding="utf-8"
+    )
+    (tmp_path / "slow.sh").write_text("echo started >&2\nsleep 10\n", encoding="utf-8")
+    ctx = ListContext(agent_dir=tmp_path)
+
+    run_script(ScriptTask("ok", 1, "ok.sh", 30.0, "{}"), ctx)
+    started = time.monotonic()
+    run_script(ScriptTask("slow", 1, "slow.sh", 0.5, "{}"), ctx)
+    elapsed = time.monotonic() - started
+
+    ok, slow = ctx.events
+    assert ok.output == {"ok": True} and ok.error is None
+    assert slow.timed_out and slow.error == "script timed out after 0.5s"
+    assert "started" in slow.stderr
+    assert elapsed < 3
+    time.sleep(2.5)
+    assert not marker.exists()  # the background job in ok.sh's group was killed
