@@ -333,17 +333,23 @@ def main(argv: list[str] | None = None) -> int:
         ):
             tmp = Path(name)
             report.note(f"confined to one CPU: {'yes' if pinned else 'no (not supported here)'}")
-            agent_dir, db, run_id = bench_calls(report, tmp, url, steps, rounds)
-            recorded = recorded_calls(db, run_id)
-            os.environ["OPENAI_BASE_URL"] = "http://127.0.0.1:9/v1"  # replay: never dialled
-            # As the CLI does before driving a run (cli/run.py); LangGraph's side runs
-            # in the same settled process.
-            with contextlib.suppress(ImportError):  # imported before settling, as graphrun is
+            # As the CLI does before driving a run (cli/run.py): the modules a run
+            # needs imported, then the heap settled. Both sides of both comparisons
+            # run in this same settled process.
+            import httpx  # noqa: F401
+
+            import graphrun.actors.llm
+            import graphrun.runtime.supervisor  # noqa: F401
+
+            with contextlib.suppress(ImportError):
                 import langgraph.checkpoint.sqlite
                 import langgraph.graph  # noqa: F401
             from graphrun.actors.base import settle_heap
 
             settle_heap()
+            agent_dir, db, run_id = bench_calls(report, tmp, url, steps, rounds)
+            recorded = recorded_calls(db, run_id)
+            os.environ["OPENAI_BASE_URL"] = "http://127.0.0.1:9/v1"  # replay: never dialled
             bench_langgraph(report, tmp, agent_dir, recorded, steps, rounds)
     finally:
         for key, value in saved.items():
