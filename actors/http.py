@@ -147,12 +147,14 @@ class ClientFactory:
             self._clients[base_url] = created
             return created
 
-    @contextlib.contextmanager
-    def abort_on(self, token: CancelToken) -> Iterator[None]:
+    def abort_on(self, token: CancelToken) -> contextlib.AbstractContextManager[None]:
         """While in this block, ``token`` firing aborts this thread's in-flight request."""
         if isinstance(self._transport, ReplayTransport):
-            yield  # a replayed call never waits on anything to abort
-            return
+            return _NOTHING_TO_ABORT  # a replayed call never waits on anything
+        return self._abort_scope(token)
+
+    @contextlib.contextmanager
+    def _abort_scope(self, token: CancelToken) -> Iterator[None]:
         scope = _AbortScope()
         remove = token.on_cancel(scope.abort)
         self._aborts.enter(scope)
@@ -193,6 +195,8 @@ class ClientFactory:
 
 
 # --- aborting in-flight requests ------------------------------------------------
+
+_NOTHING_TO_ABORT = contextlib.nullcontext()
 
 
 class _AbortScope:
@@ -352,6 +356,11 @@ class ReplayTransport:
         Raises :class:`LlmReplayMissError` when nothing recorded matches, and the
         recorded transport error (as httpx raises it) when the call had failed.
         """
+        event = self.take_event(method, path, content)
+        return event, _response_bytes(event)
+
+    def take_event(self, method: str, path: str, content: bytes) -> LlmCalled:
+        """The recorded call answering this request (see :meth:`take`)."""
         endpoint = _endpoint(path)
         body: Any = None
         # The providers send canonical JSON (sorted keys), so the bytes are the key;
@@ -379,10 +388,7 @@ class ReplayTransport:
             if "timed out" in message:
                 raise httpx.ReadTimeout(message, request=request)
             raise httpx.ConnectError(message, request=request)
-        response = event.response if event.response is not None else {}
-        if set(response) == {"_raw"}:
-            return event, str(response["_raw"]).encode("utf-8")
-        return event, msgspec.json.encode(response)
+        return event
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         import httpx
@@ -432,17 +438,32 @@ class ReplayTransport:
         self.close()
 
 
-class _ReplayResponse:
-    """The part of ``httpx.Response`` the providers read."""
+def _response_bytes(event: LlmCalled) -> bytes:
+    """The response body a recorded call got, as bytes."""
+    response = event.response if event.response is not None else {}
+    if set(response) == {"_raw"}:
+        return str(response["_raw"]).encode("utf-8")
+    return msgspec.json.encode(response)
 
-    __slots__ = ("content", "headers", "status_code")
+
+class _ReplayResponse:
+    """The part of ``httpx.Response`` the providers read, plus ``parsed``: the
+    recorded JSON object itself, so that it is not encoded only to be decoded."""
+
+    __slots__ = ("_event", "headers", "parsed", "status_code")
 
     reason_phrase = ""
 
-    def __init__(self, status_code: int, content: bytes) -> None:
-        self.status_code = status_code
-        self.content = content
+    def __init__(self, event: LlmCalled) -> None:
+        self._event = event
+        self.status_code = event.status or 200
         self.headers = {"content-type": "application/json"}
+        response = event.response
+        self.parsed = response if response is not None and set(response) != {"_raw"} else None
+
+    @property
+    def content(self) -> bytes:
+        return _response_bytes(self._event)
 
     @property
     def text(self) -> str:
@@ -458,8 +479,7 @@ class ReplayClient:
         self.transport = transport
 
     def post(self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None) -> Any:
-        event, body = self.transport.take("POST", _path(url), content)
-        return _ReplayResponse(event.status or 200, body)
+        return _ReplayResponse(self.transport.take_event("POST", _path(url), content))
 
     def close(self) -> None:
         """Nothing to release."""

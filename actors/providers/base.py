@@ -322,14 +322,17 @@ class Provider:
             raise
         latency_ms = (time.perf_counter() - start) * 1000.0
         status = response.status_code
-        raw_bytes = response.content
-        try:
-            data = msgspec.json.decode(raw_bytes) if raw_bytes else {}
-        except msgspec.DecodeError:
-            data = None
+        data = getattr(response, "parsed", None)  # a replayed response comes decoded
+        raw_bytes = b""
+        if data is None:
+            raw_bytes = response.content
+            try:
+                data = msgspec.json.decode(raw_bytes) if raw_bytes else {}
+            except msgspec.DecodeError:
+                data = None
         raw = ""  # the body as text: only for the key check and for messages
         if secret or not isinstance(data, dict) or status >= 400:
-            raw = raw_bytes.decode("utf-8", errors="replace")
+            raw = (raw_bytes or response.content).decode("utf-8", errors="replace")
         parsed: dict[str, Any] = redact(
             data if isinstance(data, dict) else {"_raw": raw[: _EXCERPT_CHARS * 4]},
             # Walk the body only when the server actually echoed the key back.
