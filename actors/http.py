@@ -181,6 +181,7 @@ class ClientFactory:
         import httpx
 
         transport = httpx.HTTPTransport(
+            verify=shared_ssl_context(),
             limits=httpx.Limits(max_connections=50, max_keepalive_connections=10),
             retries=0,  # retries are ours: counted, recorded, and only for transient errors
         )
@@ -192,6 +193,19 @@ class ClientFactory:
         if backend is not None:
             pool._network_backend = _AbortableBackend(backend, self._aborts)  # type: ignore[union-attr]
         return transport
+
+
+@functools.lru_cache(maxsize=1)
+def shared_ssl_context() -> Any:
+    """One TLS context for every client of the process.
+
+    httpx builds a context per transport, and loading the CA bundle into it takes
+    ~26 ms here: every run (and every child run of an agent node) paid it again.
+    Made the same way httpx makes it (the environment's SSL_CERT_FILE/DIR apply).
+    """
+    import httpx
+
+    return httpx.create_ssl_context()
 
 
 # --- aborting in-flight requests ------------------------------------------------
