@@ -102,7 +102,9 @@ def _script_env() -> dict[bytes, bytes]:
     bytes copy is rebuilt only when the environment changed.
     """
     global _env_cache
-    data: dict[bytes, bytes] = os.environ._data  # type: ignore[attr-defined]
+    data: dict[bytes, bytes] | None = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict):  # not CPython's os.environ: encode it ourselves
+        data = {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
     cached = _env_cache
     if cached is None or cached[0] != data:
         snapshot = dict(data)
