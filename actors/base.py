@@ -11,6 +11,7 @@ the node: long effects register a callback to kill what they started.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -184,15 +185,10 @@ def _light_actor_base() -> type:
     return LightActor
 
 
-_LIGHT_ACTOR: type | None = None
-
-
+@functools.cache
 def light_actor() -> type:
     """The actor base class of the runtime (built on first use: pykka loads lazily)."""
-    global _LIGHT_ACTOR
-    if _LIGHT_ACTOR is None:
-        _LIGHT_ACTOR = _light_actor_base()
-    return _LIGHT_ACTOR
+    return _light_actor_base()
 
 
 def start_actor(cls: type, *args: Any, **kwargs: Any) -> Any:

@@ -39,29 +39,20 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def resolve_script(agent_dir: Path, script: str) -> Path:
-    root = agent_dir.resolve()
-    path = (root / script).resolve()
-    if not path.is_relative_to(root):
-        raise ValueError(f"script '{script}' is outside the agent directory")
-    return path
+def _load(agent_dir: Path, script: str) -> tuple[str, list[str], bytes] | str:
+    """``(real path, runtime, script bytes)``, or why the script cannot run.
 
-
-def _load(agent_dir: Path, script: str) -> tuple[str, list[str], bytes] | None:
-    """The common case of :func:`resolve_script`, the extension check and the read, done
-    with plain strings and one ``open()``: ``(real path, runtime, script bytes)``.
-
-    ``None`` when anything is off (outside the agent directory, unknown extension,
-    unreadable): the caller then takes the pathlib route, which words the error. Same
-    resolution (``os.path.realpath`` is what ``Path.resolve`` calls), a third the cost.
+    Plain strings and one ``open()`` rather than pathlib: this runs every visit
+    (``os.path.realpath`` is what ``Path.resolve`` calls, at a third of the cost).
     """
     root = os.path.realpath(agent_dir)
     real = os.path.realpath(os.path.join(root, script))
-    if not real.startswith(os.path.join(root, "")):  # root itself or outside it
-        return None
-    runtime = RUNTIMES.get(os.path.splitext(real)[1])
+    if real != root and not real.startswith(os.path.join(root, "")):
+        return f"script '{script}' is outside the agent directory"
+    extension = os.path.splitext(real)[1]
+    runtime = RUNTIMES.get(extension)
     if runtime is None:
-        return None
+        return f"unsupported script extension '{extension}' (use .sh, .py or .ts)"
     try:
         fd = os.open(real, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -70,8 +61,8 @@ def _load(agent_dir: Path, script: str) -> tuple[str, list[str], bytes] | None:
                 chunks.append(chunk)
         finally:
             os.close(fd)
-    except OSError:
-        return None
+    except OSError as exc:
+        return f"cannot read script {script}: {exc.strerror or exc}"
     return real, runtime, b"".join(chunks)
 
 
@@ -240,21 +231,9 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
         )
 
     loaded = _load(ctx.agent_dir, task.script)
-    if loaded is None:  # something is off: these steps find it and word the error
-        try:
-            path = resolve_script(ctx.agent_dir, task.script)
-        except ValueError as exc:
-            finish(error=str(exc))
-            return
-        runtime = RUNTIMES.get(path.suffix)
-        if runtime is None:
-            finish(error=f"unsupported script extension '{path.suffix}' (use .sh, .py or .ts)")
-            return
-        try:
-            loaded = (str(path), runtime, path.read_bytes())
-        except OSError as exc:
-            finish(error=f"cannot read script {task.script}: {exc.strerror or exc}")
-            return
+    if isinstance(loaded, str):
+        finish(error=loaded)
+        return
     real_path, runtime, script_bytes = loaded
     script_hash = content_hash(script_bytes)
 

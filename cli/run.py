@@ -119,6 +119,15 @@ def common_run_options(fn: Any) -> Any:
     return fn
 
 
+def _drive(driver: Any) -> Any:
+    """Drive a run as every command here does: the heap settled first (see
+    :func:`graphrun.actors.base.settle_heap`), then the run to its end or a wait."""
+    from graphrun.runtime.supervisor import drive
+
+    settle_heap()
+    return drive(driver)
+
+
 def finish(outcome: Any, *, as_json: bool, db: str | None) -> None:
     """Print a run's outcome and exit with its code."""
     from graphrun.cli.render import render_outcome
@@ -159,7 +168,7 @@ def run_cmd(
     from graphrun.runtime.agents import load_agent
     from graphrun.runtime.config import resolve_agent
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver, check_graph, drive, start_run
+    from graphrun.runtime.supervisor import Driver, check_graph, start_run
 
     configure_logging()
     overrides = _parse_set(sets)
@@ -189,8 +198,7 @@ def run_cmd(
             loaded, interactive=options.interactive, config_dir=options.config_dir
         )
     run_id = start_run(store, loaded, prompt=prompt, overrides=overrides, started_by=as_user)
-    settle_heap()
-    outcome = drive(Driver(store, run_id, options))
+    outcome = _drive(Driver(store, run_id, options))
     finish(outcome, as_json=as_json, db=db)
 
 
@@ -214,7 +222,7 @@ def resume_cmd(
     from graphrun.eventstore.fold import fold
     from graphrun.runtime.errors import AnswerError
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver, drive
+    from graphrun.runtime.supervisor import Driver
 
     configure_logging()
     store = open_store(db)
@@ -231,8 +239,7 @@ def resume_cmd(
         store=store,
         quiet=as_json,
     )
-    settle_heap()
-    outcome = drive(Driver(store, run_id, options, resumed_by=as_user))
+    outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)
 
 
@@ -250,7 +257,7 @@ def _answer_and_resume(
 ) -> None:
     from graphrun.runtime.answers import submit_answer
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver, drive
+    from graphrun.runtime.supervisor import Driver
 
     configure_logging()
     store = open_store(db)
@@ -280,8 +287,7 @@ def _answer_and_resume(
     # This command answers one question: the run goes on to its end or to the
     # next wait, which is answered by another command, not prompted for here.
     options.interactive = False
-    settle_heap()
-    outcome = drive(Driver(store, run_id, options, resumed_by=as_user))
+    outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
     from graphrun.runtime.agent_node import resume_ancestors
 
     outcome = resume_ancestors(store, run_id, options, outcome)
@@ -386,7 +392,7 @@ def fork_cmd(
     """
     from graphrun.runtime.lifecycle import fork_run
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver, drive
+    from graphrun.runtime.supervisor import Driver
 
     configure_logging()
     store = open_store(db)
@@ -402,6 +408,5 @@ def fork_cmd(
         store=store,
         quiet=as_json,
     )
-    settle_heap()
-    outcome = drive(Driver(store, new_id, options, resumed_by=as_user))
+    outcome = _drive(Driver(store, new_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)

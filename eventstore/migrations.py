@@ -9,6 +9,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from graphrun.eventstore import codec
+
 #: ``PRAGMA application_id`` of a graphrun database ("grn1").
 APPLICATION_ID = 0x67726E31
 #: ``PRAGMA user_version`` once every migration below has run.
@@ -117,8 +119,6 @@ def _migrations() -> Any:
         they are over the canonical JSON of the whole event, rebuilt exactly
         from the row (a row that cannot be is kept whole).
         """
-        from graphrun.eventstore import codec
-
         conn = db.conn
         conn.execute("ALTER TABLE runs ADD COLUMN run_no INTEGER")
         conn.execute(
@@ -149,7 +149,7 @@ def _migrations() -> Any:
                     ts,
                     type_,
                     node_id,
-                    _repack(codec, body, run_id, seq, ts),
+                    _repack(body, run_id, seq, ts),
                     _raw_hash(digest),
                 )
                 for run_id, seq, ts, type_, node_id, body, digest in rows
@@ -192,7 +192,7 @@ def _migrations() -> Any:
     return migrations
 
 
-def _repack(codec: Any, body: str | bytes, run_id: str, seq: int, ts: float) -> str | bytes:
+def _repack(body: str | bytes, run_id: str, seq: int, ts: float) -> str | bytes:
     """A v2 body in the v3 form, or kept whole (and packed) when it could not be
     rebuilt byte for byte from the v3 form (a damaged or hand-edited row)."""
     raw = body.encode("utf-8") if isinstance(body, str) else body

@@ -7,9 +7,10 @@
 * Each row keeps the canonical JSON body (TEXT), or the same bytes compressed
   with zlib (BLOB) when the body is large and compresses, and the event's chain
   hash as 32 raw bytes; ``prev_hash`` is the previous row's hash.
-* A node step's events are appended in one transaction together with the
-  ``runs`` row they imply; appends go through the raw ``sqlite3`` connection
-  (sqlite-utils only runs migrations and inspection queries).
+* A node step's events are appended in one transaction; the ``runs`` row is
+  written in it only when the run starts, waits, is answered or ends (a run's
+  current node, last seq, hash and time are read from its last events). Appends
+  go through the raw ``sqlite3`` connection (sqlite-utils only runs migrations).
 * WAL with ``synchronous=NORMAL`` by default (a killed process loses nothing
   committed); ``durability="full"`` or ``append(..., sync=True)`` fsyncs.
 * A run is leased by one process at a time; a lease whose holder is dead (same
@@ -61,11 +62,6 @@ _SEQ_MASK = (1 << _SEQ_BITS) - 1
 _HASH_PREFIX = codec.HASH_ALGORITHM + ":"
 
 
-def event_key(run_no: int, seq: int) -> int:
-    """The ``events.id`` of event ``seq`` of run number ``run_no``."""
-    return run_no << _SEQ_BITS | seq
-
-
 # What every step changes in a run's row. They are not written per step: they
 # are the run's last event (its seq, hash and time) and its last NodeEntered, so
 # the store reads them from ``events`` (see _with_step) and a step's commit
@@ -73,7 +69,7 @@ def event_key(run_no: int, seq: int) -> int:
 # (start, waiting, answered, the end).
 _STEP_COLUMNS = ("updated_at", "last_seq", "last_hash", "current_node")
 _head = operator.itemgetter(*(i for i, c in enumerate(COLUMNS) if c not in _STEP_COLUMNS))
-astuple = msgspec.structs.astuple
+_astuple = msgspec.structs.astuple
 _SELECT_RUN = f"SELECT {', '.join(COLUMNS)}, run_no FROM runs"
 _LAST_EVENT = "SELECT id, ts, hash FROM events WHERE id > ? AND id < ? ORDER BY id DESC LIMIT 1"
 _LAST_ENTERED = (
@@ -304,8 +300,8 @@ class SqliteStore:
                 stamped.append(event)
             assert row is not None
             conn = self.conn
-            values = astuple(row)
-            head_changed = before is None or _head(astuple(before)) != _head(values)
+            values = _astuple(row)
+            head_changed = before is None or _head(_astuple(before)) != _head(values)
             renew_at = self._renew_at.get(run_id)
             renew = renew_at is not None and now >= renew_at
             try:

@@ -306,3 +306,26 @@ def test_output_timeout_and_leftovers_with_and_without_a_pidfd(
     assert elapsed < 3
     time.sleep(2.5)
     assert not marker.exists()  # the background job in ok.sh's group was killed
+
+
+def test_a_script_that_cannot_run_is_a_recorded_failure(tmp_path: Path) -> None:
+    """Without validation before the run, the runner itself words why a script
+    cannot run: outside the agent directory, an unknown extension, unreadable."""
+    from graphrun.actors.base import ListContext
+    from graphrun.actors.messages import ScriptTask
+    from graphrun.actors.script import run_script
+
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (tmp_path / "outside.sh").write_text("echo '{}'\n", encoding="utf-8")
+    (agent / "notes.txt").write_text("hello\n", encoding="utf-8")
+    (agent / "folder.sh").mkdir()
+    ctx = ListContext(agent_dir=agent)
+    for script in ("../outside.sh", "notes.txt", "folder.sh"):
+        run_script(ScriptTask("s", 1, script, 30.0, "{}"), ctx)
+    assert [e.error for e in ctx.events] == [
+        "script '../outside.sh' is outside the agent directory",
+        "unsupported script extension '.txt' (use .sh, .py or .ts)",
+        "cannot read script folder.sh: Is a directory",
+    ]
+    assert all(e.exit_code is None and e.output is None for e in ctx.events)
