@@ -199,10 +199,16 @@ def start_actor(cls: type, *args: Any, **kwargs: Any) -> Any:
     as the node's failure (actors are only ever asked, never told, so no failure is
     silent). ``close()``, if the class has one, runs when the actor stops.
     """
+    return _actor_class(cls).start(*args, **kwargs)
+
+
+@functools.cache
+def _actor_class(cls: type) -> type:
+    """The pykka actor class around effect class ``cls`` (one per class, made once)."""
     from graphrun.actors.messages import Execute
 
     class _Actor(light_actor()):  # type: ignore[misc]
-        def __init__(self) -> None:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__()
             self.impl = cls(*args, **kwargs)
 
@@ -218,7 +224,7 @@ def start_actor(cls: type, *args: Any, **kwargs: Any) -> Any:
             raise TypeError(f"{cls.__name__} got an unexpected message {message!r}")
 
     _Actor.__name__ = _Actor.__qualname__ = cls.__name__
-    return _Actor.start()
+    return _Actor
 
 
 # --- CPU affinity and scheduling ----------------------------------------------------

@@ -123,11 +123,16 @@ def canonical_from_row(stored: str | bytes, run_id: str, seq: int, ts: float) ->
 
 
 def chain_hash(prev_hash: str, body: bytes) -> str:
-    digest = hashlib.sha256()
-    digest.update(prev_hash.encode("ascii"))
-    digest.update(b"\n")
-    digest.update(body)
-    return f"{HASH_ALGORITHM}:{digest.hexdigest()}"
+    """``sha256:<hex>`` chaining ``body`` (canonical bytes) to ``prev_hash``."""
+    return f"{HASH_ALGORITHM}:{chain_digest(prev_hash, body).hex()}"
+
+
+def chain_digest(prev_hash: str, body: bytes) -> bytes:
+    """The raw 32 bytes of :func:`chain_hash` (what the store keeps)."""
+    return _sha256(prev_hash.encode("ascii") + b"\n" + body).digest()
+
+
+_sha256 = hashlib.sha256
 
 
 def content_hash(data: bytes | str) -> str:

@@ -53,6 +53,21 @@ COLUMNS = tuple(RunRow.__struct_fields__)
 _replace = msgspec.structs.replace
 
 
+#: The events that change a ``runs`` row beyond its step columns (``updated_at``,
+#: ``last_seq``, ``last_hash``, and ``current_node``, which ``NodeEntered`` sets).
+HEAD_EVENT_TYPES = frozenset(
+    {
+        RunStarted,
+        HumanInputRequested,
+        HumanInputReceived,
+        RunResumed,
+        RunCompleted,
+        RunFailed,
+        RunCancelled,
+    }
+)
+
+
 def apply_run_row(row: RunRow | None, event: Event, event_hash: str) -> RunRow:
     """The ``runs`` row after ``event`` (stored with ``event_hash``)."""
     if row is None:

@@ -44,10 +44,16 @@ from graphrun.eventstore.errors import (
     StoreError,
     UnknownRunError,
 )
-from graphrun.eventstore.events import Event
+from graphrun.eventstore.events import Event, NodeEntered
 from graphrun.eventstore.ids import Clock
 from graphrun.eventstore.migrations import APPLICATION_ID, SCHEMA_USER_VERSION, migrate
-from graphrun.eventstore.projections import COLUMNS, RunRow, apply_run_row, rebuild_rows
+from graphrun.eventstore.projections import (
+    COLUMNS,
+    HEAD_EVENT_TYPES,
+    RunRow,
+    apply_run_row,
+    rebuild_rows,
+)
 
 LEASE_SECONDS = 30.0
 
@@ -267,10 +273,15 @@ class SqliteStore:
             params: list[tuple[Any, ...]] = []
             replace = msgspec.structs.replace
             encode = codec.encode
-            chain_hash = codec.chain_hash
+            chain_digest = codec.chain_digest
             pack = codec.pack_body
             storable = codec.storable
             plain = codec.PLAIN_TYPES
+            head_types = HEAD_EVENT_TYPES
+            # Most events only move the row's step columns (set once, below);
+            # only the few that change its head are folded into it one by one.
+            head_touched = row is None
+            entered: str | None = None
             for event in events:
                 seq += 1
                 if event.seq != seq or event.run_id != run_id or not event.ts:
@@ -282,26 +293,30 @@ class SqliteStore:
                         )
                     event = replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
                 canonical = encode(event)
-                kind = type(event).__name__
+                cls = type(event)
+                kind = cls.__name__
                 stored = pack(storable(event, canonical), kind not in plain)
-                digest = chain_hash(prev, canonical)
-                params.append(
-                    (
-                        seq,
-                        event.ts,
-                        kind,
-                        getattr(event, "node_id", None),
-                        stored,
-                        bytes.fromhex(digest[len(_HASH_PREFIX) :]),
-                    )
-                )
-                row = apply_run_row(row, event, digest)
-                prev = digest
+                raw = chain_digest(prev, canonical)
+                prev = _HASH_PREFIX + raw.hex()
+                params.append((seq, event.ts, kind, getattr(event, "node_id", None), stored, raw))
+                if cls in head_types or row is None:
+                    row = apply_run_row(row, event, prev)
+                    head_touched = True
+                elif cls is NodeEntered:
+                    entered = event.node_id  # type: ignore[attr-defined]
                 stamped.append(event)
             assert row is not None
+            row = replace(
+                row,
+                updated_at=stamped[-1].ts,
+                last_seq=seq,
+                last_hash=prev,
+                current_node=entered if entered is not None else row.current_node,
+            )
             conn = self.conn
-            values = _astuple(row)
-            head_changed = before is None or _head(_astuple(before)) != _head(values)
+            head_changed = head_touched and (
+                before is None or _head(_astuple(before)) != _head(_astuple(row))
+            )
             renew_at = self._renew_at.get(run_id)
             renew = renew_at is not None and now >= renew_at
             try:
@@ -324,7 +339,7 @@ class SqliteStore:
                         base = run_no << _SEQ_BITS
                         conn.executemany(_INSERT_EVENT, [(base + p[0], *p[1:]) for p in params])
                         if head_changed:
-                            conn.execute(_UPSERT_RUN, (*values, run_no))
+                            conn.execute(_UPSERT_RUN, (*_astuple(row), run_no))
                         if renew:
                             # Renewing every step would rewrite the leases page every
                             # commit; a third of the lease time is often enough.

@@ -8,6 +8,8 @@ type, an unknown node type) are collected as :class:`Diagnostic` s pointing at
 from __future__ import annotations
 
 import difflib
+import functools
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +65,11 @@ class LoadedGraph:
     @property
     def file(self) -> str:
         return str(self.path)
+
+    @functools.cached_property
+    def resolved(self) -> tuple[str, str]:
+        """The graph file's and the agent directory's real paths (as runs record them)."""
+        return str(self.path.resolve()), str(self.agent_dir.resolve())
 
     def line(self, path: str) -> int | None:
         """The YAML line of a JSON path, or of its closest ancestor."""
@@ -383,10 +390,12 @@ def load_text(text: str, *, path: Path, agent_dir: Path | None = None) -> Loaded
     The result is cached by (text, path, agent dir): a run's driver, its replay and
     the command that started it parse the same graph once. Callers never mutate it.
     """
+    # Absolute, not resolved: a key only has to tell graphs apart (another
+    # spelling of the same place parses again), and resolving costs syscalls.
     key = (
         text,
-        str(path.resolve()),
-        str((agent_dir if agent_dir is not None else path.parent).resolve()),
+        os.path.abspath(path),
+        os.path.abspath(agent_dir if agent_dir is not None else path.parent),
     )
     cached = _LOADED.get(key)
     if cached is not None:
