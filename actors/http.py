@@ -19,7 +19,7 @@ import functools
 import socket
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -98,25 +98,22 @@ class ClientFactory:
         return isinstance(self._transport, ReplayTransport)
 
     def resolve(self, model_id: str) -> ResolvedModel:
-        """Resolve ``model_id``; when replaying, a client unknown here is taken
-        from the recording (the machine replaying need not have its config), and
-        each model is resolved once (the recording does not change)."""
-        replaying = isinstance(self._transport, ReplayTransport)
-        if replaying:
-            known = self._resolved.get(model_id)
-            if known is not None:
-                return known
+        """Resolve ``model_id`` (once per factory: its configuration is loaded once
+        too); when replaying, a client unknown here is taken from the recording
+        (the machine replaying need not have its config)."""
+        known = self._resolved.get(model_id)
+        if known is not None:
+            return known
         try:
             resolved = self.config.resolve(model_id)
         except LlmConfigError:
-            if not replaying:
+            if not isinstance(self._transport, ReplayTransport):
                 raise
-            recorded = self._transport.resolve(model_id)  # type: ignore[union-attr]
+            recorded = self._transport.resolve(model_id)
             if recorded is None:
                 raise
             resolved = recorded
-        if replaying:
-            self._resolved[model_id] = resolved
+        self._resolved[model_id] = resolved
         return resolved
 
     def client(self, base_url: str) -> httpx.Client:
@@ -151,18 +148,7 @@ class ClientFactory:
         """While in this block, ``token`` firing aborts this thread's in-flight request."""
         if isinstance(self._transport, ReplayTransport):
             return _NOTHING_TO_ABORT  # a replayed call never waits on anything
-        return self._abort_scope(token)
-
-    @contextlib.contextmanager
-    def _abort_scope(self, token: CancelToken) -> Iterator[None]:
-        scope = _AbortScope()
-        remove = token.on_cancel(scope.abort)
-        self._aborts.enter(scope)
-        try:
-            yield
-        finally:
-            self._aborts.leave()
-            remove()
+        return _AbortScope(token, self._aborts)
 
     def close(self) -> None:
         """Close every pooled client."""
@@ -214,12 +200,27 @@ _NOTHING_TO_ABORT = contextlib.nullcontext()
 
 
 class _AbortScope:
-    """One thread's abortable region: the stream it is using, and whether to stop."""
+    """One thread's abortable region: the stream it is using, and whether to stop.
 
-    def __init__(self) -> None:
+    A context manager: inside it, ``token`` firing aborts the thread's request."""
+
+    __slots__ = ("_lock", "_registry", "_remove", "_stream", "_token", "aborted")
+
+    def __init__(self, token: CancelToken, registry: _AbortRegistry) -> None:
         self._lock = threading.Lock()
         self.aborted = False
         self._stream: Any = None
+        self._token = token
+        self._registry = registry
+        self._remove: Any = None
+
+    def __enter__(self) -> None:
+        self._remove = self._token.on_cancel(self.abort)
+        self._registry.enter(self)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._registry.leave()
+        self._remove()
 
     def begin_io(self, stream: Any) -> None:
         with self._lock:
