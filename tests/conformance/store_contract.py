@@ -198,6 +198,38 @@ class StoreContract:
         other.append("c", [HumanInputReceived(node_id="ask", visit=1, answer="a", by="b")])
         assert other.verify("c") is None
 
+    def test_runs_row_matches_a_fold_of_every_event_whatever_the_batches(self) -> None:
+        """Appending folds only head-changing events into the row one by one; the
+        row must still be exactly the fold of all events, for every batching."""
+        from graphrun.eventstore.projections import apply_run_row
+
+        events: list[Any] = [
+            *step("a", 1, 1, "ask"),
+            NodeEntered(node_id="ask", node_type="input", visit=1),
+            HumanInputRequested(node_id="ask", visit=1, kind="input", question="?"),
+            HumanInputReceived(node_id="ask", visit=1, answer="yes", by="ann"),
+            NodeCompleted(node_id="ask", visit=1, routed_to="b"),
+            *step("b", 1, 2, "c"),
+            NodeEntered(node_id="c", node_type="script", visit=1),
+            RunFailed(error="boom", node_id="c"),
+        ]
+        for size in (1, 2, 3, 5, len(events)):
+            clock = FakeClock(100.0)
+            store = self.open_store(clock)
+            run_id = f"r{size}"
+            written = store.append(run_id, [started()])
+            for at in range(0, len(events), size):
+                clock.t += 1.0
+                written += store.append(run_id, events[at : at + size])
+            row = None
+            for event, digest in zip(written, self._hashes(store, run_id), strict=True):
+                row = apply_run_row(row, event, digest)
+            assert store.run(run_id) == row, size
+            assert row is not None and row.current_node == "c" and row.status == "failed"
+
+    def _hashes(self, store: Any, run_id: str) -> list[str]:
+        return [digest for _, _, _, digest in store.raw_rows(run_id)]
+
     # -- the hash chain ------------------------------------------------------------------
 
     def test_chain_verifies_and_links(self) -> None:
