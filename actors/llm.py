@@ -51,6 +51,10 @@ from graphrun.eventstore.events import LlmCalled, LlmResult, ToolCalled
 _NODE_TIMEOUT = "node timeout"
 
 
+def _nothing() -> None:
+    """A callback that does nothing."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class LlmTask:
     """One visit of an llm node, with its templates already rendered.
@@ -137,7 +141,10 @@ class _LlmRun:
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._unhook()
+        # Dropping the unhook breaks the cycle run -> unhook -> callback -> run, so
+        # the run is freed when it returns, not by the cyclic collector.
+        unhook, self._unhook = self._unhook, _nothing
+        unhook()
 
     # --- the node ------------------------------------------------------------
 

@@ -215,8 +215,6 @@ class Driver:
         self._tmp_dir: Path | None = None
         # Child runs started by this driver's agent nodes: child run id -> its cancel token.
         self.child_tokens: dict[str, CancelToken] = {}
-        # Cancelling the run cancels whatever node is in flight.
-        self.cancel.on_cancel(lambda: self.node_cancel.cancel(self.cancel.reason or "cancelled"))
 
     # -- buffering ----------------------------------------------------------------
 
@@ -292,6 +290,18 @@ class Driver:
     # -- the loop ------------------------------------------------------------------
 
     def drive(self) -> RunOutcome:
+        # Cancelling the run cancels whatever node is in flight. Unhooked when the
+        # drive ends, which also frees the driver without the cyclic collector.
+        unhook = self.cancel.on_cancel(self._cancel_node)
+        try:
+            return self._lease_and_drive()
+        finally:
+            unhook()
+
+    def _cancel_node(self) -> None:
+        self.node_cancel.cancel(self.cancel.reason or "cancelled")
+
+    def _lease_and_drive(self) -> RunOutcome:
         self.store.acquire_lease(self.run_id)
         try:
             return self._drive()
