@@ -191,15 +191,15 @@ def light_actor() -> type:
     return _light_actor_base()
 
 
-def start_actor(cls: type, *args: Any, **kwargs: Any) -> Any:
-    """Start a pykka actor around ``cls(*args, **kwargs)``, a node type's effect class.
+def start_actor_around(impl: Any) -> Any:
+    """Start a pykka actor around ``impl``, a node type's effect object.
 
-    The actor answers ``ask(Execute(task, ctx))`` by calling ``perform(task, ctx)``.
+    The actor answers ``ask(Execute(task, ctx))`` by calling ``impl.perform(task, ctx)``.
     An exception travels back through the future to the supervisor, which records it
     as the node's failure (actors are only ever asked, never told, so no failure is
-    silent). ``close()``, if the class has one, runs when the actor stops.
+    silent). ``impl.close()``, if it has one, runs when the actor stops.
     """
-    return _actor_class(cls).start(*args, **kwargs)
+    return _actor_class(type(impl)).start(impl)
 
 
 @functools.cache
@@ -208,9 +208,9 @@ def _actor_class(cls: type) -> type:
     from graphrun.actors.messages import Execute
 
     class _Actor(light_actor()):  # type: ignore[misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, impl: Any) -> None:
             super().__init__()
-            self.impl = cls(*args, **kwargs)
+            self.impl = impl
 
         def on_stop(self) -> None:
             # Actors that hold resources (HTTP pools, MCP sessions) release them here.

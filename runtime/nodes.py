@@ -54,6 +54,11 @@ class LlmActor:
         """Release the HTTP connection pools when the actor stops."""
         self.clients.close()
 
+    def inline(self, task: Any) -> bool:
+        """Whether a visit can be served on the supervisor's thread: every response
+        comes from the recording and there are no tools to run (no I/O, no wait)."""
+        return self.clients.replaying and not task.tools
+
     def perform(self, task: Any, ctx: Any) -> Any:
         # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
         # supervisor prefixes the node id, so they carry none of their own.

@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from graphrun.actors.base import CancelToken, start_actor
+from graphrun.actors.base import CancelToken, start_actor_around
 from graphrun.actors.messages import Execute
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.errors import GraphrunError
@@ -212,6 +212,7 @@ class Driver:
         self.refused: GraphrunError | None = None
         self._pending_lock = threading.Lock()
         self._actors: dict[str, Any] = {}
+        self._effects_by_type: dict[str, Any] = {}
         self._tmp_dir: Path | None = None
         # Child runs started by this driver's agent nodes: child run id -> its cancel token.
         self.child_tokens: dict[str, CancelToken] = {}
@@ -311,7 +312,12 @@ class Driver:
             self.store.release_lease(self.run_id)
             for ref in self._actors.values():
                 with contextlib.suppress(Exception):
-                    ref.stop(block=False)
+                    ref.stop(block=False)  # the actor closes its effect object
+            for node_type, effect in self._effects_by_type.items():
+                close = getattr(effect, "close", None)
+                if node_type not in self._actors and close is not None:
+                    with contextlib.suppress(Exception):
+                        close()
             if self._tmp_dir is not None:
                 shutil.rmtree(self._tmp_dir, ignore_errors=True)
 
@@ -420,9 +426,15 @@ class Driver:
                 self.absorb_effects()
                 return None
         try:
-            ref = self._actor(step.node_type)
-            future = ref.ask(Execute(step.task, ctx), block=False)
-            self._wait(future, deadline, timeout, node_id)
+            effect = self._effect(step.node_type)
+            inline = getattr(effect, "inline", None)
+            if inline is not None and inline(step.task):
+                # An effect that does no I/O and cannot block (a replayed LLM call):
+                # served here, like a recorded effect, without the actor hand-off.
+                effect.perform(step.task, ctx)
+            else:
+                future = self._actor(step.node_type).ask(Execute(step.task, ctx), block=False)
+                self._wait(future, deadline, timeout, node_id)
         except WaitingForHuman as exc:
             self.absorb_effects()
             cause = exc.__cause__
@@ -487,13 +499,21 @@ class Driver:
             )
         )
 
-    def _actor(self, node_type: str) -> Any:
-        ref = self._actors.get(node_type)
-        if ref is None:
+    def _effect(self, node_type: str) -> Any:
+        """The object performing ``node_type``'s effects in this run (made on first use)."""
+        effect = self._effects_by_type.get(node_type)
+        if effect is None:
             from graphrun.runtime.effects import actor_class
 
             cls, args = actor_class(node_type, self)
-            ref = self._actors[node_type] = start_actor(cls, *args)
+            effect = self._effects_by_type[node_type] = cls(*args)
+        return effect
+
+    def _actor(self, node_type: str) -> Any:
+        """The actor around :meth:`_effect` (started on first use)."""
+        ref = self._actors.get(node_type)
+        if ref is None:
+            ref = self._actors[node_type] = start_actor_around(self._effect(node_type))
         return ref
 
     def _outcome(self) -> RunOutcome:
