@@ -4,12 +4,16 @@ Requests go to ``<base_url>/chat/completions`` where the base URL includes
 ``/v1``, as in the official SDK. The system prompt is the first message; tools
 are ``{"type": "function", "function": {...}}``; the model's tool calls come back
 in ``choices[0].message.tool_calls`` and their results go back as ``role: tool``
-messages. ``max_tokens`` is sent only when set (most servers accept it).
+messages. The output limit is sent only when set: as ``max_tokens`` (what every
+OpenAI-compatible server accepts), except to OpenAI's reasoning models (``o1``,
+``o3``, ``o4-mini``, ``gpt-5`` and their dated or sized variants), which reject
+it and take ``max_completion_tokens``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from graphrun.actors.providers.base import ChatRequest, Provider, ToolCall
@@ -54,7 +58,7 @@ class OpenAIProvider(Provider):
             body["top_p"] = request.top_p
         limit = request.max_tokens if request.max_tokens is not None else max_tokens
         if limit is not None:
-            body["max_tokens"] = limit
+            body["max_completion_tokens" if is_reasoning_model(model) else "max_tokens"] = limit
         return body
 
     def parse_body(self, body: dict[str, Any]) -> tuple[str, list[ToolCall], dict[str, Any]]:
@@ -92,6 +96,15 @@ class OpenAIProvider(Provider):
             message, kind = self.error_details(body)
             return message or "error response", kind
         return None
+
+
+_REASONING = re.compile(r"(?:.*/)?(?:o\d+|gpt-5)(?:[-.:].*)?", re.IGNORECASE)
+
+
+def is_reasoning_model(model: str) -> bool:
+    """Whether ``model`` (the provider's own name, maybe ``org/``-prefixed) is one of
+    OpenAI's reasoning models, which take ``max_completion_tokens``."""
+    return _REASONING.fullmatch(model) is not None
 
 
 def _wire_message(message: dict[str, Any]) -> dict[str, Any]:

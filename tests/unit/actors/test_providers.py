@@ -182,6 +182,32 @@ def test_sampling_parameters_and_system_are_left_out_when_unset(fake_llm, factor
     ]
 
 
+@pytest.mark.parametrize(
+    ("model", "key"),
+    [
+        ("gpt-4o-mini", "max_tokens"),
+        ("llama3.1:8b", "max_tokens"),
+        ("o3-mini", "max_completion_tokens"),
+        ("o1-2024-12-17", "max_completion_tokens"),
+        ("gpt-5", "max_completion_tokens"),
+    ],
+)
+def test_openai_output_limit_is_max_completion_tokens_for_reasoning_models(
+    fake_llm, factory, model: str, key: str
+) -> None:
+    fake_llm.script(text("ok"))
+    call(
+        factory,
+        ChatRequest(
+            model=f"openai:{model}", messages=[{"role": "user", "content": "x"}], max_tokens=64
+        ),
+    )
+    body = fake_llm.requests[-1].body
+    assert body[key] == 64
+    (other,) = {"max_tokens", "max_completion_tokens"} - {key}
+    assert other not in body
+
+
 @pytest.mark.parametrize("model", ["openai:gpt-test", "anthropic:claude-test"])
 def test_tool_calls_are_read_back_in_both_protocols(fake_llm, factory, model: str) -> None:
     fake_llm.script(tool_calls(("weather", {"city": "Oslo"}), ("weather", {"city": "Rome"})))
