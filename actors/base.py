@@ -289,9 +289,9 @@ def settle_heap() -> None:
     the library). A run allocates steadily, so full collections come round often,
     and each would walk the few hundred thousand objects of the imported modules
     again: about a fifth of a replayed llm step here. Objects freed by reference
-    counting are freed as before; only cycles that become garbage after this call
-    wait for the process to end, which for one CLI command is what happens anyway.
-    Measured on a replayed llm chain: about a tenth of a step each.
+    counting are freed as before, and cycles made later are collected as before;
+    only objects alive now that later end up in a garbage cycle stay until the
+    process exits, which for one CLI command is what happens anyway.
     """
     import gc
 

@@ -1,8 +1,8 @@
 """The one seam LLM calls go through: pooled httpx clients, live or replaying.
 
-:class:`ClientFactory` hands out one ``httpx.Client`` per base URL (connections
-are reused across nodes and turns) and resolves model ids. Its transport is
-either live or a :class:`ReplayTransport` that answers from recorded
+:class:`ClientFactory` hands out one client per base URL (connections are
+reused across nodes and turns) and resolves model ids. The client is either live
+or a :class:`ReplayClient` answering from a :class:`ReplayTransport` of recorded
 ``LlmCalled`` events, so replay swaps the seam, not the code that calls it.
 
 Live calls can be aborted from another thread: :meth:`ClientFactory.abort_on`
@@ -57,7 +57,8 @@ class ClientFactory:
 
     Args:
         config: The LLM clients; ``None`` loads the built-in ones from the environment.
-        transport: An httpx transport to use instead of the network (a replay).
+        recording: Recorded calls to answer every call from instead of the network
+            (see :meth:`replay`).
         retry: Waits between attempts of transient failures.
         connect_timeout: Seconds to connect.
         read_timeout: Seconds to wait for a response when the call has no budget.
@@ -67,14 +68,14 @@ class ClientFactory:
         self,
         config: LlmConfig | None = None,
         *,
-        transport: Any = None,
+        recording: ReplayTransport | None = None,
         retry: RetryPolicy | None = None,
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.config = config if config is not None else load_llm_config(None)
         self.retry = retry if retry is not None else RetryPolicy()
-        self._transport = transport
+        self._recording = recording
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._clients: dict[str, httpx.Client] = {}
@@ -88,14 +89,14 @@ class ClientFactory:
         recorded = [event for event in events if isinstance(event, LlmCalled)]
         return cls(
             config,
-            transport=ReplayTransport(recorded),
+            recording=ReplayTransport(recorded),
             retry=RetryPolicy(base_delay=0.0, max_delay=0.0, retry_after_cap=0.0),
         )
 
     @property
     def replaying(self) -> bool:
         """Whether calls are served from a recording."""
-        return isinstance(self._transport, ReplayTransport)
+        return self._recording is not None
 
     def resolve(self, model_id: str) -> ResolvedModel:
         """Resolve ``model_id`` (once per factory: its configuration is loaded once
@@ -107,9 +108,9 @@ class ClientFactory:
         try:
             resolved = self.config.resolve(model_id)
         except LlmConfigError:
-            if not isinstance(self._transport, ReplayTransport):
+            if self._recording is None:
                 raise
-            recorded = self._transport.resolve(model_id)
+            recorded = self._recording.resolve(model_id)
             if recorded is None:
                 raise
             resolved = recorded
@@ -129,39 +130,33 @@ class ClientFactory:
             existing = self._clients.get(base_url)
             if existing is not None:
                 return existing
-            if isinstance(self._transport, ReplayTransport):
-                replay: Any = ReplayClient(self._transport)
+            if self._recording is not None:
+                replay: Any = ReplayClient(self._recording)
                 self._clients[base_url] = replay
                 return replay  # type: ignore[no-any-return]
             import httpx
 
-            timeout = httpx.Timeout(self._read_timeout, connect=self._connect_timeout)
-            if self._transport is not None:  # the caller's own transport
-                created = httpx.Client(
-                    transport=self._transport, timeout=timeout, follow_redirects=False
-                )
-            else:
-                # No transport passed in, so that httpx mounts the proxies the
-                # environment names (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY): it does not
-                # for a client given its transport. Retries are httpx's default,
-                # none: ours are counted, recorded, and only for transient errors.
-                created = httpx.Client(
-                    verify=shared_ssl_context(),
-                    limits=httpx.Limits(max_connections=50, max_keepalive_connections=10),
-                    timeout=timeout,
-                    follow_redirects=False,
-                    trust_env=True,
-                )
-                mounted = getattr(created, "_mounts", {}).values()
-                for transport in (getattr(created, "_transport", None), *mounted):
-                    self._make_abortable(transport)
+            # No transport passed in, so that httpx mounts the proxies the environment
+            # names (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY): it does not for a client given
+            # its transport. Retries are httpx's default, none: ours are counted,
+            # recorded, and only for transient errors.
+            created = httpx.Client(
+                verify=shared_ssl_context(),
+                limits=httpx.Limits(max_connections=50, max_keepalive_connections=10),
+                timeout=httpx.Timeout(self._read_timeout, connect=self._connect_timeout),
+                follow_redirects=False,
+                trust_env=True,
+            )
+            mounted = getattr(created, "_mounts", {}).values()
+            for transport in (getattr(created, "_transport", None), *mounted):
+                self._make_abortable(transport)
             lean: Any = _LeanClient(created)
             self._clients[base_url] = lean
             return lean  # type: ignore[no-any-return]
 
     def abort_on(self, token: CancelToken) -> contextlib.AbstractContextManager[None]:
         """While in this block, ``token`` firing aborts this thread's in-flight request."""
-        if isinstance(self._transport, ReplayTransport):
+        if self._recording is not None:
             return _NOTHING_TO_ABORT  # a replayed call never waits on anything
         return _AbortScope(token, self._aborts)
 
@@ -187,7 +182,7 @@ class ClientFactory:
         """
         pool = getattr(transport, "_pool", None)
         backend = getattr(pool, "_network_backend", None)
-        if backend is not None and not isinstance(backend, _AbortableBackend):
+        if backend is not None:
             pool._network_backend = _AbortableBackend(backend, self._aborts)  # type: ignore[union-attr]
 
 
@@ -208,12 +203,13 @@ class _LeanClient:
     drop it, calls go through ``Client.post`` as before).
     """
 
-    __slots__ = ("_client", "_pick", "replaying")
+    __slots__ = ("_client", "_pick")
+
+    replaying = False
 
     def __init__(self, client: httpx.Client) -> None:
         self._client = client
         self._pick = getattr(client, "_transport_for_url", None)
-        self.replaying = False
 
     def post(
         self, url: str, *, content: bytes, headers: Any = None, timeout: Any = _CLIENT_DEFAULT
@@ -222,7 +218,6 @@ class _LeanClient:
 
         if timeout is _CLIENT_DEFAULT:
             timeout = httpx.USE_CLIENT_DEFAULT
-
         client = self._client
         if self._pick is None:
             return client.post(url, content=content, headers=headers, timeout=timeout)
@@ -395,7 +390,7 @@ class _AbortableBackend:
 
 
 class ReplayTransport:
-    """An httpx transport that answers requests from recorded ``LlmCalled`` events.
+    """Recorded ``LlmCalled`` events, indexed by the request each answered.
 
     A request matches a recording with the same method, protocol endpoint
     (``/chat/completions`` or ``/v1/messages``, whatever the base URL) and
@@ -435,17 +430,12 @@ class ReplayTransport:
             )
         return None
 
-    def take(self, method: str, path: str, content: bytes) -> tuple[LlmCalled, bytes]:
-        """The recorded call answering this request, and its response body bytes.
+    def take_event(self, method: str, path: str, content: bytes) -> LlmCalled:
+        """The recorded call answering this request.
 
         Raises :class:`LlmReplayMissError` when nothing recorded matches, and the
         recorded transport error (as httpx raises it) when the call had failed.
         """
-        event = self.take_event(method, path, content)
-        return event, _response_bytes(event)
-
-    def take_event(self, method: str, path: str, content: bytes) -> LlmCalled:
-        """The recorded call answering this request (see :meth:`take`)."""
         endpoint = _endpoint(path)
         body: Any = None
         # The providers send canonical JSON (sorted keys), so the bytes are the key;
@@ -474,17 +464,6 @@ class ReplayTransport:
                 raise httpx.ReadTimeout(message, request=request)
             raise httpx.ConnectError(message, request=request)
         return event
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        import httpx
-
-        event, content = self.take(request.method, request.url.path, request.read())
-        return httpx.Response(
-            event.status or 200,
-            content=content,
-            headers={"content-type": "application/json"},
-            request=request,
-        )
 
     def _miss_message(self, method: str, path: str, body: Any, key: tuple[str, str, bytes]) -> str:
         model = body.get("model") if isinstance(body, dict) else None

@@ -48,9 +48,6 @@ def check_approver(approvers: Sequence[str], by: str, node_id: str, *, how: str 
         raise AnswerRefused(f"'{by}' may not answer approval node '{node_id}'", hint=hint)
 
 
-# Why a run driven by this process was left waiting although an answer was
-# offered, by run id. The supervisor reports a wait as a wait; the command that
-# drove the run takes the reason from here to report an error instead.
 class HumanActor:
     """Asks, or takes a supplied answer, and records ``HumanInputReceived``."""
 

@@ -497,7 +497,7 @@ class SqliteStore:
             self.conn.execute("DELETE FROM runs")
             self.conn.executemany(
                 _UPSERT_RUN,
-                [(*(getattr(r, c) for c in COLUMNS), run_nos[r.run_id]) for r in rebuilt.values()],
+                [(*_astuple(r), run_nos[r.run_id]) for r in rebuilt.values()],
             )
             self.conn.execute("COMMIT")
             self._rows.clear()
