@@ -156,9 +156,7 @@ def test_validate_errors(
 
 
 def test_unknown_fields_warn_and_strict_makes_them_errors(graphrun: Any, agent: Any) -> None:
-    agent(
-        'name: g\nversion: "1.0"\nstart: a\nnodes:\n  a: {type: end, outptu: x}\n', name="g"
-    )
+    agent('name: g\nversion: "1.0"\nstart: a\nnodes:\n  a: {type: end, outptu: x}\n', name="g")
     result = graphrun("validate", "g")
     assert result.code == 0
     assert result.stderr.splitlines() == [
