@@ -142,7 +142,12 @@ class ClientFactory:
             # recorded, and only for transient errors.
             created = httpx.Client(
                 verify=shared_ssl_context(),
-                limits=httpx.Limits(max_connections=50, max_keepalive_connections=10),
+                # No connection cap and every connection kept alive: a step's branches
+                # never queue for a connection. httpcore's sync pool can close a
+                # connection it has just handed to a queued request, which then hangs
+                # until its read timeout (encode/httpcore#1110); with nothing queued
+                # and no surplus keep-alive to trim, that cannot happen.
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
                 timeout=httpx.Timeout(self._read_timeout, connect=self._connect_timeout),
                 follow_redirects=False,
                 trust_env=True,
