@@ -200,7 +200,9 @@ def broken_log(run_id: str, problem: codec.ChainProblem) -> BrokenLogError:
     )
 
 
-def storage_error(path: Path, exc: sqlite3.Error, doing: str) -> StoreError:
+def storage_error(
+    path: Path, exc: sqlite3.Error, doing: str, busy_seconds: float = BUSY_SECONDS
+) -> StoreError:
     """A one-line error for what SQLite reported while ``doing`` something."""
     code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
     detail = str(exc)
@@ -222,7 +224,7 @@ def storage_error(path: Path, exc: sqlite3.Error, doing: str) -> StoreError:
         )
     if code in (5, 6) or "locked" in detail:
         return StoreLockedError(
-            f"{path} stayed locked by another process for over {BUSY_SECONDS:.0f}s ({doing})",
+            f"{path} stayed locked by another process for over {busy_seconds:g}s ({doing})",
             hint="retry once the other graphrun commands on this database have finished",
         )
     if code == 26 or "not a database" in detail:
@@ -256,7 +258,7 @@ def _guarded(doing: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
                 store = args[0]
                 assert isinstance(store, SqliteStore)
                 store.rollback()
-                raise storage_error(store.path, exc, doing) from None
+                raise storage_error(store.path, exc, doing, store.busy_seconds) from None
 
         return guarded
 
@@ -273,8 +275,10 @@ class SqliteStore:
         durability: str = "normal",
         create: bool = True,
         clock: Clock | None = None,
+        busy_seconds: float = BUSY_SECONDS,
     ) -> None:
         self.path = Path(path)
+        self.busy_seconds = busy_seconds
         self.clock = clock or Clock()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._lock = threading.RLock()
@@ -300,12 +304,12 @@ class SqliteStore:
             ) from None
         try:
             self.conn = sqlite3.connect(
-                str(self.path), isolation_level=None, check_same_thread=False, timeout=BUSY_SECONDS
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_seconds
             )
         except sqlite3.Error as exc:
             raise storage_error(self.path, exc, "opening it") from None
         try:
-            prepare(self.conn, self.path, timeout=BUSY_SECONDS)
+            prepare(self.conn, self.path, timeout=busy_seconds)
             sync = "FULL" if durability == "full" else "NORMAL"
             self.conn.execute(f"PRAGMA synchronous={sync}")
         except CorruptStoreError:
@@ -318,7 +322,7 @@ class SqliteStore:
                     f"{self.path} is not a usable graphrun database: {exc}",
                     hint="point --db at a graphrun event database",
                 ) from None
-            raise storage_error(self.path, exc, "opening it") from None
+            raise storage_error(self.path, exc, "opening it", busy_seconds) from None
         self.durability = durability
 
     def close(self) -> None:
