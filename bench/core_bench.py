@@ -138,12 +138,13 @@ def run_loop(db: Path, agent_dir: Path, visits: int, *, durability: str = "norma
 def cached_run(events: int) -> tuple[Path, str]:
     """A database holding one recorded loop run of about ``events`` events."""
     from graphrun.eventstore import events as events_module
+    from graphrun.eventstore import migrations
     from graphrun.runtime import decider
 
     key = hashlib.sha256()
     for part in (LOOP_GRAPH, LOOP_SCRIPT, str(events)):
         key.update(part.encode())
-    for module in (events_module, decider):
+    for module in (events_module, decider, migrations):  # the file format too
         key.update(Path(module.__file__ or "").read_bytes())
     cache = Path(
         os.environ.get("GRAPHRUN_BENCH_CACHE") or Path(tempfile.gettempdir()) / "graphrun-bench"
