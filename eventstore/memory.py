@@ -213,11 +213,17 @@ class MemoryStore:
         """Rebuild the ``runs`` projection from the stored events; returns rows."""
         b = self.backend
         with b.lock:
-            ordered = [
-                (codec.decode(body), digest)
-                for run_id in sorted(b.events)
-                for _seq, body, _p, digest in b.events[run_id]
-            ]
+            try:
+                ordered = [
+                    (codec.decode(body), digest)
+                    for run_id in sorted(b.events)
+                    for _seq, body, _p, digest in b.events[run_id]
+                ]
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise CorruptStoreError(
+                    f"{self.path}: an event does not decode ({exc}); the runs were not rebuilt",
+                    hint="`graphrun audit RUN --verify` names the damaged event",
+                ) from None
             b.runs = dict(rebuild_rows(ordered))
             return len(b.runs)
 

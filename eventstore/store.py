@@ -586,7 +586,27 @@ class SqliteStore:
             return codec.ChainProblem(seq, f"its database page cannot be read ({failure})")
         if not rows:
             return codec.ChainProblem(1, "the run has no events")
-        return None
+        return self._head_problem(run_id, rows)
+
+    @_guarded("reading the runs")
+    def _head_problem(self, run_id: str, rows: list[_Stored]) -> codec.ChainProblem | None:
+        """Whether the run's ``run_heads`` row is what its (verified) events say."""
+        events = [codec.decode(body) for _seq, body, _digest in rows]
+        expected = rebuild_rows((e, "") for e in events)[run_id]
+        with self._lock:
+            found = self.conn.execute(
+                f"SELECT {', '.join(HEAD_COLUMNS)} FROM run_heads WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        if found is None or tuple(found) == self._head(expected):
+            return None
+        differ = [
+            c for c, a, b in zip(HEAD_COLUMNS, found, self._head(expected), strict=True) if a != b
+        ]
+        return codec.ChainProblem(
+            len(rows),
+            f"the runs table's {', '.join(differ)} for this run do not match its events "
+            "(edited outside graphrun?)",
+        )
 
     def require_intact(self, run_id: str) -> None:
         """Raise :class:`BrokenLogError` unless the run's log verifies (call it

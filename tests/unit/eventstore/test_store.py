@@ -223,6 +223,20 @@ class TestSqliteStore(StoreContract):
         numbers = [n for (n,) in again.conn.execute("SELECT run_no FROM runs ORDER BY run_no")]
         assert numbers == [1, 2, 3]
 
+    def test_an_edited_runs_row_does_not_verify(self) -> None:
+        store = self.open_store()
+        store.append(
+            "r1", [started(), *step("a", 1, 1, None), RunCompleted(node_id="a", output="x")]
+        )
+        with sqlite3.connect(self.db) as conn:
+            conn.execute("UPDATE run_heads SET status = 'failed', error = 'no' WHERE run_id = 'r1'")
+        conn.close()
+        problem = self.open_store().verify("r1")
+        assert problem is not None and problem.seq == 5
+        assert "status, error" in problem.reason and "do not match its events" in problem.reason
+        assert store.rebuild_runs() == 1
+        assert self.open_store().verify("r1") is None
+
     def test_the_runs_view_is_true_after_every_commit(self) -> None:
         """Another connection sees each step's last seq, hash, time and node."""
         clock = FakeClock(10.0)
