@@ -125,7 +125,7 @@ def holder_alive(lease: Lease) -> bool:
         return True
     try:
         process = psutil.Process(lease.pid)
-        if lease.started and abs(process.create_time() - lease.started) > 1.0:
+        if lease.started and abs(process.create_time() - lease.started) > 0.005:
             return False
         return bool(process.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:

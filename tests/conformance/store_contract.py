@@ -425,6 +425,28 @@ class StoreContract:
         b.acquire_lease("r1")
         assert b.lease("r1").owner == b.owner  # type: ignore[union-attr]
 
+    def test_a_pid_now_used_by_another_process_does_not_hold_a_lease(self) -> None:
+        """The holder is its pid *and* its start time: a live process that got the
+        pid later (here: one started after the holder) does not keep the run."""
+        import subprocess
+        import sys
+        import time
+
+        a = self.open_store()
+        b = self.open_store()
+        a.append("r1", [started()])
+        a.acquire_lease("r1")
+        time.sleep(0.05)
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            self.set_lease_pid(a, "r1", other.pid)
+            assert not b.is_live("r1")
+            b.acquire_lease("r1")
+            assert b.lease("r1").owner == b.owner  # type: ignore[union-attr]
+        finally:
+            other.kill()
+            other.wait()
+
     def test_appending_renews_the_holders_lease(self) -> None:
         clock = FakeClock()
         a = self.open_store(clock)

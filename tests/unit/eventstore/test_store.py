@@ -293,7 +293,6 @@ class TestMemoryStore(StoreContract):
         store.tamper(run_id, seq, body)
 
     def set_lease_pid(self, store: Any, run_id: str, pid: int) -> None:
-        from graphrun.eventstore.store import Lease
+        import dataclasses
 
-        lease = self.backend.leases[run_id]
-        self.backend.leases[run_id] = Lease(run_id, lease.owner, pid, lease.host, lease.expires_at)
+        self.backend.leases[run_id] = dataclasses.replace(self.backend.leases[run_id], pid=pid)
