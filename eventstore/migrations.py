@@ -119,6 +119,7 @@ SELECT run_id, seq, id, ts, type, node_id, body, hash FROM events
 
 def create_schema(conn: sqlite3.Connection) -> None:
     """The tables and views of schema 4 (old tables, if any, were set aside)."""
+    conn.execute("DROP TABLE IF EXISTS _sqlite_migrations")
     conn.execute(EVENTS_SQL)
     conn.execute(RUN_HEADS_SQL)
     conn.execute("CREATE INDEX run_heads_status ON run_heads(status)")
@@ -288,7 +289,10 @@ def _version(conn: sqlite3.Connection, path: Path) -> int | None:
     if app_id not in (0, APPLICATION_ID):
         raise CorruptStoreError(f"{path} belongs to another application")
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if app_id == 0 and (tables - _OWN_TABLES or (tables and "events" not in tables)):
+    # An older graphrun stopped before it created anything but sqlite-utils' table:
+    # a new file.
+    fresh = tables <= {"_sqlite_migrations"}
+    if app_id == 0 and (tables - _OWN_TABLES or not (fresh or "events" in tables)):
         raise CorruptStoreError(
             f"{path} is an SQLite database of something else "
             f"(tables: {', '.join(sorted(tables)[:5])})",
@@ -299,7 +303,7 @@ def _version(conn: sqlite3.Connection, path: Path) -> int | None:
         (version,) = conn.execute(
             "SELECT count(*) FROM _sqlite_migrations WHERE migration_set = 'graphrun'"
         ).fetchone()
-    if version not in STEPS or (version == 0 and tables):
+    if version not in STEPS or (version == 0 and not fresh):
         raise CorruptStoreError(
             f"{path} has an unknown graphrun schema ({version})",
             hint="point --db at a graphrun event database",

@@ -253,6 +253,19 @@ class TestSqliteStore(StoreContract):
             last = list(store.raw_rows("r1"))[-1]
             assert row == (1 + 3 * visit, last[3], clock.t, f"n{visit}", "running")
 
+    def test_a_file_an_older_version_left_half_set_up_opens(self) -> None:
+        """An older graphrun killed after sqlite-utils made its bookkeeping table,
+        before the first migration committed: the file is graphrun's, and new."""
+        with sqlite3.connect(self.db) as conn:
+            conn.execute(
+                'CREATE TABLE "_sqlite_migrations" ("id" INTEGER PRIMARY KEY, '
+                '"migration_set" TEXT, "name" TEXT, "applied_at" TEXT)'
+            )
+        conn.close()
+        store = self.open_store()
+        store.append("r1", [started()])
+        assert store.verify("r1") is None
+
     @pytest.mark.parametrize("kind", ["random", "foreign", "newer"])
     def test_bad_files_are_refused_and_left_alone(self, kind: str) -> None:
         if kind == "random":
