@@ -78,6 +78,12 @@ def _rechain(db: sqlite3.Connection, run_id: str) -> None:
             (digest, run_id, seq),
         )
         prev = digest
+    # ... and the runs table says what the edited events say.
+    from graphrun.eventstore.store import SqliteStore
+
+    db.commit()
+    with SqliteStore(db.execute("PRAGMA database_list").fetchone()[2]) as store:
+        store.rebuild_runs()
 
 
 def test_replay_reports_a_changed_decider_outcome(graphrun, shipit) -> None:  # type: ignore[no-untyped-def]
