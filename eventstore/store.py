@@ -205,7 +205,9 @@ def storage_error(
 ) -> StoreError:
     """A one-line error for what SQLite reported while ``doing`` something."""
     code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-    detail = str(exc)
+    detail = " ".join(str(exc).split())  # one line, even when it quotes damaged SQL
+    if len(detail) > 160:
+        detail = detail[:157] + "..."
     if code == 13 or "database or disk is full" in detail:
         return StoreFullError(
             f"the disk holding {path} is full ({doing})",
@@ -583,7 +585,8 @@ class SqliteStore:
             return problem
         if failure is not None:
             seq = rows[-1][0] + 1 if rows else 1
-            return codec.ChainProblem(seq, f"its database page cannot be read ({failure})")
+            detail = " ".join(str(failure).split())[:160]
+            return codec.ChainProblem(seq, f"its database page cannot be read ({detail})")
         if not rows:
             return codec.ChainProblem(1, "the run has no events")
         return self._head_problem(run_id, rows)
@@ -592,7 +595,10 @@ class SqliteStore:
     def _head_problem(self, run_id: str, rows: list[_Stored]) -> codec.ChainProblem | None:
         """Whether the run's ``run_heads`` row is what its (verified) events say."""
         events = [codec.decode(body) for _seq, body, _digest in rows]
-        expected = rebuild_rows((e, "") for e in events)[run_id]
+        try:
+            expected = rebuild_rows((e, "") for e in events)[run_id]
+        except ValueError as exc:  # a chain that verifies, of a log no run could write
+            return codec.ChainProblem(1, str(exc))
         with self._lock:
             found = self.conn.execute(
                 f"SELECT {', '.join(HEAD_COLUMNS)} FROM run_heads WHERE run_id = ?", (run_id,)

@@ -192,3 +192,39 @@ def test_single_byte_flips_in_event_pages_are_named_by_seq(
             assert "Traceback" not in result.stderr
             assert f"first bad seq {problem.seq}" in result.stderr
     assert outcomes.get("seq", 0) > 50, outcomes
+
+
+def test_flips_anywhere_in_the_file_end_in_a_report_never_an_internal_error(
+    tmp_path: Path,
+) -> None:
+    """Random single-bit flips anywhere in a database (schema, runs, leases, free
+    space): opening and verifying either works, names a seq, or raises a one-line
+    store error. Nothing else escapes."""
+    from graphrun.eventstore.errors import GraphrunError
+    from tests.conformance.store_contract import started, step
+
+    db = tmp_path / "events.db"
+    store = SqliteStore(db)
+    for n in range(3):
+        store.append(f"r{n}", [started()])
+        for visit in range(1, 15):
+            store.append(f"r{n}", step("a", visit, visit, None))
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    pristine = db.read_bytes()
+    rng = random.Random(99)
+    outcomes: dict[str, int] = {}
+    for trial in range(200):
+        damaged = tmp_path / f"any{trial}.db"
+        data = bytearray(pristine)
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        damaged.write_bytes(bytes(data))
+        try:
+            with SqliteStore(damaged) as opened:
+                found = [opened.verify(f"r{n}") for n in range(3) if opened.has_run(f"r{n}")]
+            outcome = "seq" if any(found) else "ok"
+        except GraphrunError as exc:
+            assert "\n" not in str(exc), exc
+            outcome = type(exc).__name__
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    assert outcomes.get("seq", 0) > 0, outcomes
