@@ -57,12 +57,8 @@ def test_a_schema_v3_database_with_compressed_bodies_is_migrated(graphrun, tmp_p
         assert db.execute("PRAGMA user_version").fetchone()[0] == 3
         blobs = db.execute("SELECT count(*) FROM events WHERE typeof(body) = 'blob'").fetchone()
         assert blobs[0] > 0
+        recorded_runs = {r for (r,) in db.execute("SELECT run_id FROM runs")}
     rows = graphrun("runs", "--json").json_lines()
-    recorded_runs = {
-        run_id
-        for path in REPLAYS.glob("*.run.jsonl")
-        for run_id in json.loads(path.read_text().splitlines()[0])["runs"]
-    }
     assert {r["run_id"] for r in rows} == recorded_runs
     with sqlite3.connect(graphrun.db) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == 4
@@ -81,6 +77,8 @@ def test_a_schema_v3_database_with_compressed_bodies_is_migrated(graphrun, tmp_p
     # migrated run has the very event lines of the file it was imported from.
     for path in REPLAYS.glob("*.run.jsonl"):
         run_id = json.loads(path.read_text().splitlines()[0])["runs"][0]
+        if run_id not in recorded_runs:  # recorded after the schema-3 file was made
+            continue
         out = tmp_path / f"{run_id}.jsonl"
         assert graphrun("export", run_id, "-o", str(out)).code == 0
         recorded = [ln for ln in path.read_text().splitlines() if ln.startswith('{"hash"')]
