@@ -243,6 +243,7 @@ def resume_cmd(
     configure_logging()
     store = open_store(db)
     run_id = resolve_run(store, run_id)
+    store.require_intact(run_id)  # never extend a log that does not verify
     state = fold(store.read(run_id))
     if state.terminal:
         raise AnswerError(f"run {run_id} has already {state.status}; there is nothing to resume")
