@@ -105,8 +105,27 @@ def _options(
     if llm_replay:
         from graphrun.runtime.recorded import load_llm_calls
 
+        _check_replay_source(llm_replay)
+
         options.llm_replay = load_llm_calls(llm_replay, store)
     return options
+
+
+def _check_replay_source(source: str) -> None:
+    """``--llm-replay`` names a run of the database or a file, which must exist."""
+    from pathlib import Path
+
+    from graphrun.runtime.errors import UsageError
+
+    path = Path(source)
+    if path.is_dir():
+        raise UsageError(f"--llm-replay {source}: is a directory, not an exported run file")
+    looks_like_file = path.suffix in (".jsonl", ".json") or "/" in source or "\\" in source
+    if looks_like_file and not path.exists():
+        raise UsageError(
+            f"--llm-replay {source}: no such file",
+            hint="give an exported run file (graphrun export RUN -o FILE) or a run id",
+        )
 
 
 def common_run_options(fn: Any) -> Any:

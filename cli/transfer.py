@@ -21,6 +21,18 @@ def export_cmd(run_id: str, output: str | None, db: str | None) -> None:
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     if output:
+        from graphrun.runtime.errors import UsageError
+
+        target = Path(output)
+        if target.is_dir():
+            raise UsageError(f"-o {output}: is a directory", hint="give a file name")
+        try:
+            # A missing folder is created, like the file itself.
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"-o {output}: cannot create {target.parent}: {exc.strerror}"
+            ) from None
         with open(output, "w", encoding="utf-8") as fh:
             count = write_export(store, run_id, fh, relative_to=Path(output).parent)
         click.echo(f"▸ exported {count} events of run {run_id} to {output}", err=True)
