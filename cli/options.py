@@ -53,9 +53,14 @@ def latest_run(store: Any) -> str:
     creation, so a fork is newer than its source; an imported run keeps its id)."""
     from graphrun.eventstore.errors import UnknownRunError
 
-    row = store.conn.execute(
-        "SELECT run_id FROM runs WHERE parent_run_id IS NULL ORDER BY run_id DESC LIMIT 1"
-    ).fetchone()
+    conn = getattr(store, "conn", None)
+    if conn is not None:  # SQLite: ask the runs table
+        row = conn.execute(
+            "SELECT run_id FROM runs WHERE parent_run_id IS NULL ORDER BY run_id DESC LIMIT 1"
+        ).fetchone()
+    else:  # any other store: through the Store protocol
+        ids = [r.run_id for r in store.runs(limit=100_000) if r.parent_run_id is None]
+        row = (max(ids),) if ids else None
     if row is None:
         raise UnknownRunError(
             f"{LATEST}: there is no run in {store.path}", hint="start one with graphrun run"
