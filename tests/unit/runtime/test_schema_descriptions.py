@@ -31,9 +31,9 @@ def test_every_property_and_node_type_is_described() -> None:
 
 def test_descriptions_say_what_the_field_does() -> None:
     defs = generate()["$defs"]
-    assert "len(input) <op> <integer>" in defs["InputNode"]["properties"]["validation"][
-        "description"
-    ]
+    assert (
+        "len(input) <op> <integer>" in defs["InputNode"]["properties"]["validation"]["description"]
+    )
     assert "free-form" in defs["ApprovalNode"]["properties"]["on_other"]["description"]
     assert defs["ScriptNode"]["properties"]["next"]["description"].startswith("The default")
 
