@@ -43,3 +43,21 @@ def test_descriptions_do_not_change_what_validates() -> None:
     assert schema_errors(graph) == []
     graph["nodes"]["e"]["outptu"] = "x"  # type: ignore[index]
     assert schema_errors(graph) != []
+
+
+def test_docs_graph_yaml_names_every_field_of_every_node_type() -> None:
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "graph-yaml.md").read_text(
+        encoding="utf-8"
+    )
+    defs = generate()["$defs"]
+    missing = [
+        f"{name}.{prop}"
+        for name, definition in defs.items()
+        for prop in definition.get("properties", {})
+        if f"`{prop}`" not in docs
+    ]
+    assert missing == []
+    for tag in ("llm", "script", "approval", "input", "agent", "rag", "end"):
+        assert f"\n## {tag}\n" in docs
