@@ -43,7 +43,11 @@ def export_cmd(run_id: str, output: str | None, with_origin: bool, db: str | Non
             raise UsageError(
                 f"-o {output}: cannot create {target.parent}: {exc.strerror}"
             ) from None
-        with open(output, "w", encoding="utf-8") as fh:
+        try:
+            fh = open(output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
+        except OSError as exc:
+            raise UsageError(f"-o {output}: cannot write: {exc.strerror}") from None
+        with fh:
             count = write_export(
                 store, run_id, fh, relative_to=Path(output).parent, with_origin=with_origin
             )
