@@ -170,7 +170,8 @@ def _closest(name: str, choices: list[str]) -> str | None:
 
 
 def _field_names(cls: type[msgspec.Struct]) -> list[str]:
-    return list(cls.__struct_fields__)
+    """The field names as written in YAML (``as`` for the attribute ``as_``)."""
+    return list(cls.__struct_encode_fields__)
 
 
 _MSGSPEC_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")
@@ -216,7 +217,7 @@ def _check_fields(
     required = [
         name
         for name, default in zip(
-            cls.__struct_fields__,
+            cls.__struct_encode_fields__,
             (msgspec.NODEFAULT,) * (len(cls.__struct_fields__) - len(cls.__struct_defaults__))
             + tuple(cls.__struct_defaults__),
             strict=True,
