@@ -139,6 +139,8 @@ _ORIGIN_FIELDS = {
 _ACCOUNT_FIELDS = {"RunStarted": "started_by", "RunResumed": "by", "RunCancelled": "by"}
 #: Paths made relative to the export file.
 _PATH_FIELDS = {"RunStarted": ("agent_dir", "graph_path")}
+#: Paths in ``RunStarted.config`` (the configuration a run began with), likewise.
+_CONFIG_PATHS = ("config_dir", "agents_dir", "loki_dir")
 
 
 def _os_users(store: SqliteStore, run_id: str) -> set[str]:
@@ -171,10 +173,20 @@ def _portable(body: bytes, base: Path, os_users: set[str]) -> bytes:
     account = _ACCOUNT_FIELDS.get(kind)
     if account is not None and data.get(account) in os_users:
         data.pop(account)
+
+    def relative(value: Any) -> Any:
+        if isinstance(value, str) and os.path.isabs(value):
+            return Path(os.path.relpath(value, base)).as_posix()
+        return value
+
     for name in _PATH_FIELDS.get(kind, ()):
-        value = data.get(name)
-        if value and os.path.isabs(value):
-            data[name] = Path(os.path.relpath(value, base)).as_posix()
+        if data.get(name):
+            data[name] = relative(data[name])
+    config = data.get("config") if kind == "RunStarted" else None
+    if isinstance(config, dict):
+        for name in _CONFIG_PATHS:
+            if config.get(name):
+                config[name] = relative(config[name])
     return codec.encode_any(data)
 
 
@@ -189,6 +201,9 @@ def _sans_origin(event: Event) -> dict[str, Any]:
         _ACCOUNT_FIELDS.get(kind, ""),
     ):
         data.pop(name, None)
+    config = data.get("config") if kind == "RunStarted" else None
+    if isinstance(config, dict):
+        data["config"] = {k: v for k, v in config.items() if k not in _CONFIG_PATHS}
     return data
 
 
