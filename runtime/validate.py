@@ -570,7 +570,7 @@ def validate(check: Check) -> list[Diagnostic]:
     """Run every rule; errors first, each group in file order."""
     from graphrun.runtime import effect_rules, parallel_rules  # noqa: F401  (register rules)
 
-    found: list[Diagnostic] = []
+    found: list[Diagnostic] = list(check.loaded.warnings)
     for fn in RULES:
         if not check.deep and getattr(fn, "deep", False):
             continue
