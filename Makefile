@@ -28,9 +28,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The demo writes to the default database ($$GRAPHRUN_DB, else the user data dir),
+# the one `graphrun runs`, `show` and `replay` read in the README's next section.
 demo: $(STAMP)
-	@mkdir -p .graphrun
-	GRAPHRUN_DB=.graphrun/demo.db $(BIN)/graphrun run examples/ticket-triage \
+	$(BIN)/graphrun run examples/ticket-triage \
 	  "$(DEMO_TICKET)" --llm-replay replays/ticket-triage.run.jsonl
 
 test: $(STAMP)

@@ -346,6 +346,49 @@ def input_validation_grammar(c: Check) -> list[Diagnostic]:
     return out
 
 
+@rule
+def templates_terminated(c: Check) -> list[Diagnostic]:
+    """Every ``{{`` in a node's text is closed by ``}}``."""
+    import msgspec
+
+    from graphrun.runtime.templates import unterminated
+
+    out = []
+
+    def walk(nid: str, path: str, value: Any) -> None:
+        if isinstance(value, str):
+            at = unterminated(value)
+            if at is not None:
+                shown = value[at : at + 30].splitlines()[0]
+                out.append(
+                    c.diag(
+                        "error",
+                        "template-unterminated",
+                        f"unterminated template: {shown!r} has no closing '}}}}'",
+                        path,
+                        node=nid,
+                        hint="close it with }}, e.g. {{key}}",
+                    )
+                )
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(nid, f"{path}[{i}]", item)
+        elif isinstance(value, dict):
+            from graphrun.runtime.loader import _child
+
+            for key, item in value.items():
+                walk(nid, _child(path, key), item)
+
+    for nid, node in c.nodes():
+        fields = msgspec.to_builtins(node)
+        if not isinstance(fields, dict):
+            continue
+        for name, value in fields.items():
+            if name not in ("output_schema", "type", "id"):
+                walk(nid, _npath(nid, name), value)
+    return out
+
+
 # --- script ---------------------------------------------------------------------------
 
 
