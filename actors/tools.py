@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from graphrun.actors.base import CancelToken
 from graphrun.actors.providers.base import ToolResult, ToolSpec
+from graphrun.eventstore import redaction
 from graphrun.eventstore.errors import GraphrunError
 
 if TYPE_CHECKING:
@@ -584,6 +585,7 @@ class _RunContext:
     cache_root: Path
     agent_name: str | None
     python: str
+    config_dir: Path | None = None
 
 
 def _cache_root(config_dir: Path | None) -> Path:
@@ -690,8 +692,21 @@ def _run_process(
     return ToolResult(text, False, (time.monotonic() - started) * 1000, source)
 
 
-def _tool_env(ctx: _RunContext, tool_name: str, agent_func: str | None) -> dict[str, str]:
-    env = dict(os.environ)
+def _tool_env(
+    ctx: _RunContext, tool_name: str, agent_func: str | None, *, needs: Sequence[str] = ()
+) -> dict[str, str]:
+    """Loki's environment for a tool process; key variables only if the tool
+    declares them (``needs``)."""
+    from graphrun.actors.lokienv import loki_env
+    from graphrun.actors.secrets import child_env
+
+    env = loki_env(
+        dict(os.environ),
+        agent_dir=ctx.agent_dir,
+        config_dir=ctx.config_dir,
+        root_dir=ctx.root_dir,
+    )
+    env = child_env(needs, base=env)
     env.update(
         LLM_ROOT_DIR=str(ctx.root_dir),
         LLM_TOOL_NAME=tool_name,
@@ -774,6 +789,23 @@ _ARGC_SHIM = (
 )
 
 
+# Runs a tool script that has no argc dispatch of its own (Loki's tools never have
+# one: Loki builds it in). The script is sourced with its own path as $0 and the
+# command line as "$@"; a script that ends with argc's eval line runs its function
+# there, any other gets the function called afterwards.
+_ARGC_DISPATCH = (
+    '. "$0"\nif [ -e "$GRAPHRUN_ARGC_MARK" ]; then exit "$?"; fi\neval "$GRAPHRUN_ARGC_EVAL"\n'
+)
+
+
+def _argc_built(path: Path) -> bool:
+    """Whether ``argc --argc-build`` made this script (it then parses its arguments)."""
+    try:
+        return "# ARGC-BUILD {" in path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class BashTool:
     """The root command or a ``@cmd`` function of an argc-annotated script."""
@@ -849,24 +881,47 @@ class BashTool:
         if isinstance(bound, str):
             return _error(f"tool '{self.spec.name}': {bound}", self.spec.source, started)
         cli, eval_text = bound
-        argv = ["bash", str(self.path)]
+        built = _argc_built(self.path)
+        # A script argc has built parses its own command line; any other script is
+        # sourced by a dispatcher that then calls the function, as Loki's build does.
+        argv = ["bash", str(self.path)] if built else ["bash", "-c", _ARGC_DISPATCH, str(self.path)]
         if self.command.function is not None:
             argv.append(self.command.function)
         env = _tool_env(
-            self.ctx, self.spec.name, self.command.function if self.agent_tool else None
+            self.ctx,
+            self.spec.name,
+            self.command.function if self.agent_tool else None,
+            needs=[e.name for e in self.command.envs],
         )
-        env["GRAPHRUN_ARGC_EVAL"] = eval_text
+        function = self.command.function or "main"
+        fd, mark = tempfile.mkstemp(prefix="graphrun-argc-", suffix=".called")
+        os.close(fd)
+        os.unlink(mark)  # the dispatch creates it right before calling the function
+        env["GRAPHRUN_ARGC_MARK"] = mark
+        env["GRAPHRUN_ARGC_EVAL"] = f'printf "" > "$GRAPHRUN_ARGC_MARK"\n{eval_text}'
         env["BASH_FUNC_argc%%"] = _ARGC_SHIM
-        return _run_process(
-            argv + cli,
-            name=self.spec.name,
-            source=self.spec.source,
-            env=env,
-            cwd=self.ctx.agent_dir,
-            cancel=cancel,
-            timeout=timeout,
-            started=started,
-        )
+        try:
+            result = _run_process(
+                argv + cli,
+                name=self.spec.name,
+                source=self.spec.source,
+                env=env,
+                cwd=self.ctx.agent_dir,
+                cancel=cancel,
+                timeout=timeout,
+                started=started,
+            )
+            called = os.path.exists(mark)
+        finally:
+            Path(mark).unlink(missing_ok=True)
+        if not built and not result.is_error and not called:
+            return _error(
+                f"tool '{self.spec.name}': {self.path.name} ended without calling its "
+                f"function '{function}' (does the script exit before its end?)",
+                self.spec.source,
+                started,
+            )
+        return result
 
 
 class Toolbox:
@@ -901,7 +956,9 @@ class Toolbox:
         if tool is None:
             available = ", ".join(self._tools) or "none"
             return ToolResult(f"unknown tool '{name}' (available: {available})", True, 0.0, "")
-        return tool.call(arguments, cancel=cancel, timeout=timeout or self.timeout)
+        result = tool.call(arguments, cancel=cancel, timeout=timeout or self.timeout)
+        output = redaction.redact(result.output)  # a key a tool found goes nowhere
+        return result if output is result.output else replace(result, output=output)
 
 
 # --------------------------------------------------------------------------- #
@@ -930,6 +987,7 @@ def _context(agent_dir: Path, config_dir: Path | None, *, agent: bool) -> _RunCo
         cache_root=_cache_root(config_dir),
         agent_name=agent_dir.name,
         python=_python_for(agent_dir),
+        config_dir=config_dir,
     )
 
 

@@ -12,7 +12,13 @@ from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 @click.command("validate")
 @click.argument("agent")
 @click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
-@click.option("--config-dir", metavar="DIR", help="Config directory.")
+@click.option(
+    "--config-dir",
+    "--loki-dir",
+    "config_dir",
+    metavar="DIR",
+    help="Config directory (a Loki configuration directory works as it is).",
+)
 @json_option
 def validate_cmd(agent: str, agents_dir: str | None, config_dir: str | None, as_json: bool) -> None:
     """Check AGENT's graph.yaml: every error and warning, each with file, line and node.
@@ -60,10 +66,22 @@ def validate_cmd(agent: str, agents_dir: str | None, config_dir: str | None, as_
     is_flag=True,
     help="With --graph: perform changed requests for real and record a new run.",
 )
+@click.option(
+    "--config-dir",
+    "--loki-dir",
+    "config_dir",
+    metavar="DIR",
+    help="Config directory for --graph and --live (clients, tools, MCP servers).",
+)
 @json_option
 @db_option
 def replay_cmd(
-    run_id: str, graph_path: str | None, live: bool, as_json: bool, db: str | None
+    run_id: str,
+    graph_path: str | None,
+    live: bool,
+    config_dir: str | None,
+    as_json: bool,
+    db: str | None,
 ) -> None:
     """Re-drive RUN_ID through today's decider with every effect served from the log.
 
@@ -72,6 +90,10 @@ def replay_cmd(
     """
     from graphrun.runtime.replay_cli import replay_command
 
+    if config_dir:  # what every later lookup of the config directory reads
+        import os
+
+        os.environ["GRAPHRUN_CONFIG_DIR"] = config_dir
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     code = replay_command(store, run_id, graph_path=graph_path, live=live, as_json=as_json, db=db)

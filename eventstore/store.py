@@ -36,7 +36,7 @@ from typing import Any
 
 import msgspec
 
-from graphrun.eventstore import codec
+from graphrun.eventstore import codec, redaction
 from graphrun.eventstore.errors import (
     ConcurrentAppendError,
     CorruptStoreError,
@@ -293,6 +293,9 @@ class SqliteStore:
                         )
                     event = replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
                 canonical = encode(event)
+                red = redaction.redact_event(event, canonical)  # keys are never recorded
+                if red is not event:
+                    event, canonical = red, encode(red)
                 cls = type(event)
                 kind = cls.__name__
                 stored = pack(storable(event, canonical), kind not in plain)

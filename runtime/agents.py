@@ -22,6 +22,7 @@ import json
 import locale
 import os
 import platform
+import re
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -362,6 +363,10 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
     for key in ("model", "temperature", "top_p"):
         if config.get(key) is not None:
             graph[key] = config[key]
+    if "model" not in graph:
+        model = default_model(name, config_dir)
+        if model:
+            graph["model"] = model
     if config.get("conversation_starters"):
         graph["conversation_starters"] = list(config["conversation_starters"])
     text = yaml.safe_dump(graph, sort_keys=False, allow_unicode=True, width=100)
@@ -396,6 +401,58 @@ def _keep_variables(template: str, variables: dict[str, Any]) -> str:
     return _EXPR.sub(keep, template)
 
 
+def default_model(agent: str, config_dir: Path | None) -> str | None:
+    """The model of an agent that names none, as Loki chooses it: ``$<AGENT>_MODEL``,
+    else the config directory's ``config.yaml`` ``model:``."""
+    from graphrun.actors.lokienv import env_name
+
+    model = os.environ.get(f"{env_name(agent)}_MODEL")
+    if model:
+        return model
+    if config_dir is None or not (Path(config_dir) / "config.yaml").is_file():
+        return None
+    from graphrun.actors.llmconfig import load_llm_config
+
+    try:
+        return load_llm_config(config_dir).default_model
+    except GraphrunError:
+        return None  # validation reports a broken config.yaml where a model is needed
+
+
+def _with_default_model(loaded: LoadedGraph, config_dir: Path | None) -> LoadedGraph:
+    """Loki's default-model chain for a graph agent: llm nodes without a model, in a
+    graph without one, use :func:`default_model`. The model is written into the graph
+    text (at its end, so no line moves), so the run records it and replays it."""
+    from graphrun.runtime.graph import LlmNode
+
+    graph = loaded.graph
+    needs = any(isinstance(n, LlmNode) and not n.model for n in graph.nodes.values())
+    if graph.model or not needs:
+        return loaded
+    if re.search(r"^model\s*:", loaded.source, re.MULTILINE):
+        return loaded  # an explicit empty model: validation says so
+    agent = loaded.agent_dir.name if loaded.path.name == "graph.yaml" else graph.name
+    model = default_model(agent, config_dir)
+    if not model:
+        return loaded
+    text = loaded.source
+    if text and not text.endswith("\n"):
+        text += "\n"
+    text += (
+        f"model: {json.dumps(model)}  # Loki's default model (${_env_var(agent)} or config.yaml)\n"
+    )
+    import dataclasses
+
+    reloaded = load_text(text, path=loaded.path, agent_dir=loaded.agent_dir)
+    return dataclasses.replace(reloaded, seed_state=loaded.seed_state)
+
+
+def _env_var(agent: str) -> str:
+    from graphrun.actors.lokienv import env_name
+
+    return f"{env_name(agent)}_MODEL"
+
+
 def load_agent(target: Path, *, config_dir: Path | None) -> LoadedGraph:
     """A graph agent's graph, or the graph an LLM-loop agent runs as."""
     if target.is_dir() and (target / "config.yaml").exists():
@@ -405,4 +462,4 @@ def load_agent(target: Path, *, config_dir: Path | None) -> LoadedGraph:
                 hint="an agent is either a graph agent or an LLM-loop agent: remove one",
             )
         return loop_agent_graph(target, config_dir=config_dir)
-    return load_graph(target)
+    return _with_default_model(load_graph(target), config_dir)

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from graphrun.actors.secrets import redact_url
+from graphrun.eventstore import redaction
 from graphrun.eventstore.errors import GraphrunError
 
 if TYPE_CHECKING:
@@ -296,8 +298,8 @@ class Provider:
 
         def fail(message: str, **kwargs: Any) -> LlmCallError:
             return LlmCallError(
-                redact(message, secret),
-                url=url,
+                redaction.redact(redact(message, secret)),
+                url=redact_url(url),
                 request_body=body,
                 latency_ms=(time.perf_counter() - start) * 1000.0,
                 **kwargs,
@@ -365,6 +367,9 @@ class Provider:
                 text, status=status, transient=is_transient_status(status, text, kind), body=parsed
             )
         text_out, tool_calls, usage = self.parse_body(data)
+        if redaction.secrets():  # a server echoing any configured key: never pass it on
+            text_out = redaction.redact(text_out)
+            tool_calls = [ToolCall(c.id, c.name, redaction.redact(c.arguments)) for c in tool_calls]
         if not text_out.strip() and not tool_calls:
             raise fail(
                 f"HTTP {status} from {url}: {request.model} produced no output",
@@ -379,7 +384,7 @@ class Provider:
             status=status,
             body=parsed,
             request_body=body,
-            url=url,
+            url=redact_url(url),
             latency_ms=latency_ms,
         )
 
