@@ -81,6 +81,7 @@ class ModelEntry:
     real_name: str | None = None
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ class ResolvedModel:
     api_key: str | None = field(repr=False)
     client_name: str
     max_output_tokens: int | None = None
+    reasoning_effort: str | None = None  # the model entry's default
 
     @property
     def model_id(self) -> str:
@@ -186,6 +188,7 @@ class LlmConfig:
             api_key=client.api_key,
             client_name=client.name,
             max_output_tokens=entry.max_output_tokens if entry else None,
+            reasoning_effort=entry.reasoning_effort if entry else None,
         )
 
     def check_ready(self, model_id: str) -> None:
@@ -386,12 +389,20 @@ def _models(raw: Any, where: str) -> dict[str, ModelEntry]:
             real_name=item.get("real_name") or None,
             max_input_tokens=_int_or_none(item.get("max_input_tokens")),
             max_output_tokens=_int_or_none(item.get("max_output_tokens")),
+            # Loki's model entries say default_reasoning_effort.
+            reasoning_effort=_str_or_none(
+                item.get("reasoning_effort") or item.get("default_reasoning_effort")
+            ),
         )
     return models
 
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _key_env(name: str) -> str:

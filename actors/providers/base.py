@@ -20,7 +20,7 @@ from __future__ import annotations
 import email.utils
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -102,6 +102,9 @@ class ChatRequest:
     top_p: float | None = None
     max_tokens: int | None = None
     timeout: float | None = None
+    #: ``low`` / ``medium`` / ``high`` (``minimal`` for gpt-5): sent only to models
+    #: that take it (see :data:`graphrun.actors.providers.openai.MODEL_RULES`).
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)
@@ -281,6 +284,8 @@ class Provider:
     ) -> ChatResponse:
         """Send ``request`` and return the response, or raise :class:`LlmCallError`."""
         url = self.endpoint(resolved.base_url)
+        if request.reasoning_effort is None and resolved.reasoning_effort:
+            request = replace(request, reasoning_effort=resolved.reasoning_effort)
         body = self.build_body(request, resolved.model, resolved.max_output_tokens)
         # Keys sorted: the bytes sent are the request's canonical JSON, which is
         # also what a recording is matched on (servers do not mind the order).
