@@ -1091,13 +1091,16 @@ def _resolve(
     errors: list[str] = []
     mcp_tools: dict[str, list[Tool]] | None = None  # server -> tools, listed on demand
 
-    def server_tools(server: str) -> list[Tool]:
+    def get_hub() -> McpHub:
         nonlocal hub
         if hub is None:
             from graphrun.actors.mcp import default_hub
 
             hub = default_hub(config_dir)
-        return list(hub.tools(server))
+        return hub
+
+    def server_tools(server: str) -> list[Tool]:
+        return list(get_hub().tools(server))
 
     def configured() -> Mapping[str, object]:
         if hub is not None:
@@ -1123,7 +1126,38 @@ def _resolve(
             return
         selected[tool.spec.name] = tool
 
+    from graphrun.actors.mcp import meta_server
+
+    if start_mcp and mcp_servers:
+        # Start every server this whitelist lists tools of at once, not one by one.
+        wanted = [e[4:] for e in whitelist if e.startswith("mcp:") and e[4:] in mcp_servers]
+        wanted += [m for m in (meta_server(e, mcp_servers) for e in whitelist) if m]
+        if any(
+            not e.startswith("mcp:") and e not in local and not meta_server(e, mcp_servers)
+            for e in whitelist
+        ):
+            wanted += list(mcp_servers)
+        if len(set(wanted)) > 1:
+            try:
+                get_hub().start(wanted)
+            except GraphrunError:
+                pass  # each server's own error is reported below
     for entry in whitelist:
+        meta = meta_server(entry, mcp_servers) if entry not in local else None
+        if meta is not None:
+            # Loki's mcp_search_/mcp_describe_/mcp_invoke_<server>: nothing starts yet.
+            try:
+                configured()[meta]  # a missing server raises KeyError
+                if start_mcp:
+                    from graphrun.actors.mcp import meta_tools
+
+                    get_hub().tools(meta)  # started with the agent, as Loki does
+                    select(meta_tools(get_hub(), meta)[entry])
+            except KeyError:
+                errors.append(f"MCP server '{meta}' is not configured in mcp.json")
+            except GraphrunError as exc:
+                errors.append(str(exc))
+            continue
         if entry.startswith("mcp:"):
             server = entry[4:]
             if server not in mcp_servers:

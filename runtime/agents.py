@@ -8,8 +8,9 @@ resolved when the agent is loaded — ``{{__now__}}`` included — and the resol
 graph text is what ``RunStarted`` records, so a replay sees exactly what ran.
 
 Supported as Loki does: ``model``, ``temperature``, ``top_p``, ``instructions``
-with Loki's special variables (``{{__tools__}}`` lists global, MCP and agent tools;
-it starts the MCP servers only when the instructions use it) and the agent's
+with Loki's special variables (``{{__tools__}}`` lists global and agent tools and
+each MCP server's meta-functions ``mcp_search_``/``mcp_describe_``/``mcp_invoke_<server>``,
+which is how Loki offers MCP servers to its agents) and the agent's
 ``variables`` (defaults, then ``$<NAME>_VARIABLES`` as JSON), ``dynamic_instructions``
 (the ``_instructions`` function of tools.py / tools.sh), ``global_tools``,
 ``mcp_servers``, ``conversation_starters``, ``description``. Other fields are
@@ -104,41 +105,26 @@ def _warn_once(key: str, message: str) -> None:
 def _tool_names(
     agent_dir: Path, global_tools: list[str], mcp_servers: list[str], config_dir: Path | None
 ) -> list[str]:
+    from graphrun.actors.mcp import META_PREFIXES
     from graphrun.actors.tools import discover_tools
 
     names = sorted(discover_tools(agent_dir, global_tools=global_tools, config_dir=config_dir))
-    return names + [f"mcp:{server}" for server in mcp_servers]
+    # As Loki offers them to its agents: three meta-functions per server.
+    return names + [f"{prefix}_{server}" for server in mcp_servers for prefix in META_PREFIXES]
 
 
 def _tools_text(
     agent_dir: Path, global_tools: list[str], mcp_servers: list[str], config_dir: Path | None
 ) -> str:
-    """Loki's ``{{__tools__}}``: every enabled tool (global, MCP, agent) with its description.
-
-    Listing an MCP server's tools starts the server, so this runs only when the
-    instructions ask for ``{{__tools__}}``.
-    """
-    from graphrun.actors.mcp import load_mcp_config
-    from graphrun.actors.tools import discover_tools, load_toolbox
+    """Loki's ``{{__tools__}}``: every enabled tool (global, agent, and each MCP
+    server's three meta-functions) with its description. Nothing is started."""
+    from graphrun.actors.mcp import McpHub, meta_tools
+    from graphrun.actors.tools import discover_tools
 
     specs = dict(discover_tools(agent_dir, global_tools=global_tools, config_dir=config_dir))
-    # A server missing from mcp.json is left to validation, which says where it is named.
-    configured = load_mcp_config(config_dir) if mcp_servers else {}
-    mcp_servers = [server for server in mcp_servers if server in configured]
-    if mcp_servers:
-        try:
-            box = load_toolbox(
-                agent_dir,
-                [f"mcp:{server}" for server in mcp_servers],
-                global_tools=global_tools,
-                mcp_servers=mcp_servers,
-                config_dir=config_dir,
-            )
-        except GraphrunError as exc:
-            raise GraphLoadError(
-                f"agent '{agent_dir.name}': cannot list the tools for {{{{__tools__}}}}: {exc}"
-            ) from None
-        specs.update({spec.name: spec for spec in box.specs})
+    hub = McpHub({})  # the specs only: nothing is called through it
+    for server in mcp_servers:
+        specs.update({name: tool.spec for name, tool in meta_tools(hub, server).items()})
     return "\n".join(f"- {name}: {spec.description}" for name, spec in sorted(specs.items()))
 
 
