@@ -118,7 +118,9 @@ class ClientConfig:
         if self.missing:
             names = ", ".join(f"{{{{{n}}}}}" for n in self.missing)
             raise LlmConfigError(
-                f"client '{self.name}' uses {names}, which is not set",
+                f"client '{self.name}' uses {names}, which "
+                + ("are" if len(self.missing) > 1 else "is")
+                + " not set",
                 where=self.where or None,
                 hint=f"export {self.missing[0]}=... or add it to the .env of the config directory",
             )

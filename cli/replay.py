@@ -26,20 +26,14 @@ def validate_cmd(agent: str, agents_dir: str | None, config_dir: str | None, as_
     Exit 2 if there is any error; warnings alone exit 0.
     """
     from graphrun.cli.render import print_diagnostics
-    from graphrun.runtime.agents import load_agent
     from graphrun.runtime.config import agents_dir as resolve_agents
     from graphrun.runtime.config import config_dir as resolve_config
     from graphrun.runtime.config import resolve_agent
-    from graphrun.runtime.errors import GraphValidationError
-    from graphrun.runtime.validate import Check, validate
+    from graphrun.runtime.validate import validate_all
 
     cfg = resolve_config(config_dir)
     agents = resolve_agents(agents_dir, config=cfg)
-    try:
-        loaded = load_agent(resolve_agent(agent, agents), config_dir=cfg)
-        found = validate(Check(loaded, agents_dir=agents, config_dir=cfg))
-    except GraphValidationError as exc:
-        found = exc.diagnostics
+    found = validate_all(resolve_agent(agent, agents), agents_dir=agents, config_dir=cfg)
     if as_json:
         click.echo(json.dumps([d.__dict__ for d in found], ensure_ascii=False))
     else:
