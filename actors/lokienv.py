@@ -36,6 +36,7 @@ __all__ = [
     "loki_env",
     "prompt_utils_file",
     "resolve_placeholders",
+    "script_env",
 ]
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
@@ -150,3 +151,54 @@ def loki_env(
     if bins:
         env["PATH"] = os.pathsep.join([*bins, env.get("PATH", os.defpath)])
     return env
+
+
+_SCRIPT_CACHE: dict[tuple[object, ...], tuple[dict[str, str], list[str]]] = {}
+
+
+def _stamp(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def script_env(
+    env: dict[bytes, bytes], *, agent_dir: Path, config_dir: Path | None, script: bytes
+) -> dict[bytes, bytes]:
+    """A script node's environment (``env``) with Loki's variables added (LOKI-LATER
+    §6: ``LLM_ROOT_DIR`` is the config directory) and the key variables removed,
+    except those the script's text names (it then evidently needs them).
+
+    What this adds depends only on files and variables that rarely change, so it is
+    worked out once per (agent, config dir, their files' mtimes, environment).
+    """
+    from graphrun.actors import secrets
+
+    key = (
+        agent_dir,
+        config_dir,
+        _stamp(agent_dir / "config.yaml"),
+        _stamp(agent_dir / "graph.yaml"),
+        _stamp(Path(config_dir) / ".env") if config_dir is not None else 0,
+        tuple(sorted(env.items())),
+    )
+    cached = _SCRIPT_CACHE.get(key)
+    if cached is None:
+        base = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
+        full = loki_env(base, agent_dir=agent_dir, config_dir=config_dir)
+        if config_dir is not None:
+            full["LLM_ROOT_DIR"] = str(config_dir)
+        secrets.register_environment(full)
+        added = {k: v for k, v in full.items() if base.get(k) != v}
+        keys = [k for k in full if secrets.is_key_name(k)]
+        if len(_SCRIPT_CACHE) > 32:
+            _SCRIPT_CACHE.clear()
+        cached = _SCRIPT_CACHE[key] = (added, keys)
+    added, keys = cached
+    out = dict(env)
+    out.update((os.fsencode(k), os.fsencode(v)) for k, v in added.items())
+    for name in keys:
+        if name.encode() not in script:
+            out.pop(os.fsencode(name), None)
+    return out

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from graphrun.actors.base import EffectContext, all_cpus
+from graphrun.actors.lokienv import script_env
 from graphrun.actors.messages import ScriptTask
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.events import ScriptFinished
@@ -214,6 +215,12 @@ def _communicate(
     return b"".join(chunks[out_fd]), b"".join(chunks[err_fd]), timed_out
 
 
+def _config_dir(ctx: EffectContext) -> Path | None:
+    options = getattr(ctx, "options", None)  # Loki's environment needs the config dir
+    value = getattr(options, "config_dir", None)
+    return Path(value) if value is not None else None
+
+
 def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = None) -> None:
     """Run the script and record one :class:`ScriptFinished`."""
     started = time.monotonic()
@@ -238,6 +245,7 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
     script_hash = content_hash(script_bytes)
 
     env = _script_env()
+    env = script_env(env, agent_dir=ctx.agent_dir, config_dir=_config_dir(ctx), script=script_bytes)
     state_file: Path | None = None
     if len(task.state_json.encode("utf-8")) <= INLINE_STATE_LIMIT:
         env[b"GRAPH_STATE"] = os.fsencode(task.state_json)

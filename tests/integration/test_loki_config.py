@@ -163,3 +163,14 @@ def test_an_unsupported_client_is_an_error_only_when_used(
     assert result.code == 2
     assert "client 'vertex' has type 'vertexai', which graphrun cannot call" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_script_nodes_get_lokis_environment_and_no_keys(
+    loki_dir: Path, fake_llm: FakeLlm, graphrun: GraphrunCli
+) -> None:
+    result = graphrun("run", "scripted", **run_env(fake_llm, loki_dir))
+    assert result.code == 0, result.stderr
+    agent = loki_dir / "agents" / "scripted"
+    assert result.stdout.strip() == (
+        f"root={loki_dir} data={agent.resolve()} confirm=true keys=0 helper from functions/bin: hi"
+    )
