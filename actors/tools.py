@@ -692,6 +692,17 @@ def _run_process(
     return ToolResult(text, False, (time.monotonic() - started) * 1000, source)
 
 
+def _named_keys(path: Path) -> list[str]:
+    """The key variables a tool file names: it evidently needs those."""
+    from graphrun.actors.secrets import key_names
+
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return [name for name in key_names() if name in text]
+
+
 def _tool_env(
     ctx: _RunContext, tool_name: str, agent_func: str | None, *, needs: Sequence[str] = ()
 ) -> dict[str, str]:
@@ -763,7 +774,12 @@ class PythonTool:
             argv,
             name=self.spec.name,
             source=self.spec.source,
-            env=_tool_env(self.ctx, self.spec.name, self.function if self.agent_tool else None),
+            env=_tool_env(
+                self.ctx,
+                self.spec.name,
+                self.function if self.agent_tool else None,
+                needs=_named_keys(self.path),
+            ),
             cwd=self.ctx.agent_dir,
             cancel=cancel,
             timeout=timeout,
@@ -891,7 +907,7 @@ class BashTool:
             self.ctx,
             self.spec.name,
             self.command.function if self.agent_tool else None,
-            needs=[e.name for e in self.command.envs],
+            needs=[e.name for e in self.command.envs] + _named_keys(self.path),
         )
         function = self.command.function or "main"
         fd, mark = tempfile.mkstemp(prefix="graphrun-argc-", suffix=".called")

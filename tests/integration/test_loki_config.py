@@ -174,3 +174,19 @@ def test_script_nodes_get_lokis_environment_and_no_keys(
     assert result.stdout.strip() == (
         f"root={loki_dir} data={agent.resolve()} confirm=true keys=0 helper from functions/bin: hi"
     )
+
+
+def test_a_tool_that_names_a_key_gets_it_and_never_shows_it(loki_dir: Path) -> None:
+    tool = loki_dir / "functions" / "tools" / "calls_api.sh"
+    tool.write_text(
+        "#!/usr/bin/env bash\n"
+        "# @describe Calls an API with the OpenAI key.\n"
+        "# @env OPENAI_API_KEY! The key\n"
+        'main() { echo "key length ${#OPENAI_API_KEY}: $OPENAI_API_KEY" >> "$LLM_OUTPUT"; }\n'
+    )
+    agent = loki_dir / "agents" / "writer"
+    box = load_toolbox(agent, ["calls_api"], global_tools=["calls_api.sh"], config_dir=loki_dir)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPENAI_API_KEY", KEY)
+        result = box.call("calls_api", "{}")
+    assert (result.is_error, result.output.strip()) == (False, f"key length {len(KEY)}: ***")
