@@ -470,6 +470,7 @@ class McpHub:
             text = entry.errlog.read().strip()
         except (OSError, ValueError):
             return ""
+        text = " ".join(text.split())  # one line: it ends up in a one-line error
         return f"; stderr: {text[-500:]}" if text else ""
 
     async def _list_tools(self, server: str) -> list[Any]:

@@ -692,6 +692,12 @@ def _run_process(
     return ToolResult(text, False, (time.monotonic() - started) * 1000, source)
 
 
+def _raw_json(arguments: Mapping[str, Any]) -> dict[str, str]:
+    """The arguments as Loki's wrappers export them (tools read them with ``jq``)."""
+    raw = json.dumps(arguments, ensure_ascii=False)
+    return {"LLM_TOOL_RAW_JSON": raw, "LLM_AGENT_RAW_JSON": raw}
+
+
 def _named_keys(path: Path) -> list[str]:
     """The key variables a tool file names: it evidently needs those."""
     from graphrun.actors.secrets import key_names
@@ -770,16 +776,18 @@ class PythonTool:
             return _error(f"tool '{self.spec.name}': {parsed}", self.spec.source, started)
         argv = [self.ctx.python, "-c", _PY_RUNNER, str(self.path), self.function]
         argv.append(json.dumps(parsed))
+        env = _tool_env(
+            self.ctx,
+            self.spec.name,
+            self.function if self.agent_tool else None,
+            needs=_named_keys(self.path),
+        )
+        env.update(_raw_json(parsed))
         return _run_process(
             argv,
             name=self.spec.name,
             source=self.spec.source,
-            env=_tool_env(
-                self.ctx,
-                self.spec.name,
-                self.function if self.agent_tool else None,
-                needs=_named_keys(self.path),
-            ),
+            env=env,
             cwd=self.ctx.agent_dir,
             cancel=cancel,
             timeout=timeout,
@@ -914,6 +922,7 @@ class BashTool:
         os.close(fd)
         os.unlink(mark)  # the dispatch creates it right before calling the function
         env["GRAPHRUN_ARGC_MARK"] = mark
+        env.update(_raw_json(parsed))
         env["GRAPHRUN_ARGC_EVAL"] = f'printf "" > "$GRAPHRUN_ARGC_MARK"\n{eval_text}'
         env["BASH_FUNC_argc%%"] = _ARGC_SHIM
         try:
@@ -1290,5 +1299,5 @@ def load_toolbox(
         start_mcp=True,
     )
     if errors:
-        raise ToolError("; ".join(errors))
+        raise ToolError("; ".join(dict.fromkeys(errors)))
     return Toolbox(tools, timeout=timeout)

@@ -156,21 +156,27 @@ def builtin_variables(
 
 
 def agent_variables(name: str, config: dict[str, Any]) -> dict[str, Any]:
-    """The agent's ``variables``: defaults, overridden by ``$<NAME>_VARIABLES`` (JSON)."""
+    """The agent's ``variables``: defaults, overridden by ``$<NAME>_VARIABLES`` — a
+    JSON object of values, or (Loki's form) a JSON array of declarations that
+    replaces the declared ones."""
     values: dict[str, Any] = {}
     declared = config.get("variables") or []
-    for var in declared:
-        if isinstance(var, dict) and "name" in var and var.get("default") is not None:
-            values[var["name"]] = var["default"]
     env_name = f"{name.upper().replace('-', '_')}_VARIABLES"
     raw = os.environ.get(env_name)
+    override: Any = None
     if raw:
         try:
             override = json.loads(raw)
         except ValueError:
             raise GraphLoadError(f"${env_name} must be a JSON object") from None
-        if not isinstance(override, dict):
+        if not isinstance(override, dict | list):
             raise GraphLoadError(f"${env_name} must be a JSON object")
+        if isinstance(override, list):
+            declared = override
+    for var in declared:
+        if isinstance(var, dict) and "name" in var and var.get("default") is not None:
+            values[var["name"]] = var["default"]
+    if isinstance(override, dict):
         values.update(override)
     missing = [
         var["name"]
