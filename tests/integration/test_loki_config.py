@@ -190,3 +190,22 @@ def test_a_tool_that_names_a_key_gets_it_and_never_shows_it(loki_dir: Path) -> N
         mp.setenv("OPENAI_API_KEY", KEY)
         result = box.call("calls_api", "{}")
     assert (result.is_error, result.output.strip()) == (False, f"key length {len(KEY)}: ***")
+
+
+def test_a_key_in_the_base_urls_userinfo_is_not_recorded(
+    tmp_path: Path, fake_llm: FakeLlm, graphrun: GraphrunCli
+) -> None:
+    agent = tmp_path / "ask"
+    agent.mkdir()
+    (agent / "graph.yaml").write_text(
+        'name: ask\nversion: "1.0"\nmodel: openai:gpt-test\nstart: a\nnodes:\n'
+        '  a:\n    type: llm\n    prompt: "{{initial_prompt}}"\n'
+        '    state_updates:\n      answer: "{{output}}"\n    next: done\n'
+        '  done:\n    type: end\n    output: "{{answer}}"\n'
+    )
+    url = fake_llm.url_openai.replace("http://", "http://proxyuser:pw-in-url-98765@")
+    result = graphrun("run", str(agent), "hi", OPENAI_BASE_URL=url, OPENAI_API_KEY=KEY)
+    assert result.code == 0, result.stderr
+    exported = graphrun("export", graphrun.last_run())
+    assert "pw-in-url-98765" not in exported.stdout and KEY not in exported.stdout
+    assert "proxyuser:***@127.0.0.1" in exported.stdout
