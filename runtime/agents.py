@@ -169,7 +169,10 @@ def agent_variables(name: str, config: dict[str, Any]) -> dict[str, Any]:
             override = json.loads(raw)
         except ValueError:
             raise GraphLoadError(f"${env_name} must be a JSON object") from None
-        if not isinstance(override, dict | list):
+        declarations = isinstance(override, list) and all(
+            isinstance(v, dict) and isinstance(v.get("name"), str) for v in override
+        )
+        if not isinstance(override, dict) and not declarations:
             raise GraphLoadError(f"${env_name} must be a JSON object")
         if isinstance(override, list):
             declared = override
