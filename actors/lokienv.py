@@ -164,8 +164,8 @@ def _stamp(path: Path) -> int:
 
 
 def script_env(
-    env: dict[bytes, bytes], *, agent_dir: Path, config_dir: Path | None, script: bytes
-) -> dict[bytes, bytes]:
+    env: dict[Any, Any], *, agent_dir: Path, config_dir: Path | None, script: bytes
+) -> dict[Any, Any]:
     """A script node's environment (``env``) with Loki's variables added (LOKI-LATER
     §6: ``LLM_ROOT_DIR`` is the config directory) and the key variables removed,
     except those the script's text names (it then evidently needs them).
@@ -197,8 +197,10 @@ def script_env(
         cached = _SCRIPT_CACHE[key] = (added, keys)
     added, keys = cached
     out = dict(env)
-    out.update((os.fsencode(k), os.fsencode(v)) for k, v in added.items())
+    as_bytes = any(isinstance(k, bytes) for k in env)  # os.environb on POSIX
+    code = os.fsencode if as_bytes else str
+    out.update((code(k), code(v)) for k, v in added.items())
     for name in keys:
         if name.encode() not in script:
-            out.pop(os.fsencode(name), None)
+            out.pop(code(name), None)
     return out

@@ -26,7 +26,7 @@ def test_schema_errors_do_not_hide_semantic_ones(graphrun: GraphrunCli, tmp_path
           tidy:
             type: script
             script: tidy.sh
-            colour: blue
+            timeout: soon
             next: done
           done:
             type: end
@@ -40,7 +40,7 @@ def test_schema_errors_do_not_hide_semantic_ones(graphrun: GraphrunCli, tmp_path
         # the model phase, the schema phase and the graph rules, in file order
         f"error: {graph}:5 ($.nodes.ask): llm node 'ask' has no model and the graph sets "
         "none (set model: provider:model on the node or graph)",
-        f"error: {graph}:12 ($.nodes.tidy.colour): unknown field 'colour' in script node 'tidy'",
+        f"error: {graph}:12 ($.nodes.tidy.timeout): expected float, got str",
         f"error: {graph}:16 ($.nodes.done.next): node 'done': next points to unknown node "
         "'nowhere'",
         "invalid: 3 error(s), 0 warning(s)",
