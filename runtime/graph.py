@@ -19,6 +19,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     log_state_snapshots: bool = True
     validate_before_run: bool = True
     timeout: float | None = None
+    # Budgets over the run's own LLM calls: total tokens, and cost in USD (price table).
+    max_tokens: int | None = None
+    max_cost: float | None = None
 
 
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
