@@ -33,6 +33,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	@# chromium, graphviz (apt-get, as root) and the Mermaid parser (npm) for the report tests
+	@sh tests/support/setup-browser.sh
 	NPM_CONFIG_PREFIX="$(NODE_PREFIX)" PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 	$(BIN)/graphrun test replays/
 
