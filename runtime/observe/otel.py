@@ -248,11 +248,18 @@ def export_run(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:
         raise UsageError(_MISSING[0], hint=_MISSING[1]) from None
+    import logging
+
     exporter = OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
+    # The exporter logs each failed attempt; the one-line error below says it all.
+    quiet = logging.NullHandler()
+    otel_log = logging.getLogger("opentelemetry")
+    otel_log.addHandler(quiet)
     try:
         result = exporter.export(spans)
     finally:
         exporter.shutdown()
+        otel_log.removeHandler(quiet)
     if result is not SpanExportResult.SUCCESS:
         where = endpoint or "the endpoint in $OTEL_EXPORTER_OTLP_*ENDPOINT (default localhost:4318)"
         raise UsageError(f"could not send {count} spans to {where}")
