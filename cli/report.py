@@ -82,12 +82,19 @@ def graph_cmd(
     metavar="PATH",
     help="Also show where RUN diverges when replayed against the graph at PATH.",
 )
+@click.option(
+    "--watch",
+    type=float,
+    metavar="SECONDS",
+    help="Rewrite the file every SECONDS until the run ends; the page reloads itself.",
+)
 @click.option("--config-dir", metavar="DIR", help="Config directory (model prices).")
 @db_option
 def report_cmd(
     run_id: str,
     output: str | None,
     divergence_of: str | None,
+    watch: float | None,
     config_dir: str | None,
     db: str | None,
 ) -> None:
@@ -96,7 +103,8 @@ def report_cmd(
     A timeline with one lane per branch and child run, per-node latency and
     tokens, the state before and after each node, every LLM request and
     response, human decisions, and (with --divergence) a failed replay's
-    divergences. A run in progress can be reported again to refresh.
+    divergences. A run in progress can be reported again to refresh, or kept
+    fresh with --watch.
     """
     from graphrun.runtime.config import config_dir as resolve_config
     from graphrun.runtime.observe.report import build_report
@@ -109,10 +117,22 @@ def report_cmd(
         from graphrun.runtime.observe.report import replay_divergences
 
         divergences = replay_divergences(store, run_id, divergence_of)
-    text = build_report(
-        store, run_id, prices=load_prices(resolve_config(config_dir)), divergences=divergences
-    )
-    _write(text, output or f"report-{run_id}.html")
+    prices = load_prices(resolve_config(config_dir))
+    target = output or f"report-{run_id}.html"
+    if watch is not None and watch <= 0:
+        from graphrun.runtime.errors import UsageError
+
+        raise UsageError(f"--watch {watch:g}: the interval must be more than 0 seconds")
+    while True:
+        text = build_report(
+            store, run_id, prices=prices, divergences=divergences, reload_every=watch
+        )
+        _write(text, target)
+        if watch is None or store.run(run_id).status in ("completed", "failed", "cancelled"):
+            return
+        import time
+
+        time.sleep(watch)
 
 
 @click.command("logs")

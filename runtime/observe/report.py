@@ -494,17 +494,23 @@ def build_report(
     *,
     prices: Mapping[str, tuple[float, float]] | None = None,
     divergences: list[dict[str, Any]] | None = None,
+    reload_every: float | None = None,
 ) -> str:
-    """The HTML report of ``run_id`` and its child runs."""
+    """The HTML report of ``run_id`` and its child runs.
+
+    ``reload_every``: while the run is in progress, the page reloads itself this
+    often (``report --watch`` rewrites the file meanwhile).
+    """
     table = BUILTIN_PRICES if prices is None else prices
     runs = collect_tree(store, run_id, table)
-    return render_report(runs, table, divergences)
+    return render_report(runs, table, divergences, reload_every)
 
 
 def render_report(
     runs: list[RunView],
     prices: Mapping[str, tuple[float, float]],
     divergences: list[dict[str, Any]] | None = None,
+    reload_every: float | None = None,
 ) -> str:
     md = _md()
     root = runs[0]
@@ -525,6 +531,9 @@ def render_report(
     out = [
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>",
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f'<meta http-equiv="refresh" content="{reload_every:g}">'
+        if reload_every and not end_event
+        else "",
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
         f"<header><h1>{_e(title)}</h1>",
         f'<div>status <b class="st-{_e(root.status)}">{_e(root.status)}</b>',

@@ -90,3 +90,34 @@ def test_tail_of_a_waiting_run_exits_3(graphrun: GraphrunCli, agent):
     res = graphrun("tail", graphrun.last_run(), "--interval", "0.1")
     assert res.code == 3
     assert res.stderr.splitlines()[-1].endswith("waits for an answer at review")
+
+
+def test_report_watch_rewrites_until_the_run_ends(graphrun: GraphrunCli, agent, tmp_path):
+    root = agent(TWO_STEPS, {"scripts/wait.sh": WAIT_SH})
+    os.chmod(root / "scripts" / "wait.sh", 0o755)
+    runner = graphrun.popen("run", str(root), "go")
+    out = tmp_path / "live.html"
+    try:
+        deadline = time.monotonic() + 30
+        run_id = None
+        while run_id is None and time.monotonic() < deadline:
+            rows = graphrun("runs", "--json").json_lines() if graphrun.db.exists() else []
+            run_id = rows[0]["run_id"] if rows else None  # type: ignore[index]
+            time.sleep(0.1)
+        assert run_id is not None
+        first = graphrun("report", run_id, "-o", str(out))
+        assert first.code == 0, first.stderr
+        assert "in progress" in out.read_text()
+        watched = graphrun("report", run_id, "-o", str(out), "--watch", "0.2", timeout=60)
+    finally:
+        runner.communicate(timeout=60)
+    assert watched.code == 0, watched.stderr
+    final = out.read_text()
+    assert "in progress" not in final and 'http-equiv="refresh"' not in final
+    assert 'class="st-completed">completed' in final
+    assert watched.stderr.count(f"wrote {out}") >= 2
+    bad = graphrun("report", run_id, "-o", str(out), "--watch", "0")
+    assert (bad.code, bad.stderr) == (
+        2,
+        "error: --watch 0: the interval must be more than 0 seconds\n",
+    )
