@@ -143,7 +143,12 @@ def run_summary(
     return data
 
 
-def describe_run(store: SqliteStore, run_id: str, at_seq: int | None = None) -> dict[str, Any]:
+def describe_run(
+    store: SqliteStore,
+    run_id: str,
+    at_seq: int | None = None,
+    prices: dict[str, tuple[float, float]] | None = None,
+) -> dict[str, Any]:
     """Status, path, state and children of a run after event ``at_seq`` (default: last).
 
     The keys of :func:`run_summary` (as of ``at_seq``), plus ``at_seq``, ``visits``,
@@ -151,7 +156,8 @@ def describe_run(store: SqliteStore, run_id: str, at_seq: int | None = None) -> 
     """
     from graphrun.runtime.observe.usage import Usage, load_prices, run_usage
 
-    prices = load_prices(_config_dir())
+    if prices is None:
+        prices = load_prices(_config_dir())
     row = store.run(run_id)
     if at_seq is not None and not 1 <= at_seq <= row.last_seq:
         raise UsageError(f"--at {at_seq} is outside run {run_id} (it has events 1..{row.last_seq})")
@@ -175,7 +181,7 @@ def describe_run(store: SqliteStore, run_id: str, at_seq: int | None = None) -> 
                 path[-1]["error"] = event.error
     children = []
     for child in store.runs(parent=run_id):
-        children.append(describe_run(store, child.run_id))
+        children.append(describe_run(store, child.run_id, prices=prices))
     first = events[0] if events else None
     own, per_node = run_usage(events, prices)
     tree = Usage()

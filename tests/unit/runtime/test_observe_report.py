@@ -215,3 +215,19 @@ def test_log_markdown_fences_tool_arguments():
     text = log_markdown("r", [entry], Usage(calls=1, input_tokens=1))
     assert "````\n```x```\n````" in text
     assert text.endswith("## Usage\n\n1 tokens (1 in, 0 out), 1 call, $0.0000\n")
+
+
+def test_progress_bar_draws_on_a_terminal_only():
+    import io
+
+    from graphrun.runtime.observe.progress import progress_bar
+
+    piped = io.StringIO()
+    with progress_bar("replaying", 3, stream=piped) as advance:
+        for _ in range(3):
+            advance(1)
+    assert piped.getvalue() == ""
+    tty = io.StringIO()
+    with progress_bar("replaying", 3, stream=tty, force=True) as advance:
+        advance(2)
+    assert "replaying" in tty.getvalue() and "\x1b[" in tty.getvalue()
