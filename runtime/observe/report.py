@@ -163,7 +163,14 @@ def view_run(
                     v.usage.add(u)
                     usage.add(u)
     for v in open_visits.values():
-        v.status = "waiting" if state.status == "waiting" else "running"
+        if state.terminal:  # ended with the run (an end node, a cancellation, a timeout)
+            v.end = events[-1].ts
+            v.after = dict(state.state)
+            v.status = {"completed": "completed", "cancelled": "cancelled"}.get(
+                state.status, "failed"
+            )
+        else:
+            v.status = "waiting" if state.status == "waiting" else "running"
     first = events[0] if events and isinstance(events[0], RunStarted) else None
     return RunView(
         run_id=events[0].run_id if events else "",
@@ -221,7 +228,7 @@ text-overflow:ellipsis}
 white-space:nowrap;overflow:hidden;padding:0 3px;box-sizing:border-box;min-width:4px;
 text-decoration:none;line-height:18px}
 .bar.completed{background:#3f7fbf}.bar.failed{background:#b3261e}
-.bar.tolerated{background:#c77700}.bar.running{background:#888;
+.bar.tolerated{background:#c77700}.bar.cancelled{background:#777}.bar.running{background:#888;
 background-image:repeating-linear-gradient(45deg,#888 0 6px,#999 6px 12px)}
 .bar.waiting,.bar.wait{background:#e9b949;color:#222}
 .visit{background:#fff;border:1px solid #ddd;margin:10px 0;padding:4px 10px}

@@ -343,3 +343,21 @@ def test_parallel_lists_and_map_branches_are_drawn():
     assert ("again", "again.branch", "each item", "dotted") in edges
     assert "again.branch" in json.dumps([n.id for n in pic.nodes])
     assert "style=dotted" in to_dot(pic)
+
+
+def test_report_of_parallel_branches_has_one_lane_per_branch(page, tmp_path):
+    """Events shaped as parallel super-steps record them (a ``branch`` on each event)."""
+    from graphrun.runtime.observe.report import render_report, view_run
+    from tests.unit.runtime.test_observe_report import _parallel_run
+
+    out = tmp_path / "parallel.html"
+    out.write_text(render_report([view_run(_parallel_run(), {})], {}), encoding="utf-8")
+    page.page.goto(out.as_uri())
+    assert page.problems == []
+    lanes = page.page.eval_on_selector_all(".lane-name", "ls => ls.map(l => l.textContent)")
+    assert lanes == ["run", "run · branch left", "run · branch right"]
+    in_left = page.page.eval_on_selector_all(
+        ".lane:nth-child(2) .bar", "bs => bs.map(b => b.dataset.node)"
+    )
+    assert in_left == ["left"]
+    _screenshot(page, "report-parallel-branches.png", tmp_path)

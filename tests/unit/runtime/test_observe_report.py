@@ -75,7 +75,7 @@ def test_one_lane_per_branch():
         ("split", "", "completed"),
         ("left", "left", "completed"),
         ("right", "right", "completed"),
-        ("join", "", "running"),
+        ("join", "", "completed"),
     ]
     left = view.visits[1]
     assert [type(e).__name__ for e in left.effects] == ["BranchScript"]
