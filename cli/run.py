@@ -52,13 +52,22 @@ def _options(
     llm_replay: str | None,
     store: Any,
     quiet: bool = False,
+    recorded: dict[str, Any] | None = None,
 ) -> Any:
+    """The run options of a command. ``recorded``: the configuration the run began
+    with, used where the command line does not say otherwise (so ``resume``,
+    ``approve`` and ``answer`` need no ``--loki-dir`` the run was started with)."""
     from graphrun.actors.human import is_interactive
     from graphrun.runtime.config import agents_dir as resolve_agents
     from graphrun.runtime.config import config_dir as resolve_config
     from graphrun.runtime.narrate import Narrator
     from graphrun.runtime.supervisor import RunOptions
 
+    recorded = recorded or {}
+    if config_dir is None and recorded.get("config_dir"):
+        config_dir = recorded["config_dir"]
+    if agents_dir is None and recorded.get("agents_dir"):
+        agents_dir = recorded["agents_dir"]
     cfg = resolve_config(config_dir)
     options = RunOptions(
         answers=_answers(answers),
@@ -168,7 +177,7 @@ def run_cmd(
     from graphrun.runtime.agents import load_agent
     from graphrun.runtime.config import resolve_agent
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver, check_graph, start_run
+    from graphrun.runtime.supervisor import Driver, check_graph, run_config, start_run
 
     configure_logging()
     overrides = _parse_set(sets)
@@ -197,7 +206,14 @@ def run_cmd(
         options.extra["knowledge_bases"] = prepare_knowledge_bases(
             loaded, interactive=options.interactive, config_dir=options.config_dir
         )
-    run_id = start_run(store, loaded, prompt=prompt, overrides=overrides, started_by=as_user)
+    run_id = start_run(
+        store,
+        loaded,
+        prompt=prompt,
+        overrides=overrides,
+        started_by=as_user,
+        config=run_config(loaded, options),
+    )
     outcome = _drive(Driver(store, run_id, options))
     finish(outcome, as_json=as_json, db=db)
 
@@ -222,7 +238,7 @@ def resume_cmd(
     from graphrun.eventstore.fold import fold
     from graphrun.runtime.errors import AnswerError
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver
+    from graphrun.runtime.supervisor import Driver, recorded_config
 
     configure_logging()
     store = open_store(db)
@@ -238,6 +254,7 @@ def resume_cmd(
         llm_replay=llm_replay,
         store=store,
         quiet=as_json,
+        recorded=recorded_config(store, run_id),
     )
     outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)
@@ -257,7 +274,7 @@ def _answer_and_resume(
 ) -> None:
     from graphrun.runtime.answers import submit_answer
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver
+    from graphrun.runtime.supervisor import Driver, recorded_config
 
     configure_logging()
     store = open_store(db)
@@ -283,6 +300,7 @@ def _answer_and_resume(
         llm_replay=None,
         store=store,
         quiet=as_json,
+        recorded=recorded_config(store, run_id),
     )
     # This command answers one question: the run goes on to its end or to the
     # next wait, which is answered by another command, not prompted for here.
@@ -392,7 +410,7 @@ def fork_cmd(
     """
     from graphrun.runtime.lifecycle import fork_run
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver
+    from graphrun.runtime.supervisor import Driver, recorded_config
 
     configure_logging()
     store = open_store(db)
@@ -407,6 +425,7 @@ def fork_cmd(
         llm_replay=llm_replay,
         store=store,
         quiet=as_json,
+        recorded=recorded_config(store, run_id),
     )
     outcome = _drive(Driver(store, new_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)

@@ -22,6 +22,7 @@ from graphrun.eventstore.events import (
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunInterrupted,
     RunResumed,
     RunStarted,
 )
@@ -64,6 +65,7 @@ HEAD_EVENT_TYPES = frozenset(
         RunCompleted,
         RunFailed,
         RunCancelled,
+        RunInterrupted,
     }
 )
 
@@ -92,7 +94,7 @@ def apply_run_row(row: RunRow | None, event: Event, event_hash: str) -> RunRow:
         case HumanInputRequested(node_id=node_id):
             return _replace(row, status="waiting", waiting_node=node_id)
         case HumanInputReceived() | RunResumed():
-            if row.status in ("waiting", "running"):
+            if row.status in ("waiting", "running", "interrupted"):
                 return _replace(row, status="running", waiting_node=None)
             return row
         case RunCompleted(output=output):
@@ -101,6 +103,10 @@ def apply_run_row(row: RunRow | None, event: Event, event_hash: str) -> RunRow:
             return _replace(row, status="failed", error=error, waiting_node=None)
         case RunCancelled(reason=reason):
             return _replace(row, status="cancelled", error=reason, waiting_node=None)
+        case RunInterrupted():
+            if row.status == "running":
+                return _replace(row, status="interrupted")
+            return row
         case _:
             return row
 
