@@ -700,6 +700,12 @@ class Driver:
                     RunFailed(error=f"node '{task.node_id}': {error}", node_id=task.node_id),
                 )
             )
+        elif not self.state.terminal:
+            from graphrun.runtime.observe.usage import driver_budget_breach
+
+            breach = driver_budget_breach(self)
+            if breach is not None:
+                self._speculate((RunFailed(error=breach),))
         return waiting
 
     def _run_effect(self, task: decider.Perform, token: CancelToken) -> tuple[str, Any]:

@@ -112,6 +112,7 @@ def view_run(
     waits: list[Wait] = []
     open_visits: dict[tuple[str, int, str], Visit] = {}
     open_waits: dict[tuple[str, str], Wait] = {}
+    items: dict[str, Visit] = {}
     usage = Usage()
     for event in events:
         before = state
@@ -156,6 +157,25 @@ def view_run(
             v = open_visits.get((node_id, getattr(event, "visit", 0), branch))
             if v is None:  # an effect recorded without the visit number: the open one
                 v = next((o for k, o in open_visits.items() if k[0] == node_id), None)
+            if v is None and branch:
+                # A map item: its branch node runs without a visit of its own.
+                v = items.get(branch)
+                took = _effect_seconds(event)
+                if v is None:
+                    v = items[branch] = Visit(
+                        run_id=event.run_id,
+                        node_id=node_id,
+                        node_type="map item",
+                        visit=getattr(event, "visit", 1),
+                        branch=branch,
+                        start=event.ts - took,
+                        before=dict(before.state),
+                    )
+                    visits.append(v)
+                v.start = min(v.start, event.ts - took)
+                v.end = event.ts
+                failed = getattr(event, "error", None) or getattr(event, "timed_out", False)
+                v.status = "failed" if failed else "completed"
             if v is not None:
                 v.effects.append(event)
                 if isinstance(event, LlmCalled):
@@ -184,6 +204,14 @@ def view_run(
         agent=agent,
         parent_node=first.parent_node_id if first else None,
     )
+
+
+def _effect_seconds(event: Event) -> float:
+    """How long an effect took, as it recorded it (0 when it does not say)."""
+    ms = getattr(event, "duration_ms", None)
+    if ms is None:
+        ms = getattr(event, "latency_ms", 0.0)
+    return float(ms or 0.0) / 1000
 
 
 def collect_tree(

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from graphrun.eventstore.events import ChildRunStarted, Event, LlmCalled
 
@@ -225,11 +226,18 @@ def budget_breach(settings: Any, usage: Usage) -> str | None:
     return None
 
 
-def driver_budget_breach(driver: Any) -> str | None:
-    """The budget policy of a run being driven: checked after a node's effects are absorbed.
+# Per driver being checked: the price table, the last committed seq counted, and
+# the usage of the committed events up to it (so each check reads only new events).
+_BUDGET_STATE: WeakKeyDictionary[Any, tuple[Mapping[str, tuple[float, float]], int, Usage]] = (
+    WeakKeyDictionary()
+)
 
-    Costs nothing for a graph without a budget; otherwise sums the run's recorded
-    and not-yet-committed ``LlmCalled`` events.
+
+def driver_budget_breach(driver: Any) -> str | None:
+    """The budget policy of a run being driven: checked after a node's effects.
+
+    Costs nothing for a graph without a budget; otherwise sums the run's
+    ``LlmCalled`` events, committed (read incrementally) and not yet committed.
     """
     settings = driver.graph.settings
     if (
@@ -237,19 +245,31 @@ def driver_budget_breach(driver: Any) -> str | None:
         and getattr(settings, "max_cost", None) is None
     ):
         return None
-    pending = list(getattr(driver, "_pending", []))
-    if not any(isinstance(e, LlmCalled) for e in pending):
-        return None
-    committed = driver.store.read(driver.run_id)
-    last = committed[-1].seq if committed else 0
-    events = committed + [e for e in pending if e.seq > last]
-    prices: Mapping[str, tuple[float, float]] = BUILTIN_PRICES
-    if getattr(settings, "max_cost", None) is not None:
-        from graphrun.runtime.config import config_dir
+    known = _BUDGET_STATE.get(driver)
+    if known is None:
+        prices: Mapping[str, tuple[float, float]] = BUILTIN_PRICES
+        if getattr(settings, "max_cost", None) is not None:
+            from graphrun.runtime.config import config_dir
 
-        prices = load_prices(driver.options.config_dir or config_dir(None))
-    usage, _ = run_usage(events, prices)
-    return budget_breach(settings, usage)
+            prices = load_prices(driver.options.config_dir or config_dir(None))
+        known = (prices, 0, Usage())
+    prices, last, counted = known
+    committed = driver.store.read(driver.run_id, after=last)
+    if committed:
+        new, _ = run_usage(committed, prices)
+        counted = _sum(counted, new)
+        last = committed[-1].seq
+    _BUDGET_STATE[driver] = (prices, last, counted)
+    pending = [e for e in list(getattr(driver, "_pending", [])) if e.seq > last]
+    in_flight, _ = run_usage(pending, prices)
+    return budget_breach(settings, _sum(counted, in_flight))
+
+
+def _sum(a: Usage, b: Usage) -> Usage:
+    total = Usage()
+    total.add(a)
+    total.add(b)
+    return total
 
 
 def format_usage(u: Usage) -> str:

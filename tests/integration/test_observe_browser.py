@@ -247,7 +247,8 @@ def test_report_of_a_run_waiting_for_a_person(graphrun, agent, page, tmp_path):
 
 def _graph_targets(agent: Any) -> list[Path]:
     every = agent(EVERY_TYPE, {"scripts/fetch.py": FETCH_PY}, name="every-type")
-    return [*EXAMPLES, every]
+    parallel = agent(PARALLEL, PARALLEL_SCRIPTS, name="parallel")
+    return [*EXAMPLES, every, parallel]
 
 
 def test_mermaid_of_every_graph_parses(graphrun, agent, page):
@@ -345,19 +346,85 @@ def test_parallel_lists_and_map_branches_are_drawn():
     assert "style=dotted" in to_dot(pic)
 
 
-def test_report_of_parallel_branches_has_one_lane_per_branch(page, tmp_path):
-    """Events shaped as parallel super-steps record them (a ``branch`` on each event)."""
-    from graphrun.runtime.observe.report import render_report, view_run
-    from tests.unit.runtime.test_observe_report import _parallel_run
+PARALLEL = """
+name: desk-parallel
+version: "1.0"
+start: plan
+nodes:
+  plan:
+    type: script
+    script: scripts/plan.py
+    next: [prices, reviews]
+  prices:
+    type: script
+    script: scripts/slow.py
+    state_updates: {}
+    next: summarize
+  reviews:
+    type: script
+    script: scripts/slow.py
+    state_updates: {}
+    next: summarize
+  summarize:
+    type: map
+    over: "{{items}}"
+    as: item
+    branch: one
+    collect_into: notes
+    next: done
+  one:
+    type: script
+    script: scripts/one.py
+  done: {type: end, output: "{{notes}}"}
+"""
+PARALLEL_SCRIPTS = {
+    "scripts/plan.py": """
+        import json
+        print(json.dumps({"items": ["a", "b", "c"]}))
+    """,
+    "scripts/slow.py": """
+        import json, time
+        time.sleep(0.3)
+        print(json.dumps({}))
+    """,
+    "scripts/one.py": """
+        import json, os, time
+        state = json.loads(os.environ["GRAPH_STATE"])
+        time.sleep(0.2)
+        print(json.dumps({"output": "note " + state["item"]}))
+    """,
+}
 
+
+def test_report_of_a_parallel_run_has_one_lane_per_branch(graphrun, agent, page, tmp_path):
+    root = agent(PARALLEL, PARALLEL_SCRIPTS, name="desk-parallel")
+    res = graphrun("run", str(root), "go")
+    assert res.code == 0, res.stderr
+    run_id = graphrun.last_run()
     out = tmp_path / "parallel.html"
-    out.write_text(render_report([view_run(_parallel_run(), {})], {}), encoding="utf-8")
+    assert graphrun("report", run_id, "-o", str(out)).code == 0
     page.page.goto(out.as_uri())
     assert page.problems == []
     lanes = page.page.eval_on_selector_all(".lane-name", "ls => ls.map(l => l.textContent)")
-    assert lanes == ["run", "run · branch left", "run · branch right"]
-    in_left = page.page.eval_on_selector_all(
-        ".lane:nth-child(2) .bar", "bs => bs.map(b => b.dataset.node)"
+    assert lanes == [
+        "run",
+        "run · branch prices",
+        "run · branch reviews",
+        "run · branch summarize[0]",
+        "run · branch summarize[1]",
+        "run · branch summarize[2]",
+    ]
+    bars = page.page.eval_on_selector_all(
+        ".lane", "ls => ls.map(l => [...l.querySelectorAll('.bar')].map(b => b.dataset.node))"
     )
-    assert in_left == ["left"]
-    _screenshot(page, "report-parallel-branches.png", tmp_path)
+    assert bars == [
+        ["plan", "summarize", "done"],
+        ["prices"],
+        ["reviews"],
+        ["one"],
+        ["one"],
+        ["one"],
+    ]
+    _screenshot(page, "report-parallel-run.png", tmp_path)
+    mermaid = graphrun("graph", str(root), "--run", run_id).stdout
+    assert '-->|"fan-out"|' in mermaid and '-.->|"each item"|' in mermaid

@@ -131,3 +131,49 @@ def test_runs_and_show_json_share_one_shape(graphrun: GraphrunCli):
     assert not missing
     for key in ("run_id", "graph", "status", "parent_run_id", "waiting", "usage", "tree_usage"):
         assert json.dumps(row[key], sort_keys=True) == json.dumps(shown[key], sort_keys=True), key
+
+
+PARALLEL_LLM = """
+name: parallel-budget
+version: "1.0"
+model: openai:gpt-4o-mini
+start: fan
+settings:
+  max_tokens: 100
+nodes:
+  fan:
+    type: script
+    script: scripts/fan.py
+    next: [left, right]
+  left:
+    type: llm
+    prompt: "left"
+    state_updates: {l: "{{output}}"}
+    next: join
+  right:
+    type: llm
+    prompt: "right"
+    state_updates: {r: "{{output}}"}
+    next: join
+  join:
+    type: end
+    output: "{{l}} {{r}}"
+"""
+
+
+def test_a_parallel_step_over_budget_fails_the_run(graphrun, agent, fake_llm: FakeLlm):
+    fake_llm.script(
+        text("one", usage={"input": 50, "output": 30}),
+        text("two", usage={"input": 50, "output": 30}),
+    )
+    path = agent(PARALLEL_LLM, {"scripts/fan.py": "print('{}')\n"})
+    res = graphrun(
+        "run", str(path), "go", OPENAI_BASE_URL=fake_llm.url_openai, OPENAI_API_KEY="sk-t"
+    )
+    assert res.code == 1, res.stderr
+    assert len(fake_llm.requests) == 2
+    shown = graphrun("show", graphrun.last_run(), "--json").json()
+    assert shown["error"] == (  # type: ignore[index]
+        "token budget exceeded: 160 tokens used, settings.max_tokens is 100"
+    )
+    assert "join" not in [p["node"] for p in shown["path"]]  # type: ignore[index]
