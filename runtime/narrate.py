@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterable
 from typing import Any, TextIO
 
@@ -82,6 +83,7 @@ class Narrator:
         self.snapshots = True
         # On a terminal, a node whose effect takes time shows a spinner and its elapsed time.
         self.pending: Any = None
+        self._pending_lock = threading.Lock()  # effects narrate from their own threads
 
     def line(self, text: str) -> None:
         self.stop_pending()
@@ -223,12 +225,14 @@ class Narrator:
             transient=True,
         )
         progress.add_task(what, total=None)
-        progress.start()
-        self.pending = progress
+        with self._pending_lock:
+            progress.start()
+            self.pending = progress
 
     def stop_pending(self) -> None:
-        if self.pending is not None:
+        with self._pending_lock:
             pending, self.pending = self.pending, None
+        if pending is not None:
             pending.stop()
 
     def _elapsed(self, ts: float) -> str:
