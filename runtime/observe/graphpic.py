@@ -97,7 +97,7 @@ def _node_type(node: Any) -> str:
 def build_picture(
     graph: Any,
     agent_dir: Path | None = None,
-    path_taken: list[tuple[str, str | None]] | None = None,
+    path_taken: list[tuple[str, Any]] | None = None,
 ) -> Picture:
     """The nodes and edges of a graph; ``path_taken`` is ``[(node, routed_to), ...]``."""
     nodes: dict[str, Any] = dict(getattr(graph, "nodes", {}) or {})
@@ -144,7 +144,7 @@ def build_picture(
             visits[node_id] = visits.get(node_id, 0) + 1
         for n in pic.nodes:
             n.visits = visits.get(n.id, 0)
-        taken = {(a, b) for a, b in path_taken if b}
+        taken = {(a, b) for a, targets in path_taken for b in _targets(targets)}
         for edge in pic.edges:
             if (edge.src, edge.dst) in taken:
                 edge.taken = True
@@ -337,11 +337,12 @@ def render(pic: Picture, fmt: str) -> str:
     return svg if fmt == "svg" else to_html(pic, svg)
 
 
-def run_path(events: Iterable[Any]) -> list[tuple[str, str | None]]:
-    """``[(node, routed_to)]`` of every node visit of a run, in order."""
+def run_path(events: Iterable[Any]) -> list[tuple[str, Any]]:
+    """``[(node, routed_to)]`` of every node visit of a run, in order (``routed_to``
+    is a list for a fan-out)."""
     from graphrun.eventstore.events import NodeCompleted, NodeEntered, NodeFailed
 
-    out: list[tuple[str, str | None]] = []
+    out: list[tuple[str, Any]] = []
     open_: dict[tuple[str, int], int] = {}
     for event in events:
         if isinstance(event, NodeEntered):
@@ -350,7 +351,8 @@ def run_path(events: Iterable[Any]) -> list[tuple[str, str | None]]:
         elif isinstance(event, NodeCompleted | NodeFailed):
             index = open_.pop((event.node_id, event.visit), None)
             if index is not None:
-                out[index] = (event.node_id, getattr(event, "routed_to", None))
+                fan_out = getattr(event, "fan_out", None)
+                out[index] = (event.node_id, getattr(event, "routed_to", None) or fan_out or None)
     return out
 
 

@@ -139,7 +139,8 @@ def view_run(
                     if isinstance(event, NodeFailed):
                         v.status, v.error = "failed", event.error
                     else:
-                        v.routed_to = event.routed_to
+                        fan_out = getattr(event, "fan_out", None) or []
+                        v.routed_to = event.routed_to or ", ".join(fan_out) or None
                         v.status = "tolerated" if event.failed else "completed"
                         v.error = event.error
             case HumanInputRequested():

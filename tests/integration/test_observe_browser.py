@@ -426,5 +426,16 @@ def test_report_of_a_parallel_run_has_one_lane_per_branch(graphrun, agent, page,
         ["one"],
     ]
     _screenshot(page, "report-parallel-run.png", tmp_path)
+    plan_row = page.page.inner_text("#visits tr:nth-child(2)")
+    assert "prices, reviews" in plan_row
     mermaid = graphrun("graph", str(root), "--run", run_id).stdout
     assert '-->|"fan-out"|' in mermaid and '-.->|"each item"|' in mermaid
+    from graphrun.eventstore.store import SqliteStore
+    from graphrun.runtime.loader import load_graph
+    from graphrun.runtime.observe.graphpic import build_picture, run_path
+
+    store = SqliteStore(graphrun.db)
+    pic = build_picture(load_graph(root).graph, root, run_path(store.read(run_id)))
+    store.close()
+    taken = {(e.src, e.dst) for e in pic.edges if e.taken}
+    assert {("plan", "prices"), ("plan", "reviews"), ("prices", "summarize")} <= taken
