@@ -195,7 +195,7 @@ class _Builder:
             return None
         try:
             value = self._constructor.construct_object(node)
-        except (ValueError, TypeError, OverflowError, yaml.YAMLError):
+        except (ValueError, TypeError, OverflowError, KeyError, IndexError, yaml.YAMLError):
             shown = node.value if len(node.value) <= 40 else node.value[:40] + "…"
             self.problem(node, path, f"{shown!r} is not a valid {_short_tag(node.tag)} value")
             return None
