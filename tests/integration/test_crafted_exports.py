@@ -346,3 +346,24 @@ def test_garbage_lines_are_refused_without_a_hang(graphrun, tmp_path) -> None:
         path = tmp_path / name
         path.write_text(text)
         refused(import_into(graphrun, path, db))
+
+
+def test_an_alias_bomb_in_a_recorded_graph_source_is_refused_on_replay(
+    graphrun, gate, tmp_path
+) -> None:
+    run_id, out = exported(
+        graphrun, tmp_path, str(gate), "v1", "--as", "bob", "--answer", "review=approve"
+    )
+    lines = ['  a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 12):
+        lines.append(f"  a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    bomb = GATE + "initial_state:\n" + "\n".join(lines) + "\n"
+    crafted = Export(out)
+    crafted.events[0]["graph_source"] = bomb
+    crafted.events[0]["graph_hash"] = codec.content_hash(bomb)
+    db = tmp_path / "fresh.db"
+    assert import_into(graphrun, crafted.write(tmp_path / "bomb.run.jsonl"), db).code == 0
+    res = graphrun("replay", run_id, "--db", str(db), timeout=30)
+    assert res.code == 2, res.stderr
+    assert "more than 200,000 values once aliases are expanded" in res.stderr
+    assert "internal error" not in res.stderr
