@@ -41,6 +41,7 @@ from graphrun.actors.providers.base import (
     ChatResponse,
     LlmCallError,
     Provider,
+    ToolCall,
     ToolResult,
     ToolSpec,
 )
@@ -130,6 +131,15 @@ class _LlmRun:
         self._unhook = ctx.cancel.on_cancel(
             lambda: self.scope.cancel(ctx.cancel.reason or "cancelled")
         )
+        # What this visit already recorded before the process stopped (a resumed tool
+        # loop): successful turns and tool results are served from it, never repeated.
+        prior = getattr(ctx, "prior", ()) or ()
+        self.prior_calls = {
+            (e.purpose, e.iteration, e.attempt): e for e in prior if isinstance(e, LlmCalled)
+        }
+        self.prior_tools = {
+            (e.iteration, e.call_id, e.name): e for e in prior if isinstance(e, ToolCalled)
+        }
         self.deadline: float | None = None
         self._timer: threading.Timer | None = None
         if task.timeout is not None:
@@ -192,6 +202,18 @@ class _LlmRun:
             for call in response.tool_calls:
                 if self.scope.cancelled:
                     return self._stop_message()
+                done = self.prior_tools.get((iteration, call.id, call.name))
+                if done is not None:
+                    # Ran and was recorded before an interruption: its result stands.
+                    messages.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": call.id,
+                            "content": done.result,
+                            "is_error": done.is_error,
+                        }
+                    )
+                    continue
                 if (call.name, call.arguments) in previous:
                     result = ToolResult(
                         output=(
@@ -205,6 +227,9 @@ class _LlmRun:
                     )
                 else:
                     result = self._run_tool(call.name, call.arguments)
+                if self.scope.cancelled:
+                    # Stopped mid-call: not a result; a resumed run calls it again.
+                    return self._stop_message()
                 self.ctx.record(
                     ToolCalled(
                         node_id=task.node_id,
@@ -296,6 +321,23 @@ class _LlmRun:
         for attempt in range(1, attempts + 1):
             if self.scope.cancelled:
                 return self._stop_message()
+            recorded = self.prior_calls.get((purpose, iteration, attempt))
+            if recorded is not None:
+                self.calls += 1
+                if recorded.error is None:
+                    return ChatResponse(
+                        text=recorded.text or "",
+                        tool_calls=[ToolCall(**call) for call in recorded.tool_calls],
+                        usage=dict(recorded.usage),
+                        status=recorded.status or 200,
+                        body=recorded.response or {},
+                        request_body=recorded.request,
+                        url=recorded.url,
+                        latency_ms=recorded.latency_ms,
+                    )
+                if not recorded.transient or attempt == attempts:
+                    return recorded.error
+                continue
             request = ChatRequest(
                 model=task.model,
                 system=system,

@@ -182,7 +182,17 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
     run_id = resolve_run(store, run_id)
     if anchor is not None and _anchor(store, run_id, anchor, verify):
         return
-    report = audit_tree(store, run_id, verify=verify)
+    if verify:
+        # The chain first, from the stored bytes alone: a damaged log is reported
+        # by seq, not by whichever reader trips over it first.
+        checks = verify_tree(store, run_id)
+        if all(item["ok"] for item in checks):
+            report = audit_tree(store, run_id, verify=False)
+        else:
+            report = {"run_id": run_id, "decisions": []}
+        report["verify"] = checks
+    else:
+        report = audit_tree(store, run_id, verify=False)
     if as_json:
         click.echo(json.dumps(report, ensure_ascii=False, default=str))
     else:
@@ -233,6 +243,36 @@ def _anchor(store: Any, run_id: str, anchor: str, verify: bool) -> bool:
         raise SystemExit(1)
     click.echo(f"ok: run {run_id}: the anchor at seq {seq} holds", err=True)
     return False
+
+
+def verify_tree(store: Any, run_id: str) -> list[dict[str, Any]]:
+    """The chain check of a run and of every run under it (each: ``run_id``, ``ok``,
+    ``events``, first bad ``seq``, ``reason``)."""
+    from graphrun.eventstore.errors import CorruptStoreError
+
+    todo, seen, checks = [run_id], {run_id}, []
+    while todo:
+        rid = todo.pop(0)
+        problem = store.verify(rid)
+        try:
+            events = store.run(rid).last_seq
+            children = [r.run_id for r in store.runs(parent=rid)]
+        except CorruptStoreError:
+            events, children = None, []
+        checks.append(
+            {
+                "run_id": rid,
+                "ok": problem is None,
+                "events": events,
+                "seq": problem.seq if problem else None,
+                "reason": problem.reason if problem else None,
+            }
+        )
+        for child in children:
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return checks
 
 
 def _answer_cell(decision: dict[str, Any]) -> str:

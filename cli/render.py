@@ -69,6 +69,8 @@ def render_outcome(outcome: Any, *, as_json: bool, db: str | None) -> int:
     """
     codes = {"completed": 0, "failed": 1, "cancelled": 1, "waiting": 3}
     code = codes.get(outcome.status, 1)
+    if outcome.status == "interrupted":
+        code = 143 if getattr(outcome, "signal", None) == "SIGTERM" else 130
     refused = _refusal(outcome)
     if refused is not None:
         code = refused.exit_code
@@ -82,8 +84,13 @@ def render_outcome(outcome: Any, *, as_json: bool, db: str | None) -> int:
         return code
     if outcome.status == "completed":
         text = outcome.output or ""
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        sys.stdout.flush()
+        write_stdout(text if text.endswith("\n") else text + "\n")
+    elif outcome.status == "interrupted":
+        click.echo(
+            f"▸ run {outcome.run_id} {outcome.error or 'interrupted'}; "
+            f"`graphrun resume {outcome.run_id}` continues it",
+            err=True,
+        )
     elif outcome.status == "waiting":
         if refused is not None:
             click.echo(f"error: {refused}", err=True)
@@ -91,6 +98,21 @@ def render_outcome(outcome: Any, *, as_json: bool, db: str | None) -> int:
     else:
         click.echo(f"error: run {outcome.run_id} {outcome.status}: {outcome.error}", err=True)
     return code
+
+
+def write_stdout(text: str) -> None:
+    """Write to stdout; a reader that went away (``| head``) is not an error: the
+    run is recorded whatever happens to its printout."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        # Python flushes stdout again at exit; point it at /dev/null so that
+        # flush cannot fail too (the recipe of Python's signal documentation).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def render_waiting(outcome: Any, db: str | None) -> None:

@@ -13,11 +13,17 @@ from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 @click.argument("agent")
 @click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
 @click.option("--config-dir", metavar="DIR", help="Config directory.")
+@click.option(
+    "--strict", is_flag=True, help="Unknown fields are errors (by default, warnings Loki ignores)."
+)
 @json_option
-def validate_cmd(agent: str, agents_dir: str | None, config_dir: str | None, as_json: bool) -> None:
+def validate_cmd(
+    agent: str, agents_dir: str | None, config_dir: str | None, as_json: bool, strict: bool
+) -> None:
     """Check AGENT's graph.yaml: every error and warning, each with file, line and node.
 
-    Exit 2 if there is any error; warnings alone exit 0.
+    Exit 2 if there is any error; warnings alone exit 0. An unknown field is a
+    warning (Loki ignores it), an error with --strict.
     """
     from graphrun.cli.render import print_diagnostics
     from graphrun.runtime.agents import load_agent
@@ -34,6 +40,13 @@ def validate_cmd(agent: str, agents_dir: str | None, config_dir: str | None, as_
         found = validate(Check(loaded, agents_dir=agents, config_dir=cfg))
     except GraphValidationError as exc:
         found = exc.diagnostics
+    if strict:
+        import dataclasses
+
+        found = [
+            dataclasses.replace(d, severity="error") if d.rule == "unknown-field" else d
+            for d in found
+        ]
     if as_json:
         click.echo(json.dumps([d.__dict__ for d in found], ensure_ascii=False))
     else:

@@ -6,7 +6,6 @@ from typing import Any
 
 import click
 
-from graphrun.actors.base import settle_heap
 from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 
 
@@ -78,13 +77,22 @@ def _options(
     llm_replay: str | None,
     store: Any,
     quiet: bool = False,
+    recorded: dict[str, Any] | None = None,
 ) -> Any:
+    """The run options of a command. ``recorded``: the configuration the run began
+    with, used where the command line does not say otherwise (so ``resume``,
+    ``approve`` and ``answer`` need no ``--loki-dir`` the run was started with)."""
     from graphrun.actors.human import is_interactive
     from graphrun.runtime.config import agents_dir as resolve_agents
     from graphrun.runtime.config import config_dir as resolve_config
     from graphrun.runtime.narrate import Narrator
     from graphrun.runtime.supervisor import RunOptions
 
+    recorded = recorded or {}
+    if config_dir is None and recorded.get("config_dir"):
+        config_dir = recorded["config_dir"]
+    if agents_dir is None and recorded.get("agents_dir"):
+        agents_dir = recorded["agents_dir"]
     cfg = resolve_config(config_dir)
     options = RunOptions(
         answers=_answers(answers),
@@ -146,11 +154,9 @@ def common_run_options(fn: Any) -> Any:
 
 
 def _drive(driver: Any) -> Any:
-    """Drive a run as every command here does: the heap settled first (see
-    :func:`graphrun.actors.base.settle_heap`), then the run to its end or a wait."""
+    """Drive a run as every command here does: to its end or a wait."""
     from graphrun.runtime.supervisor import drive
 
-    settle_heap()
     return drive(driver)
 
 
@@ -194,7 +200,7 @@ def run_cmd(
     from graphrun.runtime.agents import load_agent
     from graphrun.runtime.config import resolve_agent
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver, check_graph, start_run
+    from graphrun.runtime.supervisor import Driver, check_graph, run_config, start_run
 
     configure_logging()
     overrides = _parse_set(sets)
@@ -223,7 +229,14 @@ def run_cmd(
         options.extra["knowledge_bases"] = prepare_knowledge_bases(
             loaded, interactive=options.interactive, config_dir=options.config_dir
         )
-    run_id = start_run(store, loaded, prompt=prompt, overrides=overrides, started_by=as_user)
+    run_id = start_run(
+        store,
+        loaded,
+        prompt=prompt,
+        overrides=overrides,
+        started_by=as_user,
+        config=run_config(loaded, options),
+    )
     outcome = _drive(Driver(store, run_id, options))
     finish(outcome, as_json=as_json, db=db)
 
@@ -248,11 +261,12 @@ def resume_cmd(
     from graphrun.eventstore.fold import fold
     from graphrun.runtime.errors import AnswerError
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver
+    from graphrun.runtime.supervisor import Driver, recorded_config
 
     configure_logging()
     store = open_store(db)
     run_id = resolve_run(store, run_id)
+    store.require_intact(run_id)  # never extend a log that does not verify
     state = fold(store.read(run_id))
     if state.terminal:
         raise AnswerError(f"run {run_id} has already {state.status}; there is nothing to resume")
@@ -264,6 +278,7 @@ def resume_cmd(
         llm_replay=llm_replay,
         store=store,
         quiet=as_json,
+        recorded=recorded_config(store, run_id),
     )
     outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)
@@ -283,7 +298,7 @@ def _answer_and_resume(
 ) -> None:
     from graphrun.runtime.answers import submit_answer
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver
+    from graphrun.runtime.supervisor import Driver, recorded_config
 
     configure_logging()
     store = open_store(db)
@@ -309,6 +324,7 @@ def _answer_and_resume(
         llm_replay=None,
         store=store,
         quiet=as_json,
+        recorded=recorded_config(store, run_id),
     )
     # This command answers one question: the run goes on to its end or to the
     # next wait, which is answered by another command, not prompted for here.
@@ -418,7 +434,7 @@ def fork_cmd(
     """
     from graphrun.runtime.lifecycle import fork_run
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver
+    from graphrun.runtime.supervisor import Driver, recorded_config
 
     configure_logging()
     store = open_store(db)
@@ -433,6 +449,7 @@ def fork_cmd(
         llm_replay=llm_replay,
         store=store,
         quiet=as_json,
+        recorded=recorded_config(store, run_id),
     )
     outcome = _drive(Driver(store, new_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)

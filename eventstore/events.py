@@ -42,6 +42,9 @@ class EventBase(
     run_id: str = ""
     seq: int = 0
     ts: float = 0.0
+    #: Which slot of a parallel super-step (the frontier node's id) or which map item
+    #: (``"<map>[<i>]"``) an event belongs to; empty for a sequential step.
+    branch: str = ""
 
 
 # --- run lifecycle -----------------------------------------------------------
@@ -66,6 +69,9 @@ class RunStarted(EventBase, frozen=True, kw_only=True):
     graphrun_version: str = ""
     # Extra files the run depends on (scripts, tools), name -> "sha256:<hex>".
     files: dict[str, str] = {}
+    # The configuration the run began with (config dir, agents dir, Loki dir, models
+    # and base URLs as resolved; never keys), reused by every later command.
+    config: dict[str, Any] = {}
 
 
 class RunResumed(EventBase, frozen=True, kw_only=True):
@@ -91,6 +97,17 @@ class RunFailed(EventBase, frozen=True, kw_only=True):
     error: str
     node_id: str | None = None
     duration_ms: float = 0.0
+
+
+class RunInterrupted(EventBase, frozen=True, kw_only=True):
+    """The process driving the run was stopped (Ctrl-C, SIGTERM); ``resume`` continues it.
+
+    Effects in flight were stopped and their process groups killed; they are
+    performed again on resume, completed ones never are."""
+
+    reason: str
+    signal: str = ""  # "SIGINT", "SIGTERM"
+    by: str = ""
 
 
 class RunCancelled(EventBase, frozen=True, kw_only=True):
@@ -125,6 +142,9 @@ class NodeCompleted(EventBase, frozen=True, kw_only=True):
     routed_to: str | None
     updates: dict[str, Any] = {}
     merge_effect: bool = False
+    # A static fan-out: the targets of a ``next`` list of two or more entries (then
+    # ``routed_to`` is None); they run together in the next super-step.
+    fan_out: list[str] = []
     failed: bool = False  # tolerant failure: the node failed but routed on
     error: str | None = None
     duration_ms: float = 0.0
@@ -137,6 +157,29 @@ class NodeFailed(EventBase, frozen=True, kw_only=True):
     visit: int
     error: str
     duration_ms: float = 0.0
+
+
+class StepStarted(EventBase, frozen=True, kw_only=True):
+    """A parallel super-step began: every node of ``frontier`` runs concurrently
+    against the state as it is now (the step's snapshot)."""
+
+    step: int
+    frontier: list[str]
+
+
+class BranchesMerged(EventBase, frozen=True, kw_only=True):
+    """A parallel super-step ended: what each branch wrote and what the merge made of it.
+
+    ``writes`` maps each branch to the keys whose value it changed (against the
+    step's snapshot); ``merged`` is the result of folding them in node-id order
+    through the graph's reducers (the state keys this event sets); ``targets`` is
+    the next frontier."""
+
+    step: int
+    writes: dict[str, dict[str, Any]] = {}
+    merged: dict[str, Any] = {}
+    reducers: dict[str, str] = {}
+    targets: list[str] = []
 
 
 # --- effects (recorded outcomes) -----------------------------------------------
@@ -305,6 +348,9 @@ Event = (
     | RunCompleted
     | RunFailed
     | RunCancelled
+    | RunInterrupted
+    | StepStarted
+    | BranchesMerged
     | NodeEntered
     | NodeCompleted
     | NodeFailed
@@ -340,6 +386,8 @@ DECISION_TYPES: tuple[type, ...] = (
     RunFailed,
     HumanInputRequested,
     VisitCapExceeded,
+    StepStarted,
+    BranchesMerged,
 )
 TERMINAL_TYPES: tuple[type, ...] = (RunCompleted, RunFailed, RunCancelled)
 
@@ -348,6 +396,7 @@ __all__ = [
     "EFFECT_TYPES",
     "SCHEMA_VERSION",
     "TERMINAL_TYPES",
+    "BranchesMerged",
     "ChildCancelled",
     "ChildRunFinished",
     "ChildRunStarted",
@@ -364,9 +413,11 @@ __all__ = [
     "RunCancelled",
     "RunCompleted",
     "RunFailed",
+    "RunInterrupted",
     "RunResumed",
     "RunStarted",
     "ScriptFinished",
+    "StepStarted",
     "TimeoutFired",
     "ToolCalled",
     "VisitCapExceeded",

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from graphrun.eventstore.events import (
+    BranchesMerged,
     ChildCancelled,
     ChildRunFinished,
     ChildRunStarted,
@@ -29,20 +30,31 @@ from graphrun.eventstore.events import (
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunInterrupted,
     RunResumed,
     RunStarted,
     ScriptFinished,
+    StepStarted,
     ToolCalled,
 )
 
 _replace = msgspec.structs.replace
 
 
+class Branch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One slot of a running parallel super-step: a frontier node and its outcome."""
+
+    node_id: str
+    visit: int
+    entered_ts: float = 0.0
+    done: NodeCompleted | NodeFailed | None = None
+
+
 class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything the decider needs to know about a run, and nothing it doesn't."""
 
     run_id: str = ""
-    status: str = "new"  # new, running, waiting, completed, failed, cancelled
+    status: str = "new"  # new, running, waiting, interrupted, completed, failed, cancelled
     last_seq: int = 0
     started_ts: float = 0.0
     last_ts: float = 0.0
@@ -68,6 +80,14 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     children: dict[str, str] = {}  # child run id -> running/completed/failed/cancelled
     output: str | None = None
     error: str | None = None
+    # The next frontier: where the last completed node (or super-step) routed.
+    targets: tuple[str, ...] = ()
+    # Parallel super-steps: how many began, the running one's slots (branch id ->
+    # Branch) and the effect events of every branch and map item (branch id -> events).
+    step: int = 0
+    branches: dict[str, Branch] = {}
+    branch_effects: dict[str, tuple[Any, ...]] = {}
+    interrupted: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -86,6 +106,8 @@ def effect_output(effects: Iterable[Any]) -> dict[str, Any] | None:
 def apply(state: RunState, event: Event) -> RunState:
     """The state after one event."""
     base = {"last_seq": event.seq, "last_ts": event.ts}
+    if event.branch:
+        return _apply_branch(state, event, base)
     match event:
         case RunStarted():
             return _replace(
@@ -143,7 +165,9 @@ def apply(state: RunState, event: Event) -> RunState:
                 state=new_state,
                 current=None,
                 routed_to=event.routed_to,
+                targets=_targets(event),
                 last_node=event.node_id,
+                branch_effects={},
                 **base,
             )
         case NodeFailed():
@@ -156,9 +180,36 @@ def apply(state: RunState, event: Event) -> RunState:
             return _replace(state, children=children, effects=(*state.effects, event), **base)
         case ChildCancelled(child_run_id=child):
             return _replace(state, children={**state.children, child: "cancelled"}, **base)
+        case StepStarted(step=step):
+            return _replace(
+                state,
+                step=step,
+                branches={},
+                branch_effects={},
+                routed_to=None,
+                targets=(),
+                waiting=None,
+                **base,
+            )
+        case BranchesMerged(merged=merged, targets=targets):
+            new_state = {**state.state, **merged} if merged else state.state
+            return _replace(
+                state,
+                state=new_state,
+                branches={},
+                branch_effects={},
+                current=None,
+                routed_to=targets[0] if len(targets) == 1 else None,
+                targets=tuple(targets),
+                last_node=f"super-step {event.step}",
+                **base,
+            )
         case RunResumed():
             status = state.status if state.terminal or state.waiting else "running"
-            return _replace(state, status=status, **base)
+            return _replace(state, status=status, interrupted=False, **base)
+        case RunInterrupted():
+            status = state.status if state.terminal or state.waiting else "interrupted"
+            return _replace(state, status=status, interrupted=True, **base)
         case RunCompleted(output=output):
             return _replace(state, status="completed", output=output, current=None, **base)
         case RunFailed(error=error):
@@ -167,6 +218,53 @@ def apply(state: RunState, event: Event) -> RunState:
             return _replace(state, status="cancelled", error=reason, **base)
         case _:
             return _replace(state, **base)
+
+
+def _targets(event: NodeCompleted) -> tuple[str, ...]:
+    if event.fan_out:
+        return tuple(event.fan_out)
+    return (event.routed_to,) if event.routed_to else ()
+
+
+def _apply_branch(state: RunState, event: Event, base: dict[str, Any]) -> RunState:
+    """An event of one branch of a parallel step, or of one map item."""
+    bid = event.branch
+    match event:
+        case NodeEntered(node_id=node_id, visit=visit):
+            visits = {**state.visits, node_id: visit}
+            branches = {
+                **state.branches,
+                bid: Branch(node_id=node_id, visit=visit, entered_ts=event.ts),
+            }
+            return _replace(state, branches=branches, visits=visits, steps=state.steps + 1, **base)
+        case NodeCompleted() | NodeFailed():
+            slot = state.branches.get(bid)
+            if slot is None:
+                return _replace(state, **base)
+            branches = {**state.branches, bid: _replace(slot, done=event)}
+            return _replace(state, branches=branches, **base)
+        case HumanInputRequested():
+            return _replace(state, status="waiting", waiting=event, **base)
+        case HumanInputReceived():
+            effects = {**state.branch_effects, bid: (*state.branch_effects.get(bid, ()), event)}
+            return _replace(
+                state,
+                status="running" if not state.terminal else state.status,
+                waiting=None,
+                branch_effects=effects,
+                **base,
+            )
+        case ChildRunStarted(child_run_id=child) | ChildRunFinished(child_run_id=child):
+            status = "running" if isinstance(event, ChildRunStarted) else event.status
+            effects = {**state.branch_effects, bid: (*state.branch_effects.get(bid, ()), event)}
+            children = {**state.children, child: status}
+            return _replace(state, children=children, branch_effects=effects, **base)
+        case ScriptFinished() | LlmCalled() | ToolCalled() | LlmResult() | RetrievalDone():
+            effects = {**state.branch_effects, bid: (*state.branch_effects.get(bid, ()), event)}
+            return _replace(state, branch_effects=effects, **base)
+        case _:
+            # Run-level facts never carry a branch; be lenient with one that does.
+            return apply(state, _replace(event, branch=""))
 
 
 def fold(events: Iterable[Event], state: RunState | None = None) -> RunState:

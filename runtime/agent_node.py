@@ -47,10 +47,11 @@ class AgentActor:
         store = parent.store
         options = parent.options
         started = time.monotonic()
+        prior = getattr(ctx, "prior", None)
         existing = next(
             (
                 e
-                for e in reversed(parent.state.effects)
+                for e in reversed(prior if prior is not None else parent.state.effects)
                 if isinstance(e, ChildRunStarted) and e.visit == task.visit
             ),
             None,
@@ -70,16 +71,15 @@ class AgentActor:
             else:
                 child_id = new_run_id()
                 # Durable before the child exists, so a resumed parent finds its child.
-                parent.commit_effects(
-                    [
-                        ChildRunStarted(
-                            node_id=task.node_id,
-                            visit=task.visit,
-                            child_run_id=child_id,
-                            agent=task.agent,
-                            prompt=task.prompt,
-                        )
-                    ]
+                # (an effect event that is not a result is committed when recorded)
+                ctx.record(
+                    ChildRunStarted(
+                        node_id=task.node_id,
+                        visit=task.visit,
+                        child_run_id=child_id,
+                        agent=task.agent,
+                        prompt=task.prompt,
+                    )
                 )
             start_run(
                 store,
@@ -94,6 +94,9 @@ class AgentActor:
         parent.child_tokens[child_id] = token
         unhook = ctx.cancel.on_cancel(lambda: token.cancel(ctx.cancel.reason or "cancelled"))
         child = Driver(store, child_id, _child_options(options, knowledge), cancel=token)
+        parent.child_drivers[child_id] = child
+        if parent.interrupted is not None:
+            child.interrupt(*parent.interrupted)
         timer_reason = f"agent node '{task.node_id}' timed out after {task.timeout:g}s"
         import threading
 
@@ -106,6 +109,7 @@ class AgentActor:
             timer.cancel()
             unhook()
             parent.child_tokens.pop(child_id, None)
+            parent.child_drivers.pop(child_id, None)
         duration = round((time.monotonic() - started) * 1000, 3)
         if outcome.status == "waiting":
             raise ChildWaiting(

@@ -63,7 +63,11 @@ def submit_answer(
             ``wait_for_lease`` seconds.
     """
     ident = identity(as_user)
-    run_id = _waiting_run(store, run_id, node)
+    store.require_intact(run_id)  # never extend a log that does not verify
+    waiting = _waiting_run(store, run_id, node)
+    if waiting != run_id:
+        store.require_intact(waiting)
+    run_id = waiting
     events = store.read(run_id)
     request = _request(events, run_id, kind=kind, node=node)
     how = f"pass --as NAME with one of them to graphrun {_VERB[kind]}"

@@ -19,6 +19,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     log_state_snapshots: bool = True
     validate_before_run: bool = True
     timeout: float | None = None
+    # How many nodes of one super-step run at once (the others wait for a slot).
+    max_concurrency: int = 8
 
 
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
@@ -26,12 +28,19 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
 
     id: str | None = None
     description: str | None = None
-    next: str | None = None
+    # One target, or a list: two or more entries fan out (they run together in the
+    # next super-step); ``[]`` ends this branch without successors.
+    next: str | list[str] | None = None
     state_updates: dict[str, Any] = {}
 
     @property
     def type(self) -> str:
         return str(type(self).__struct_config__.tag)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The static successors: ``next`` as a tuple (empty when absent)."""
+        return next_targets(self.next)
 
 
 class AgentNode(NodeBase, tag="agent", kw_only=True):
@@ -74,6 +83,12 @@ class LlmNode(NodeBase, tag="llm", kw_only=True):
     fallback: str | None = None
     output_schema: dict[str, Any] | None = None
     timeout: float | None = None
+    reasoning_effort: str | None = None
+    # Loki's skills (accepted, not implemented: validation warns once).
+    skills_enabled: bool | None = None
+    enabled_skills: list[str] | None = None
+    inject_skill_instructions: bool | None = None
+    skill_instructions: str | None = None
 
 
 class RagNode(NodeBase, tag="rag", kw_only=True):
@@ -86,6 +101,11 @@ class RagNode(NodeBase, tag="rag", kw_only=True):
     chunk_overlap: int | None = None
     reranker_model: str | None = None
     batch_size: int | None = None
+    # Loki's graph-RAG and storage fields (accepted, not implemented: validation warns).
+    extractor_model: str | None = None
+    extractor_prompt: str | None = None
+    graph_hops: int | None = None
+    driver: str | None = None
 
 
 class EndNode(NodeBase, tag="end", kw_only=True):
@@ -94,7 +114,34 @@ class EndNode(NodeBase, tag="end", kw_only=True):
     status: Literal["completed", "failed"] = "completed"
 
 
-Node = AgentNode | ScriptNode | ApprovalNode | InputNode | LlmNode | RagNode | EndNode
+class MapNode(NodeBase, tag="map", kw_only=True):
+    """Runs ``branch`` once per item of the list ``over`` resolves to, concurrently.
+
+    Each item runs against the step's snapshot with the item under ``as``; the
+    items' results are collected, in input order, into ``collect_into``."""
+
+    over: str
+    as_: str = msgspec.field(name="as")
+    branch: str
+    collect_into: str
+    output_key: str = "output"
+    max_concurrency: int | None = None
+
+
+Node = AgentNode | ScriptNode | ApprovalNode | InputNode | LlmNode | RagNode | EndNode | MapNode
+
+#: Reducers a graph may declare for a state key (``reducers: {key: name}``).
+REDUCER_NAMES = ("append", "extend", "concat", "sum", "max", "min", "merge", "overwrite")
+Reducer = Literal["append", "extend", "concat", "sum", "max", "min", "merge", "overwrite"]
+
+
+class Variable(msgspec.Struct, kw_only=True):
+    """One of an agent's ``variables`` (Loki's shape)."""
+
+    name: str
+    description: str = ""
+    default: str | None = None
+
 
 NODE_TYPES: dict[str, type[NodeBase]] = {
     "agent": AgentNode,
@@ -104,7 +151,17 @@ NODE_TYPES: dict[str, type[NodeBase]] = {
     "llm": LlmNode,
     "rag": RagNode,
     "end": EndNode,
+    "map": MapNode,
 }
+
+
+def next_targets(value: str | list[str] | None) -> tuple[str, ...]:
+    """``next`` as a tuple of targets."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value else ()
+    return tuple(value)
 
 
 class Graph(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -123,6 +180,14 @@ class Graph(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     conversation_starters: list[str] = []
     settings: Settings = msgspec.field(default_factory=Settings)
     initial_state: dict[str, Any] = {}
+    reducers: dict[str, Reducer] = {}
+    variables: list[Variable] = []
+    reasoning_effort: str | None = None
+    # Loki's skills (accepted, not implemented: validation warns once).
+    skills_enabled: bool | None = None
+    enabled_skills: list[str] | None = None
+    inject_skill_instructions: bool | None = None
+    skill_instructions: str | None = None
 
     @property
     def can_spawn_agents(self) -> bool:
@@ -138,8 +203,13 @@ def static_edges(node: NodeBase) -> list[tuple[str, str]]:
         edges.extend((f"routes.{key}", target) for key, target in node.routes.items())
         edges.append(("on_other", node.on_other))
         return edges
-    if node.next:
-        edges.append(("next", node.next))
+    targets = node.targets
+    if isinstance(node.next, list):
+        edges.extend((f"next[{i}]", target) for i, target in enumerate(targets))
+    elif targets:
+        edges.append(("next", targets[0]))
+    if isinstance(node, MapNode):
+        edges.append(("branch", node.branch))
     fallback = getattr(node, "fallback", None)
     if fallback:
         edges.append(("fallback", fallback))

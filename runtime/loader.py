@@ -83,6 +83,8 @@ class LoadedGraph:
     lines: dict[str, int] = field(default_factory=dict)
     # State an agent's loader seeds into every run of it (an LLM-loop agent's variables).
     seed_state: dict[str, Any] = field(default_factory=dict)
+    # What loading found that does not stop a run (unknown fields Loki would ignore).
+    warnings: list[Diagnostic] = field(default_factory=list)
 
     @property
     def file(self) -> str:
@@ -278,7 +280,8 @@ def _closest(name: str, choices: list[str]) -> str | None:
 
 
 def _field_names(cls: type[msgspec.Struct]) -> list[str]:
-    return list(cls.__struct_fields__)
+    """The field names as written in YAML (``as`` for the attribute ``as_``)."""
+    return list(cls.__struct_encode_fields__)
 
 
 _MSGSPEC_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")
@@ -309,11 +312,13 @@ def _check_fields(
     for key in data:
         if key not in known:
             suggestion = _closest(key, known)
+            # Loki ignores fields it does not know, so a graph written for a later Loki
+            # still runs: a warning (``validate --strict`` makes it an error).
             problems.append(
                 Diagnostic(
-                    "error",
+                    "warning",
                     "unknown-field",
-                    f"unknown field '{key}' in {what}",
+                    f"unknown field '{key}' in {what} (ignored)",
                     file,
                     lines.get(_child(path, key)),
                     _child(path, key),
@@ -324,7 +329,7 @@ def _check_fields(
     required = [
         name
         for name, default in zip(
-            cls.__struct_fields__,
+            cls.__struct_encode_fields__,
             (msgspec.NODEFAULT,) * (len(cls.__struct_fields__) - len(cls.__struct_defaults__))
             + tuple(cls.__struct_defaults__),
             strict=True,
@@ -366,6 +371,20 @@ def _convert(
             cut = max(probe.rfind("."), probe.rfind("["))
             probe = probe[:cut] if cut > 0 else ""
         return None, [Diagnostic("error", "type", text, file, line, full, node)]
+
+
+def _known_only(data: dict[str, Any], cls: type[msgspec.Struct]) -> dict[str, Any]:
+    """``data`` without the fields ``cls`` does not have (reported as warnings)."""
+    known = set(_field_names(cls))
+    if issubclass(cls, NodeBase):
+        known.add("type")
+    if all(key in known for key in data):
+        return data
+    return {k: v for k, v in data.items() if k in known}
+
+
+def _errors(problems: list[Diagnostic]) -> bool:
+    return any(p.severity == "error" for p in problems)
 
 
 def structure(data: Any, lines: dict[str, int], file: str) -> tuple[Graph | None, list[Diagnostic]]:
@@ -433,9 +452,9 @@ def structure(data: Any, lines: dict[str, int], file: str) -> tuple[Graph | None
                 node_data, cls, npath, lines, file, node_id, f"{node_type} node '{node_id}'"
             )
             problems.extend(field_problems)
-            if field_problems:
+            if _errors(field_problems):
                 continue
-            value, errs = _convert(node_data, cls, npath, lines, file, node_id)
+            value, errs = _convert(_known_only(node_data, cls), cls, npath, lines, file, node_id)
             problems.extend(errs)
             if value is not None:
                 converted_nodes[node_id] = value
@@ -457,15 +476,17 @@ def structure(data: Any, lines: dict[str, int], file: str) -> tuple[Graph | None
         settings_problems = _check_fields(
             settings, Settings, "$.settings", lines, file, None, "settings"
         )
-        if not settings_problems:
-            # Typed here too, so a bad setting is reported alongside other errors.
-            _value, settings_problems = _convert(
-                settings, Settings, "$.settings", lines, file, None
-            )
         problems.extend(settings_problems)
+        settings = _known_only(settings, Settings)
+        if not _errors(settings_problems):
+            # Typed here too, so a bad setting is reported alongside other errors.
+            _value, typed = _convert(settings, Settings, "$.settings", lines, file, None)
+            problems.extend(typed)
     if any(p.severity == "error" for p in problems):
         return None, problems
-    top = {k: v for k, v in data.items() if k != "nodes"}
+    top = {k: v for k, v in _known_only(data, Graph).items() if k != "nodes"}
+    if isinstance(settings, dict):
+        top["settings"] = settings
     top["nodes"] = {}
     graph, errs = _convert(top, Graph, "$", lines, file, None)
     problems.extend(errs)
@@ -527,8 +548,10 @@ def _load_text(text: str, *, path: Path, agent_dir: Path | None = None) -> Loade
     if errors or graph is None:
         from graphrun.runtime.errors import GraphValidationError
 
-        raise GraphValidationError(errors or problems, path=file)
-    return LoadedGraph(graph, text, path, agent_dir or path.parent, lines)
+        # Every finding at once: the errors first, then the warnings.
+        ordered = sorted(problems, key=lambda d: d.severity != "error")
+        raise GraphValidationError(ordered, path=file)
+    return LoadedGraph(graph, text, path, agent_dir or path.parent, lines, warnings=problems)
 
 
 def load_graph(target: str | Path) -> LoadedGraph:

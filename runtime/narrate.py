@@ -15,17 +15,24 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from graphrun.eventstore.events import (
+    BranchesMerged,
+    ChildRunFinished,
     Event,
     HumanInputRequested,
     LlmCalled,
+    LlmResult,
     NodeCompleted,
     NodeEntered,
     NodeFailed,
+    RetrievalDone,
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunInterrupted,
     RunResumed,
     RunStarted,
+    ScriptFinished,
+    StepStarted,
     TimeoutFired,
     ToolCalled,
 )
@@ -81,6 +88,9 @@ class Narrator:
             self.narrate(event, state)
 
     def narrate(self, event: Event, state: RunState) -> None:
+        if event.branch:
+            self._branch(event)
+            return
         match event:
             case RunStarted():
                 self.started_ts = event.ts
@@ -143,6 +153,50 @@ class Narrator:
             case RunCancelled():
                 self.line(f"▸ graph cancelled: {event.reason}")
                 self.summary()
+            case RunInterrupted():
+                self.line(f"▸ graph {event.reason} in {self._elapsed(event.ts)}")
+            case StepStarted():
+                self.line(f"▸ super-step {event.step} start: {', '.join(event.frontier)}")
+            case BranchesMerged():
+                merged = ", ".join(
+                    f"{key} ({event.reducers[key]})" if key in event.reducers else key
+                    for key in sorted(event.merged)
+                )
+                targets = ", ".join(event.targets) or "END"
+                self.line(
+                    f"▸ super-step {event.step} end -> {targets}"
+                    + (f" (merged: {merged})" if merged else "")
+                )
+            case _:
+                pass
+
+    def _branch(self, event: Event) -> None:
+        """A line for a branch of a parallel super-step (or a map item), indented."""
+        match event:
+            case NodeEntered():
+                self.line(f"▸   {event.node_id} ({event.node_type}) start")
+            case ScriptFinished() | RetrievalDone() | ChildRunFinished():
+                failed = getattr(event, "error", None) or getattr(event, "status", "") in (
+                    "failed",
+                    "cancelled",
+                )
+                self.line(
+                    f"▸   {_who(event)} {'FAILED' if failed else 'done'} "
+                    f"in {_ms(event.duration_ms)}"
+                )
+            case LlmResult():
+                self.line(
+                    f"▸   {_who(event)} {'FAILED: ' + event.error[:120] if event.error else 'done'}"
+                )
+            case ToolCalled():
+                self.line(
+                    f"▸   {event.branch} tool: {event.name}"
+                    + (" (error)" if event.is_error else "")
+                )
+            case NodeFailed():
+                self.line(f"▸   {event.node_id} FAILED: {event.error[:120]}")
+            case HumanInputRequested():
+                self.line(f"▸   {event.node_id} waits for an answer")
             case _:
                 pass
 
@@ -195,3 +249,13 @@ def performance(events: Iterable[Event]) -> list[tuple[str, int, float, float, f
             )
     rows = [(node, len(ms), sum(ms), sum(ms) / len(ms), max(ms)) for node, ms in spans.items()]
     return sorted(rows, key=lambda r: r[2], reverse=True)
+
+
+def _ms(ms: float) -> str:
+    return f"{ms:.0f}ms" if ms < 1000 else f"{ms / 1000:.2f}s"
+
+
+def _who(event: Event) -> str:
+    """A branch's name in narration: the node, or the map item and its node."""
+    node_id = getattr(event, "node_id", "")
+    return node_id if event.branch == node_id else f"{event.branch} ({node_id})"

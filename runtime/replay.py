@@ -36,6 +36,7 @@ from graphrun.eventstore.events import (
     RetrievalDone,
     RunCancelled,
     RunFailed,
+    RunInterrupted,
     RunResumed,
     RunStarted,
     ScriptFinished,
@@ -58,7 +59,7 @@ EFFECTS = (
     ChildRunFinished,
     HumanInputReceived,
 )
-SUPERVISOR_FACTS = (RunResumed, ChildCancelled, RunCancelled)
+SUPERVISOR_FACTS = (RunResumed, ChildCancelled, RunCancelled, RunInterrupted)
 
 
 class ReplayError(GraphrunError):
@@ -250,6 +251,26 @@ class Replayer:
                     result.decisions += 1
                     pos += 1
                 continue
+            if isinstance(step, decider.PerformMany):
+                outcome_or_problem = self._step_effects(step, pos)
+                if isinstance(outcome_or_problem, Divergence):
+                    result.divergence = outcome_or_problem
+                    result.final = state
+                    return result
+                consumed = outcome_or_problem
+                for event in consumed:
+                    state = apply(state, event)
+                pos += len(consumed)
+                result.effects += sum(1 for e in consumed if isinstance(e, EFFECTS))
+                if (
+                    pos < n
+                    and isinstance(events[pos], RunFailed)
+                    and consumed
+                    and isinstance(consumed[-1], NodeFailed)
+                ):
+                    state = apply(state, events[pos])
+                    pos += 1
+                continue
             if isinstance(step, decider.Finished):
                 result.divergence = Divergence(
                     rec.seq,
@@ -304,6 +325,49 @@ class Replayer:
             result.effects += len(outcome)
         result.final = state
         return result
+
+    def _step_effects(self, step: decider.PerformMany, pos: int) -> list[Event] | Divergence:
+        """The recorded effects of a super-step's tasks, from ``pos`` on (in log order,
+        whatever order the branches completed in), each checked against its request."""
+        events = self.events
+        by_branch = {task.branch: task for task in step.tasks}
+        consumed: list[Event] = []
+        i = pos
+        while i < len(events):
+            rec = events[i]
+            if isinstance(rec, EFFECTS) and rec.branch in by_branch:
+                consumed.append(rec)
+                i += 1
+                continue
+            if isinstance(rec, NodeFailed) and rec.branch in by_branch:
+                # An effect raised; the supervisor recorded the branch's failure.
+                consumed.append(rec)
+                i += 1
+                break
+            break
+        if not consumed:
+            if i >= len(events):
+                return []
+            rec = events[i]
+            names = ", ".join(sorted(by_branch))
+            return Divergence(
+                rec.seq,
+                getattr(rec, "node_id", None),
+                "decision",
+                f"the decider now runs branches {names} but the log has {type(rec).__name__}"
+                + (f" of node '{rec.node_id}'" if getattr(rec, "node_id", None) else ""),
+                recorded=_payload(rec),
+            )
+        for branch, task in sorted(by_branch.items()):
+            outcome = [e for e in consumed if e.branch == branch and isinstance(e, EFFECTS)]
+            if not outcome:
+                continue
+            problem = check_request(task, outcome, self.agent_dir, self.check_files, self.sources)
+            if problem is not None:
+                return problem
+            if self.on_effect is not None:
+                self.on_effect(task, outcome)
+        return consumed
 
     def _against_recorded(
         self, state: RunState, step: decider.Perform, seq: int

@@ -38,14 +38,19 @@ from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import (
     ChildCancelled,
+    ChildRunFinished,
     Event,
     HumanInputReceived,
     HumanInputRequested,
+    LlmResult,
     NodeFailed,
+    RetrievalDone,
     RunCancelled,
     RunFailed,
+    RunInterrupted,
     RunResumed,
     RunStarted,
+    ScriptFinished,
     TimeoutFired,
 )
 from graphrun.eventstore.fold import RunState, apply, fold
@@ -89,22 +94,45 @@ class RunOutcome:
     # Why an answer offered while driving was not taken (not an approver, an
     # interrupted prompt): the run still waits, and the command exits with its code.
     refused: GraphrunError | None = None
+    # "SIGINT" / "SIGTERM" when the drive was interrupted (status "interrupted").
+    signal: str | None = None
+
+
+#: Effect events that end an effect: they are committed together with the decisions
+#: that use them (one transaction). Every other effect event (an LLM turn, a tool's
+#: result, a child run's start) is committed the moment it is recorded.
+RESULT_TYPES = (ScriptFinished, LlmResult, RetrievalDone, ChildRunFinished, HumanInputReceived)
 
 
 class _Context:
-    """The :class:`~graphrun.actors.base.EffectContext` a driver hands its actors."""
+    """The :class:`~graphrun.actors.base.EffectContext` a driver hands an effect."""
 
-    def __init__(self, driver: Driver, node_id: str, visit: int) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        node_id: str,
+        visit: int,
+        *,
+        branch: str = "",
+        cancel: CancelToken | None = None,
+        prior: tuple[Any, ...] = (),
+    ) -> None:
         self.run_id = driver.run_id
         self.node_id = node_id
         self.visit = visit
+        self.branch = branch
         self.agent_dir = driver.agent_dir
-        self.cancel = driver.node_cancel
+        self.cancel = cancel if cancel is not None else driver.node_cancel
         self.options = driver.options
+        # The effect events this visit already has in the log (a resumed tool loop
+        # serves its recorded turns and tool results instead of repeating them).
+        self.prior = prior
         self.driver = driver
+        self.recorded = 0
 
     def record(self, *events: Event) -> None:
-        self.driver.record_effects(events)
+        self.recorded += len(events)
+        self.driver.record_effects(events, self.branch)
 
 
 def graph_of(state: RunState) -> LoadedGraph:
@@ -158,8 +186,11 @@ def start_run(
     parent_run_id: str | None = None,
     parent_node_id: str | None = None,
     run_id: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> str:
-    """Record ``RunStarted`` for a new run and return its id (the graph is not run yet)."""
+    """Record ``RunStarted`` for a new run and return its id (the graph is not run yet).
+
+    ``config`` is the configuration the run begins with (see :func:`run_config`)."""
     run_id = run_id or new_run_id()
     files: dict[str, str] = {}
     for node in loaded.graph.nodes.values():
@@ -181,9 +212,48 @@ def start_run(
         host=socket.gethostname(),
         graphrun_version=GRAPHRUN_VERSION,
         files=files,
+        config=config or {},
     )
     store.append(run_id, [event])
     return run_id
+
+
+def run_config(loaded: LoadedGraph, options: RunOptions) -> dict[str, Any]:
+    """What a run is recorded to begin with, so every later command (``resume``,
+    ``approve``, ``answer``, ``fork``) continues it the same way: the config and
+    agents directories and each llm node's model as resolved. Never a key."""
+    config: dict[str, Any] = {}
+    if options.config_dir is not None:
+        config["config_dir"] = str(Path(options.config_dir).resolve())
+    if options.agents_dir is not None:
+        config["agents_dir"] = str(Path(options.agents_dir).resolve())
+    graph = loaded.graph
+    models = {
+        node_id: node.model or graph.model or ""
+        for node_id, node in graph.nodes.items()
+        if node.type == "llm"
+    }
+    if models:
+        config["models"] = models
+        base_urls = {
+            name: os.environ[name]
+            for name in ("OPENAI_BASE_URL", "ANTHROPIC_BASE_URL")
+            if os.environ.get(name)
+        }
+        if base_urls:
+            config["base_urls"] = base_urls
+    return config
+
+
+def recorded_config(store: SqliteStore, run_id: str) -> dict[str, Any]:
+    """The configuration a run began with (its root run's, for a child run)."""
+    events = store.read(run_id, upto=1)
+    first = events[0] if events else None
+    if not isinstance(first, RunStarted):
+        return {}
+    if not first.config and first.parent_run_id and store.has_run(first.parent_run_id):
+        return recorded_config(store, first.parent_run_id)
+    return dict(first.config)
 
 
 class Driver:
@@ -216,6 +286,14 @@ class Driver:
         self._tmp_dir: Path | None = None
         # Child runs started by this driver's agent nodes: child run id -> its cancel token.
         self.child_tokens: dict[str, CancelToken] = {}
+        self.child_drivers: dict[str, Driver] = {}
+        # Set by interrupt(): (signal name, reason); the run stops resumable.
+        self.interrupted: tuple[str, str] | None = None
+        # The cancel tokens of effects in flight (a super-step runs several at once).
+        self._tokens: set[CancelToken] = set()
+        self._pool: Any = None
+        self._pool_size = 0
+        self._effect_lock = threading.Lock()
 
     # -- buffering ----------------------------------------------------------------
 
@@ -239,10 +317,25 @@ class Driver:
             self._pending.extend(stamped)
         return stamped
 
-    def record_effects(self, events: tuple[Event, ...] | list[Event]) -> None:
-        """Effect events from an actor (any thread); absorbed after the effect returns."""
+    def record_effects(self, events: tuple[Event, ...] | list[Event], branch: str = "") -> None:
+        """Effect events from an effect (any thread).
+
+        A result event waits for the decisions that use it (same transaction); any
+        other is committed now, before the effect does anything else."""
+        if branch:
+            events = [e if e.branch == branch else _replace(e, branch=branch) for e in events]
+        now = [e for e in events if not isinstance(e, RESULT_TYPES)]
+        later = [e for e in events if isinstance(e, RESULT_TYPES)]
         with self._pending_lock:
-            self._effects.extend(events)
+            if now:
+                stamped = self._stamp(now)
+                self._pending.extend(stamped)
+                state = self.state
+                for event in stamped:
+                    state = apply(state, event)
+                self.state = state
+                self._flush_locked()
+            self._effects.extend(later)
 
     def commit_effects(self, events: list[Event]) -> None:
         """Record effect events and commit them now (an effect that must be durable
@@ -257,10 +350,10 @@ class Driver:
             effects, self._effects = self._effects, []
             stamped = self._stamp(effects)
             self._pending.extend(stamped)
-        state = self.state
-        for event in stamped:
-            state = apply(state, event)
-        self.state = state
+            state = self.state
+            for event in stamped:
+                state = apply(state, event)
+            self.state = state
         return len(stamped)
 
     def discard_pending(self) -> None:
@@ -271,15 +364,26 @@ class Driver:
 
     def flush(self) -> None:
         with self._pending_lock:
-            pending, self._pending = self._pending, []
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        pending, self._pending = self._pending, []
         if not pending:
             return
         sync = any(isinstance(e, HumanInputReceived | HumanInputRequested) for e in pending)
-        self.store.append(self.run_id, pending, sync=sync)
+        try:
+            self.store.append(self.run_id, pending, sync=sync)
+        except BaseException:
+            # Nothing of these was committed: the working state goes back to the log's.
+            self.state = self.durable
+            raise
         # The working state was folded from exactly these events, in this order.
         self.durable = self.state
         if self.options.listener is not None:
-            self.options.listener(pending, self.durable)
+            try:
+                self.options.listener(pending, self.durable)
+            except OSError:  # narration to a closed pipe never stops a run
+                pass
 
     def _speculate(self, events: tuple[Event, ...]) -> None:
         """Buffer decision events and fold them into the working state."""
@@ -318,6 +422,8 @@ class Driver:
                 if node_type not in self._actors and close is not None:
                     with contextlib.suppress(Exception):
                         close()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
             if self._tmp_dir is not None:
                 shutil.rmtree(self._tmp_dir, ignore_errors=True)
 
@@ -359,6 +465,8 @@ class Driver:
             # A policy that ended the run mid-effect (a timeout) must not fire again.
             if self.state.terminal:
                 break
+            if self.interrupted is not None:
+                break
             if self.cancel.cancelled:
                 self._speculate((RunCancelled(reason=self.cancel.reason or "cancelled"),))
                 break
@@ -373,18 +481,52 @@ class Driver:
             if isinstance(step, decider.Append):
                 self._speculate(step.events)
                 continue
+            if isinstance(step, decider.PerformMany):
+                self.flush()
+                waiting = self._perform_many(step.tasks, deadline, timeout)
+                if self.interrupted is not None:
+                    break
+                if waiting is not None:
+                    self.flush()
+                    return RunOutcome(self.run_id, "waiting", waiting=waiting)
+                continue
             if not (step.node_type in ("approval", "input") and self._only_resumed()):
                 self.flush()
             waiting = self._perform(step, deadline, timeout)
+            if self.interrupted is not None:
+                break
             if waiting is not None:
                 refused = self.refused
                 if refused is not None and self._only_resumed():
                     self.discard_pending()
                 self.flush()
                 return RunOutcome(self.run_id, "waiting", waiting=waiting, refused=refused)
+        if self.interrupted is not None:
+            self.absorb_effects()
+            self._speculate(
+                (RunInterrupted(reason=self.interrupted[1], signal=self.interrupted[0]),)
+            )
+            self.flush()
+            return RunOutcome(
+                self.run_id, "interrupted", error=self.interrupted[1], signal=self.interrupted[0]
+            )
         self._end_children()
         self.flush()
         return self._outcome()
+
+    def interrupt(self, signal_name: str, reason: str) -> None:
+        """Stop the run so that ``resume`` continues it (Ctrl-C, SIGTERM): in-flight
+        effects are cancelled (their process groups killed) and ``RunInterrupted``
+        is recorded. Callable from any thread or a signal handler."""
+        if self.interrupted is None:
+            self.interrupted = (signal_name, reason)
+        for child in list(self.child_drivers.values()):
+            child.interrupt(signal_name, reason)
+        for token in list(self._tokens):
+            token.cancel(reason)
+        self.node_cancel.cancel(reason)
+        for token in list(self.child_tokens.values()):
+            token.cancel(reason)
 
     def _only_resumed(self) -> bool:
         """Whether nothing but a ``RunResumed`` waits to be committed."""
@@ -413,11 +555,12 @@ class Driver:
     ) -> HumanInputRequested | None:
         node_id = step.node_id
         visit = self.state.current_visit
-        ctx = _Context(self, node_id, visit)
         self.node_cancel = CancelToken()
         if self.cancel.cancelled:
             self.node_cancel.cancel(self.cancel.reason or "cancelled")
-        ctx.cancel = self.node_cancel
+        if self.interrupted is not None:
+            self.node_cancel.cancel(self.interrupted[1])
+        ctx = _Context(self, node_id, visit, cancel=self.node_cancel, prior=self.state.effects)
         source = self.options.effect_source
         if source is not None:
             recorded = source.take(step, visit, self.agent_dir)
@@ -441,18 +584,144 @@ class Driver:
             self.refused = cause if isinstance(cause, GraphrunError) else None
             return getattr(exc, "request", None) or self.state.waiting
         except GraphrunError as exc:
+            if self.interrupted is not None:
+                self._discard_results(None)
+                return None
             self.absorb_effects()
             self._effect_failed(node_id, visit, str(exc))
             return None
         except Exception as exc:  # an actor bug must still end the run cleanly
             log.debug("effect of node %s raised", node_id, exc_info=True)
+            if self.interrupted is not None:
+                self._discard_results(None)
+                return None
             self.absorb_effects()
             self._effect_failed(node_id, visit, f"internal error: {type(exc).__name__}: {exc}")
+            return None
+        if self.interrupted is not None:
+            self._discard_results(None)
             return None
         produced = self.absorb_effects()
         if self.timed_out is None and not produced and not self.state.terminal:
             self._effect_failed(node_id, visit, f"{step.node_type} node produced no result")
         return None
+
+    # -- a super-step: several effects at once -----------------------------------
+
+    def _perform_many(
+        self,
+        tasks: tuple[decider.Perform, ...],
+        deadline: float | None,
+        timeout: float | None,
+    ) -> HumanInputRequested | None:
+        """Perform a step's effects concurrently, within their concurrency caps.
+
+        Each effect's events are committed as they happen and its result the moment
+        it finishes, so a crash loses at most the effects still in flight. Returns
+        the request of a branch that waits for a person (the others finish first)."""
+        import concurrent.futures as cf
+
+        caps = {"": max(1, self.graph.settings.max_concurrency)}
+        for task in tasks:
+            if task.group:
+                caps[task.group] = max(1, task.cap)
+        if self._pool is None or self._pool_size < sum(caps.values()):
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool_size = sum(caps.values())
+            self._pool = cf.ThreadPoolExecutor(
+                max_workers=self._pool_size, thread_name_prefix=f"graphrun-{self.run_id[:8]}"
+            )
+        queue = list(tasks)
+        running: dict[Any, tuple[decider.Perform, CancelToken]] = {}
+        in_group = dict.fromkeys(caps, 0)
+        waiting: HumanInputRequested | None = None
+        failures: list[tuple[str, decider.Perform, str]] = []
+        timed_out = False
+        while queue or running:
+            stopping = timed_out or self.interrupted is not None or self.cancel.cancelled
+            if not stopping:
+                rest = []
+                for task in queue:
+                    if in_group[task.group] >= caps[task.group]:
+                        rest.append(task)
+                        continue
+                    in_group[task.group] += 1
+                    token = CancelToken()
+                    self._tokens.add(token)
+                    running[self._pool.submit(self._run_effect, task, token)] = (task, token)
+                queue = rest
+            else:
+                queue = []
+            if not running:
+                break
+            slice_ = _LEASE_RENEW_EVERY
+            if deadline is not None and not timed_out:
+                slice_ = max(0.0, min(slice_, deadline - self.clock.monotonic()))
+            done, _ = cf.wait(running, timeout=slice_, return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                task, token = running.pop(future)
+                in_group[task.group] -= 1
+                self._tokens.discard(token)
+                kind, detail = future.result()
+                if token.cancelled and self.interrupted is not None:
+                    self._discard_results(task.branch)
+                    continue
+                if kind == "waiting" and waiting is None:
+                    waiting = detail
+                elif kind == "failed" and not token.cancelled:
+                    failures.append((task.branch, task, detail))
+                self.absorb_effects()
+                self.flush()
+            if not done:
+                if deadline is not None and self.clock.monotonic() >= deadline and not timed_out:
+                    timed_out = True
+                    for _, token in running.values():
+                        token.cancel(f"run timeout ({timeout:g}s)")
+                else:
+                    self.store.renew_lease(self.run_id)
+        if timed_out:
+            assert timeout is not None
+            self._timeout(timeout, None)
+            return None
+        if self.interrupted is not None or self.cancel.cancelled:
+            return None
+        if failures:
+            branch, task, error = sorted(failures, key=lambda f: f[0])[0]
+            self._speculate(
+                (
+                    NodeFailed(node_id=task.node_id, visit=task.visit, error=error, branch=branch),
+                    RunFailed(error=f"node '{task.node_id}': {error}", node_id=task.node_id),
+                )
+            )
+        return waiting
+
+    def _run_effect(self, task: decider.Perform, token: CancelToken) -> tuple[str, Any]:
+        """One effect of a super-step, on a worker thread: ``(kind, detail)``."""
+        if self.interrupted is not None:
+            token.cancel(self.interrupted[1])
+        prior = self.state.branch_effects.get(task.branch, ())
+        ctx = _Context(
+            self, task.node_id, task.visit, branch=task.branch, cancel=token, prior=prior
+        )
+        source = self.options.effect_source
+        if source is not None:
+            recorded = source.take(task, task.visit, self.agent_dir)
+            if recorded is not None:
+                self.record_effects(recorded, task.branch)
+                return "ok", None
+        try:
+            self._effect(task.node_type).perform(task.task, ctx)
+        except WaitingForHuman as exc:
+            return "waiting", getattr(exc, "request", None)
+        except GraphrunError as exc:
+            return "failed", str(exc)
+        except Exception as exc:  # an effect bug must still end the run cleanly
+            log.debug("effect of node %s raised", task.node_id, exc_info=True)
+            return "failed", f"internal error: {type(exc).__name__}: {exc}"
+        if not ctx.recorded and not token.cancelled:
+            return "failed", f"{task.node_type} node produced no result"
+        return "ok", None
 
     def _wait(
         self, future: Any, deadline: float | None, timeout: float | None, node_id: str
@@ -503,11 +772,23 @@ class Driver:
         """The object performing ``node_type``'s effects in this run (made on first use)."""
         effect = self._effects_by_type.get(node_type)
         if effect is None:
-            from graphrun.runtime.effects import actor_class
+            with self._effect_lock:
+                effect = self._effects_by_type.get(node_type)
+                if effect is None:
+                    from graphrun.runtime.effects import actor_class
 
-            cls, args = actor_class(node_type, self)
-            effect = self._effects_by_type[node_type] = cls(*args)
+                    cls, args = actor_class(node_type, self)
+                    effect = self._effects_by_type[node_type] = cls(*args)
         return effect
+
+    def _discard_results(self, branch: str | None) -> None:
+        """Forget the unrecorded results of interrupted effects (of one branch, or all):
+        an effect stopped by an interrupt did not complete, so resume performs it again."""
+        with self._pending_lock:
+            if branch is None:
+                self._effects.clear()
+            else:
+                self._effects = [e for e in self._effects if e.branch != branch]
 
     def _actor(self, node_type: str) -> Any:
         """The actor around :meth:`_effect` (started on first use)."""
@@ -522,7 +803,22 @@ class Driver:
 
 
 def drive(driver: Driver) -> RunOutcome:
-    """Drive a run inside a :class:`RunSupervisor` actor; Ctrl-C cancels it cleanly."""
+    """Drive a run inside a :class:`RunSupervisor` actor.
+
+    Ctrl-C and SIGTERM *interrupt* the run (it stays resumable): in-flight effects are
+    stopped, ``RunInterrupted`` is recorded and the outcome's status is
+    ``"interrupted"``. The SIGTERM handler is installed only on the main thread, for
+    the duration of the drive, and the previous one is put back."""
+    import signal as signals
+
+    previous: Any = None
+    on_main = threading.current_thread() is threading.main_thread()
+    if on_main:
+        with contextlib.suppress(ValueError, OSError):
+            previous = signals.signal(
+                signals.SIGTERM,
+                lambda *_: driver.interrupt("SIGTERM", "interrupted (SIGTERM)"),
+            )
     ref = RunSupervisor.start(driver)
     try:
         future = ref.ask("drive", block=False)
@@ -530,7 +826,7 @@ def drive(driver: Driver) -> RunOutcome:
             try:
                 return future.get(timeout=0.2)  # type: ignore[no-any-return]
             except KeyboardInterrupt:
-                driver.cancel.cancel("interrupted (Ctrl-C)")
+                driver.interrupt("SIGINT", "interrupted (Ctrl-C)")
             except Exception as exc:
                 import pykka
 
@@ -538,6 +834,9 @@ def drive(driver: Driver) -> RunOutcome:
                     continue
                 raise
     finally:
+        if on_main and previous is not None:
+            with contextlib.suppress(ValueError, OSError):
+                signals.signal(signals.SIGTERM, previous)
         with contextlib.suppress(Exception):
             ref.stop(block=False)
 
@@ -570,6 +869,8 @@ __all__ = [
     "check_graph",
     "drive",
     "graph_of",
+    "recorded_config",
+    "run_config",
     "seed_state",
     "start_run",
 ]

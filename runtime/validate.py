@@ -18,6 +18,7 @@ from graphrun.runtime.graph import (
     EndNode,
     InputNode,
     LlmNode,
+    MapNode,
     NodeBase,
     RagNode,
     ScriptNode,
@@ -264,10 +265,12 @@ def end_reachable(c: Check) -> list[Diagnostic]:
 def next_where_required(c: Check) -> list[Diagnostic]:
     """agent, rag, input and llm nodes route via ``next``; without it the run fails there."""
     reachable = _reachable(c) if c.graph.start in c.graph.nodes else set()
+    # A map's branch node runs once per item; its own routing is never used.
+    branches = {n.branch for _, n in c.nodes() if isinstance(n, MapNode)}
     out = []
     for nid, node in c.nodes():
-        needs_next = isinstance(node, AgentNode | RagNode | InputNode | LlmNode)
-        if needs_next and not node.next and nid in reachable:
+        needs_next = isinstance(node, AgentNode | RagNode | InputNode | LlmNode | MapNode)
+        if needs_next and not node.next and nid in reachable and nid not in branches:
             out.append(
                 c.diag(
                     "warning",
@@ -524,9 +527,9 @@ def _did_you_mean(name: str, choices: list[str]) -> str | None:
 
 def validate(check: Check) -> list[Diagnostic]:
     """Run every rule; errors first, each group in file order."""
-    from graphrun.runtime import effect_rules  # noqa: F401  (registers deep rules)
+    from graphrun.runtime import effect_rules, parallel_rules  # noqa: F401  (register rules)
 
-    found: list[Diagnostic] = []
+    found: list[Diagnostic] = list(check.loaded.warnings)
     for fn in RULES:
         if not check.deep and getattr(fn, "deep", False):
             continue

@@ -90,6 +90,12 @@ class GraphrunCli:
         )
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
+    def cmd_line(self, *args: str) -> str:
+        """The command as one shell line (for pipelines)."""
+        import shlex
+
+        return shlex.join([sys.executable, "-m", "graphrun.cli", *args])
+
     def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, "-m", "graphrun.cli", *args],

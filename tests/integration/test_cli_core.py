@@ -127,8 +127,8 @@ def test_validate_prints_rule_node_and_line_and_exits_2(graphrun: Any, agent: An
             'name: g\nversion: "1.0"\nstart: a\nnodes:\n  a: {type: llm, promt: hi, next: e}\n'
             "  e: {type: end}\n",
             {},
-            "error: g/graph.yaml:5 ($.nodes.a.promt): unknown field 'promt' in llm node 'a' "
-            "(did you mean 'prompt'?)",
+            "error: g/graph.yaml:5 ($.nodes.a): llm node 'a' is missing the required field "
+            "'prompt'",
         ),
         (
             "name: g\nversion: [\n",
@@ -153,6 +153,22 @@ def test_validate_errors(
     assert result.code == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines()[0] == expected
+
+
+def test_unknown_fields_warn_and_strict_makes_them_errors(graphrun: Any, agent: Any) -> None:
+    agent('name: g\nversion: "1.0"\nstart: a\nnodes:\n  a: {type: end, outptu: x}\n', name="g")
+    result = graphrun("validate", "g")
+    assert result.code == 0
+    assert result.stderr.splitlines() == [
+        "warning: g/graph.yaml:5 ($.nodes.a.outptu): unknown field 'outptu' in end node 'a' "
+        "(ignored) (did you mean 'output'?)",
+        "valid: 0 error(s), 1 warning(s)",
+    ]
+    strict = graphrun("validate", "g", "--strict")
+    assert strict.code == 2
+    assert strict.stderr.splitlines()[0].startswith(
+        "error: g/graph.yaml:5 ($.nodes.a.outptu): unknown field 'outptu'"
+    )
 
 
 def test_validate_warnings_only_exit_0(graphrun: Any, agent: Any) -> None:
@@ -191,10 +207,10 @@ def test_validate_warnings_only_exit_0(graphrun: Any, agent: Any) -> None:
             "error: g/graph.yaml:3: malformed YAML: did not find expected node content",
         ),
         (
-            'name: g\nversion: "1.0"\nstart: a\nnodes:\n  a: {type: end, outptu: x}\n',
+            'name: g\nversion: "1.0"\nstart: a\nnodes:\n  a: {type: ned, output: x}\n',
             {},
-            "error: g/graph.yaml:5 ($.nodes.a.outptu): unknown field 'outptu' in end node 'a' "
-            "(did you mean 'output'?)",
+            "error: g/graph.yaml:5 ($.nodes.a.type): node 'a' has unknown type 'ned' "
+            "(did you mean 'end'?)",
         ),
         (
             'name: g\nversion: "1.0"\nstart: a\nsettings: {timeout: soon}\nnodes:\n'

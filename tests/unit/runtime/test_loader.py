@@ -83,7 +83,12 @@ def test_malformed_yaml_is_one_line(text: str, message: str) -> None:
     assert info.value.exit_code == 2
 
 
+def warnings_of(text: str) -> list[str]:
+    return [d.format() for d in load(text).warnings]
+
+
 def test_unknown_field_suggests_the_closest() -> None:
+    # Unknown fields are warnings (Loki ignores them); here `prompt` is also missing.
     assert errors_of("""
         name: g
         version: "1.0"
@@ -96,9 +101,9 @@ def test_unknown_field_suggests_the_closest() -> None:
           done:
             type: end
     """) == [
-        "graph.yaml:7 ($.nodes.a.promt): unknown field 'promt' in llm node 'a' "
-        "(did you mean 'prompt'?)",
         "graph.yaml:5 ($.nodes.a): llm node 'a' is missing the required field 'prompt'",
+        "graph.yaml:7 ($.nodes.a.promt): unknown field 'promt' in llm node 'a' (ignored) "
+        "(did you mean 'prompt'?)",
     ]
 
 
@@ -113,23 +118,38 @@ def test_unknown_top_level_and_settings_fields() -> None:
         nodes:
           a: {type: end}
     """) == [
-        "graph.yaml:1 ($.nme): unknown field 'nme' in the graph (did you mean 'name'?)",
         "graph.yaml:1 ($): the graph is missing the required field 'name'",
-        "graph.yaml:5 ($.settings.timout): unknown field 'timout' in settings "
+        "graph.yaml:1 ($.nme): unknown field 'nme' in the graph (ignored) (did you mean 'name'?)",
+        "graph.yaml:5 ($.settings.timout): unknown field 'timout' in settings (ignored) "
         "(did you mean 'timeout'?)",
         "graph.yaml:6 ($.settings.max_loop_iteration): unknown field 'max_loop_iteration' in "
-        "settings (did you mean 'max_loop_iterations'?)",
+        "settings (ignored) (did you mean 'max_loop_iterations'?)",
+    ]
+    assert warnings_of("""
+        name: g
+        version: "1.0"
+        start: a
+        settings:
+          timout: 3
+          max_loop_iteration: 4
+        nodes:
+          a: {type: end}
+    """) == [
+        "graph.yaml:5 ($.settings.timout): unknown field 'timout' in settings (ignored) "
+        "(did you mean 'timeout'?)",
+        "graph.yaml:6 ($.settings.max_loop_iteration): unknown field 'max_loop_iteration' in "
+        "settings (ignored) (did you mean 'max_loop_iterations'?)",
     ]
 
 
 def test_unknown_field_without_a_close_match_has_no_hint() -> None:
-    assert errors_of("""
+    assert warnings_of("""
         name: g
         version: "1.0"
         start: a
         nodes:
           a: {type: end, colour: blue}
-    """) == ["graph.yaml:5 ($.nodes.a.colour): unknown field 'colour' in end node 'a'"]
+    """) == ["graph.yaml:5 ($.nodes.a.colour): unknown field 'colour' in end node 'a' (ignored)"]
 
 
 def test_wrong_types_every_error_at_once() -> None:
@@ -174,10 +194,10 @@ def test_node_types_and_shapes() -> None:
     """) == [
         "graph.yaml:5 ($.nodes.a.type): node 'a' has unknown type 'ennd' (did you mean 'end'?)",
         "graph.yaml:6 ($.nodes.b.type): node 'b' has no 'type' (the types are: agent, script, "
-        "approval, input, llm, rag, end)",
+        "approval, input, llm, rag, end, map)",
         "graph.yaml:7 ($.nodes.c): node 'c' must be a mapping of fields",
         "graph.yaml:8 ($.nodes.d.type): node 'd' has unknown type '7' (the types are: agent, "
-        "script, approval, input, llm, rag, end)",
+        "script, approval, input, llm, rag, end, map)",
     ]
 
 

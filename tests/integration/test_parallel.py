@@ -1,0 +1,401 @@
+"""Parallel graphs for real: `next` lists, super-steps, reducers, `map`, concurrency caps.
+
+The worked scenarios of Loki's parallel format, each driven in-process against a real
+SQLite file with real script subprocesses; expected results as specified (with
+graphrun's decisions where they differ).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from graphrun.eventstore.events import (
+    BranchesMerged,
+    NodeEntered,
+    ScriptFinished,
+    StepStarted,
+)
+from graphrun.eventstore.fold import fold
+from graphrun.eventstore.store import SqliteStore
+from graphrun.runtime.loader import load_graph
+from graphrun.runtime.supervisor import Driver, RunOptions, RunOutcome, drive, start_run
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "events.db")
+    yield s
+    s.close()
+
+
+def agent(tmp_path: Path, graph: str, scripts: dict[str, str]) -> Path:
+    root = tmp_path / "agent"
+    (root / "scripts").mkdir(parents=True, exist_ok=True)
+    (root / "graph.yaml").write_text(textwrap.dedent(graph))
+    for name, body in scripts.items():
+        (root / "scripts" / name).write_text(textwrap.dedent(body))
+    return root
+
+
+def run(store: SqliteStore, root: Path, prompt: str = "") -> RunOutcome:
+    run_id = start_run(store, load_graph(root), prompt=prompt)
+    return drive(Driver(store, run_id, RunOptions()))
+
+
+def emit(value: object) -> str:
+    return f"import json\nprint(json.dumps({value!r}))\n"
+
+
+DIAMOND = """
+    name: diamond
+    version: "1.0"
+    start: fan
+    {reducers}
+    nodes:
+      fan:
+        type: script
+        script: scripts/fan.py
+        state_updates: {{}}
+        next: [right, left]
+      left:
+        type: script
+        script: scripts/left.py
+        state_updates: {{}}
+        next: join
+      right:
+        type: script
+        script: scripts/right.py
+        state_updates: {{}}
+        next: join
+      join:
+        type: end
+        output: "{{{{hits}}}}"
+"""
+DIAMOND_SCRIPTS = {
+    "fan.py": emit({}),
+    "left.py": emit({"hits": "L"}),
+    "right.py": emit({"hits": "R"}),
+}
+
+
+def test_diamond_with_append_merges_in_node_id_order(store: SqliteStore, tmp_path: Path) -> None:
+    root = agent(tmp_path, DIAMOND.format(reducers="reducers: {hits: append}"), DIAMOND_SCRIPTS)
+    outcome = run(store, root)
+    assert outcome.status == "completed", outcome.error
+    assert json.loads(outcome.output or "") == ["L", "R"]
+    events = store.read(outcome.run_id)
+    steps = [e for e in events if isinstance(e, StepStarted)]
+    assert [s.frontier for s in steps] == [["left", "right"]]
+    merged = [e for e in events if isinstance(e, BranchesMerged)]
+    assert merged[0].writes == {"left": {"hits": "L"}, "right": {"hits": "R"}}
+    assert merged[0].merged == {"hits": ["L", "R"]}
+    assert merged[0].reducers == {"hits": "append"}
+    assert merged[0].targets == ["join"]
+    entered = [e.node_id for e in events if isinstance(e, NodeEntered)]
+    assert entered.count("join") == 1
+    # Each branch's effect is tagged with its branch.
+    assert {e.branch for e in events if isinstance(e, ScriptFinished)} == {"", "left", "right"}
+
+
+def test_two_writers_without_a_reducer_fail_naming_the_key(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    root = agent(tmp_path, DIAMOND.format(reducers=""), DIAMOND_SCRIPTS)
+    outcome = run(store, root)
+    assert outcome.status == "failed"
+    assert "Key 'hits' was written by 2 parallel branches" in (outcome.error or "")
+    assert "no reducer declared" in (outcome.error or "")
+
+
+def test_two_ends_in_one_step_is_an_error(store: SqliteStore, tmp_path: Path) -> None:
+    graph = """
+        name: two-ends
+        version: "1.0"
+        start: fan
+        nodes:
+          fan: {type: script, script: scripts/fan.py, next: [end_b, end_a]}
+          end_a: {type: end, output: a}
+          end_b: {type: end, output: b}
+    """
+    outcome = run(store, agent(tmp_path, graph, {"fan.py": emit({})}))
+    assert outcome.status == "failed"
+    assert "multiple End targets (end_a, end_b)" in (outcome.error or "")
+
+
+def test_end_beside_a_running_branch_ends_with_its_own_output(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    graph = """
+        name: end-beside
+        version: "1.0"
+        start: fan
+        initial_state: {n: 1}
+        nodes:
+          fan: {type: script, script: scripts/fan.py, next: [finish, more]}
+          finish: {type: end, output: "n={{n}}"}
+          more: {type: script, script: scripts/more.py, state_updates: {}, next: never}
+          never: {type: end, output: never}
+    """
+    outcome = run(store, agent(tmp_path, graph, {"fan.py": emit({}), "more.py": emit({"n": 2})}))
+    assert outcome.status == "completed", outcome.error
+    assert outcome.output == "n=1"  # rendered inside the End's branch, before the merge
+    assert fold(store.read(outcome.run_id)).state["n"] == 2  # more's writes were merged
+
+
+def test_uneven_branches_make_the_join_fire_twice(store: SqliteStore, tmp_path: Path) -> None:
+    graph = """
+        name: uneven
+        version: "1.0"
+        start: fan
+        reducers: {trail: append}
+        nodes:
+          fan: {type: script, script: scripts/fan.py, next: [a, b]}
+          a: {type: script, script: scripts/a.py, state_updates: {}, next: join}
+          b: {type: script, script: scripts/b.py, state_updates: {}, next: b2}
+          b2: {type: script, script: scripts/b2.py, state_updates: {}, next: join}
+          join: {type: script, script: scripts/join.py, state_updates: {}, next: done}
+          done: {type: end, output: "{{trail}}"}
+    """
+    scripts = {
+        "fan.py": emit({}),
+        "a.py": emit({"trail": "a"}),
+        "b.py": emit({"trail": "b"}),
+        "b2.py": emit({"trail": "b2"}),
+        "join.py": emit({"trail": "join"}),
+    }
+    outcome = run(store, agent(tmp_path, graph, scripts))
+    assert outcome.status == "completed", outcome.error
+    events = store.read(outcome.run_id)
+    frontiers = [e.frontier for e in events if isinstance(e, StepStarted)]
+    assert frontiers == [["a", "b"], ["b2", "join"], ["done", "join"]]
+    # `done` renders from the state after step 3: join's second write is not in it.
+    assert json.loads(outcome.output or "") == ["a", "b", "b2", "join"]
+
+
+def test_sequential_writes_go_through_reducers(store: SqliteStore, tmp_path: Path) -> None:
+    graph = """
+        name: seq-concat
+        version: "1.0"
+        start: a
+        reducers: {log: concat, n: sum}
+        initial_state: {n: 5}
+        nodes:
+          a: {type: script, script: scripts/a.py, next: b}
+          b: {type: script, script: scripts/b.py, next: done}
+          done: {type: end, output: "{{log}}|{{n}}"}
+    """
+    scripts = {"a.py": emit({"log": "one", "n": 5}), "b.py": emit({"log": "two", "n": 2})}
+    outcome = run(store, agent(tmp_path, graph, scripts))
+    assert outcome.status == "completed", outcome.error
+    # `n: 5` written back unchanged is no write (sum stays 5), then +2.
+    assert outcome.output == "one\ntwo|7"
+
+
+MAP = """
+    name: mapper
+    version: "1.0"
+    start: m
+    initial_state: {{items: {items}}}
+    nodes:
+      m:
+        type: map
+        over: "{{{{items}}}}"
+        as: item
+        branch: double
+        collect_into: doubled
+        max_concurrency: {cap}
+        next: done
+      double:
+        type: script
+        script: scripts/double.py
+        state_updates: {{}}
+      done:
+        type: end
+        output: "{{{{doubled}}}}"
+"""
+DOUBLE = """
+    import json, os, sys, time
+    state = json.loads(os.environ["GRAPH_STATE"])
+    item = state["item"]
+    if item == "boom":
+        sys.exit(1)
+    time.sleep(0.05 * (3 - item) if isinstance(item, int) and item < 3 else 0)
+    print(json.dumps({"output": item * 2}))
+"""
+
+
+def test_map_collects_in_input_order(store: SqliteStore, tmp_path: Path) -> None:
+    root = agent(tmp_path, MAP.format(items="[1, 2, 3]", cap=3), {"double.py": DOUBLE})
+    outcome = run(store, root)
+    assert outcome.status == "completed", outcome.error
+    assert json.loads(outcome.output or "") == [2, 4, 6]
+    branches = sorted(e.branch for e in store.read(outcome.run_id) if isinstance(e, ScriptFinished))
+    assert branches == ["m[0]", "m[1]", "m[2]"]
+
+
+def test_map_over_an_empty_list(store: SqliteStore, tmp_path: Path) -> None:
+    outcome = run(store, agent(tmp_path, MAP.format(items="[]", cap=2), {"double.py": DOUBLE}))
+    assert outcome.status == "completed", outcome.error
+    assert outcome.output == "[]"
+
+
+def test_map_over_a_string_fails(store: SqliteStore, tmp_path: Path) -> None:
+    root = agent(tmp_path, MAP.format(items='"a,b"', cap=2), {"double.py": DOUBLE})
+    outcome = run(store, root)
+    assert outcome.status == "failed"
+    assert "must resolve to an array, got string" in (outcome.error or "")
+
+
+def test_map_one_failing_item_fails_the_map_after_all_ran(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    root = agent(tmp_path, MAP.format(items='[5, 6, "boom", 7, 8]', cap=5), {"double.py": DOUBLE})
+    outcome = run(store, root)
+    assert outcome.status == "failed"
+    assert "map node 'm': sub-branch [2] failed" in (outcome.error or "")
+    assert len([e for e in store.read(outcome.run_id) if isinstance(e, ScriptFinished)]) == 5
+
+
+SLEEPY = """
+    name: sleepy
+    version: "1.0"
+    start: fan
+    settings: {{max_concurrency: {cap}}}
+    reducers: {{done: append}}
+    nodes:
+      fan: {{type: script, script: scripts/fan.py, next: [a, b, c]}}
+      a: {{type: script, script: scripts/sleep.py, state_updates: {{}}, next: join}}
+      b: {{type: script, script: scripts/sleep.py, state_updates: {{}}, next: join}}
+      c: {{type: script, script: scripts/sleep.py, state_updates: {{}}, next: join}}
+      join: {{type: end, output: "{{{{done}}}}"}}
+"""
+SLEEP = "import json, time\ntime.sleep(1)\nprint(json.dumps({'done': 1}))\n"
+
+
+def test_branches_run_concurrently(store: SqliteStore, tmp_path: Path) -> None:
+    root = agent(tmp_path, SLEEPY.format(cap=8), {"fan.py": emit({}), "sleep.py": SLEEP})
+    started = time.monotonic()
+    outcome = run(store, root)
+    elapsed = time.monotonic() - started
+    assert outcome.status == "completed", outcome.error
+    assert outcome.output == "[1,1,1]"
+    assert elapsed < 2.5, elapsed  # three 1 s branches at once (generous for a loaded box)
+
+
+def test_max_concurrency_one_runs_branches_one_at_a_time(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    root = agent(tmp_path, SLEEPY.format(cap=1), {"fan.py": emit({}), "sleep.py": SLEEP})
+    started = time.monotonic()
+    outcome = run(store, root)
+    assert outcome.status == "completed", outcome.error
+    assert time.monotonic() - started >= 3.0
+
+
+def test_a_parallel_run_replays_without_performing_anything(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    from graphrun.runtime.replay import replay_events
+
+    root = agent(tmp_path, MAP.format(items="[1, 2, 3]", cap=3), {"double.py": DOUBLE})
+    outcome = run(store, root)
+    assert outcome.status == "completed", outcome.error
+    (root / "scripts" / "double.py").write_text("raise SystemExit('must not run')\n")
+    result = replay_events(store.read(outcome.run_id))
+    assert result.ok, result.divergence and result.divergence.format()
+    assert result.final is not None and result.final.output == "[2,4,6]"
+
+    root2 = agent(
+        tmp_path / "d", DIAMOND.format(reducers="reducers: {hits: append}"), DIAMOND_SCRIPTS
+    )
+    outcome2 = run(store, root2)
+    result2 = replay_events(store.read(outcome2.run_id))
+    assert result2.ok, result2.divergence and result2.divergence.format()
+    assert result2.final is not None and result2.final.output == outcome2.output
+
+
+MARKED = """
+    name: marked
+    version: "1.0"
+    start: fan
+    reducers: {{seen: append}}
+    nodes:
+      fan: {{type: script, script: scripts/fan.py, next: [fast, slow]}}
+      fast: {{type: script, script: scripts/mark.py, state_updates: {{}}, next: join}}
+      slow: {{type: script, script: scripts/slow.py, state_updates: {{}}, next: join}}
+      join: {{type: end, output: "{{{{seen}}}}"}}
+"""
+MARK = """
+    import json, os, sys
+    state = json.loads(os.environ["GRAPH_STATE"])
+    with open(os.environ["MARKS"], "a") as f:
+        f.write("fast\\n")
+    print(json.dumps({"seen": "fast"}))
+"""
+SLOW = """
+    import json, os, time
+    with open(os.environ["MARKS"], "a") as f:
+        f.write("slow-start\\n")
+    time.sleep(float(os.environ.get("SLOW", "0")))
+    print(json.dumps({"seen": "slow"}))
+"""
+
+
+def test_kill_mid_step_then_resume_reruns_only_the_unfinished_branch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 while one branch has finished and the other still runs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = agent(tmp_path, MARKED.format(), {"fan.py": emit({}), "mark.py": MARK, "slow.py": SLOW})
+    db = tmp_path / "events.db"
+    marks = tmp_path / "marks"
+    env = {**os.environ, "MARKS": str(marks), "SLOW": "30", "GRAPHRUN_DB": str(db)}
+    cmd = [sys.executable, "-m", "graphrun.cli", "run", str(root)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    store = SqliteStore(db) if db.exists() else None
+    while True:
+        assert time.monotonic() < deadline, "the fast branch never finished"
+        if db.exists():
+            store = store or SqliteStore(db)
+            runs = store.runs(limit=1)
+            if runs:
+                done = [
+                    e
+                    for e in store.read(runs[0].run_id)
+                    if isinstance(e, ScriptFinished) and e.branch == "fast"
+                ]
+                if done:
+                    break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert store is not None
+    run_id = store.runs(limit=1)[0].run_id
+    assert marks.read_text().splitlines().count("fast") == 1
+    env["SLOW"] = "0"
+    resumed = subprocess.run(
+        [sys.executable, "-m", "graphrun.cli", "resume", run_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == ["fast", "slow"]
+    lines = marks.read_text().splitlines()
+    assert lines.count("fast") == 1  # the completed branch was not performed again
+    assert lines.count("slow-start") == 2  # the in-flight one was
+    events = store.read(run_id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    store.close()
