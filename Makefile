@@ -15,7 +15,7 @@ DEMO_TICKET := I was charged twice for my Pro plan this month: two payments of 4
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,mcp,pdf]'
+	$(BIN)/python -m pip install --quiet -e '.[test,mcp,pdf,postgres]'
 	@# .ts script nodes run with `npx tsx`: install tsx as a "global" package under
 	@# .venv/node (optional; npx finds it there through NPM_CONFIG_PREFIX).
 	@if command -v npm >/dev/null 2>&1; then \
