@@ -25,10 +25,10 @@ def runs_cmd(status: str | None, limit: int, as_json: bool, db: str | None) -> N
     A waiting run shows the node it waits at and for whom: the node's
     approvers, else anyone (WAITS FOR).
     """
+    from graphrun.cli.options import store_missing
     from graphrun.cli.render import table, when
-    from graphrun.runtime.config import db_path
 
-    if not db_path(db).exists():
+    if store_missing(db):
         if as_json:
             return
         click.echo("no runs yet", err=True)
