@@ -35,6 +35,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "import": ("transfer", "import_cmd", "Load runs from an exported JSON-lines file."),
     "schema": ("replay", "schema_cmd", "Print the JSON Schema of graph.yaml."),
     "rag": ("rag", "rag_group", "Knowledge bases of rag nodes (rebuild)."),
+    "submit": ("worker", "submit_cmd", "Queue a run for workers (PostgreSQL); print its id."),
+    "worker": ("worker", "worker_cmd", "Drive queued runs from a PostgreSQL database."),
+    "migrate": ("worker", "migrate_cmd", "Copy runs between SQLite and PostgreSQL stores."),
 }
 
 

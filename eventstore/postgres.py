@@ -660,6 +660,10 @@ class PostgresStore:
                 (now, host),
             ).fetchall()
             for run_id, _state, settings, resume, attempts, owner, pid, lhost, expires in rows:
+                with self._lock:
+                    mine = run_id in self._held
+                if mine:
+                    continue  # this worker drives it already
                 free = owner is None or expires <= now or owner == self.owner
                 if not free and not (lhost == host and not _pid_alive(pid)):
                     continue
@@ -689,10 +693,11 @@ class PostgresStore:
         return None
 
     def finish_claim(self, run_id: str, state: str) -> None:
-        """Hand a claimed run back: ``state`` is ``done``, ``waiting`` or ``queued``
-        (a run this worker stops driving, for another to continue). The queue row
-        and the lease change in one transaction."""
-        if state not in ("done", "waiting", "queued"):
+        """Hand a claimed run back: ``state`` is ``done``, ``waiting``, ``queued`` (a
+        run this worker stops driving, for another to continue) or ``stuck`` (a run
+        no worker could drive, left for a person). The queue row and the lease
+        change in one transaction."""
+        if state not in ("done", "waiting", "queued", "stuck"):
             raise ValueError(f"unknown queue state {state!r}")
         now = self.clock.now()
         with self._conn() as conn, conn.transaction():
@@ -735,24 +740,88 @@ class PostgresStore:
 
     # -- copying (graphrun migrate) ----------------------------------------------------
 
-    def copy_in(
-        self, run_id: str, rows: Sequence[tuple[int, float, str, str | None, bytes, str, str]]
-    ) -> None:
-        """Store a run's rows ``(seq, ts, type, node_id, body, prev_hash, hash)`` as
-        they are (for copying between stores: the chain is kept, not recomputed)."""
+    def copy_in(self, run_id: str, rows: Sequence[tuple[int, bytes, str, str]]) -> None:
+        """Store a run's ``raw_rows`` from another store as they are: the bodies,
+        ``prev_hash`` and ``hash`` are kept, not recomputed (``graphrun migrate``)."""
         if not rows:
             return
-        events = [codec.decode(body) for _s, _t, _k, _n, body, _p, _h in rows]
         row: RunRow | None = None
-        for event, stored in zip(events, rows, strict=True):
-            row = apply_run_row(row, event, stored[6])
-        assert row is not None
-        with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
-            cur.executemany(
-                _INSERT_EVENT,
-                [(run_id, s, t, k, n, b.decode("utf-8"), p, h) for s, t, k, n, b, p, h in rows],
+        params = []
+        for seq, body, prev, digest in rows:
+            event = codec.decode(body)
+            row = apply_run_row(row, event, digest)
+            params.append(
+                (
+                    run_id,
+                    seq,
+                    event.ts,
+                    type(event).__name__,
+                    getattr(event, "node_id", None),
+                    body.decode("utf-8"),
+                    prev,
+                    digest,
+                )
             )
-            cur.execute(_UPSERT_RUN, msgspec.structs.astuple(row))
+        assert row is not None
+        try:
+            with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+                cur.executemany(_INSERT_EVENT, params)
+                cur.execute(_UPSERT_RUN, msgspec.structs.astuple(row))
+        except self._psycopg.errors.UniqueViolation:
+            raise ConcurrentAppendError(
+                f"run {run_id} already has events in {self.path}",
+                hint="a copied run is only added where it is missing",
+            ) from None
+
+
+def copy_runs(
+    source: Any, target: Any, *, say: Any = None, run_ids: Sequence[str] | None = None
+) -> tuple[int, int]:
+    """Copy every run (or ``run_ids``) of ``source`` into ``target``, either store
+    kind, keeping each run's hash chain: a run lands with the very hashes it had,
+    or not at all. Runs already in ``target`` with the same last hash are left as
+    they are. Returns ``(copied, already there)``."""
+    copied = present = 0
+    ids = list(run_ids) if run_ids else [r.run_id for r in source.runs(limit=1 << 62)]
+    for run_id in ids:
+        problem = source.verify(run_id)
+        if problem is not None:
+            raise CorruptStoreError(
+                f"run {run_id} in {source.path} does not verify at seq {problem.seq} "
+                f"({problem.reason}); not copied",
+                hint=f"graphrun audit {run_id} --verify --db {source.path}",
+            )
+        rows = list(source.raw_rows(run_id))
+        if target.has_run(run_id):
+            if target.run(run_id).last_hash == rows[-1][3]:
+                present += 1
+                continue
+            raise StoreError(
+                f"run {run_id} is already in {target.path} with other events",
+                hint="copy into another database",
+            )
+        if hasattr(target, "copy_in"):
+            target.copy_in(run_id, rows)
+        else:
+            # An SQLite file keeps an event's canonical encoding: the chain is the
+            # same exactly when re-encoding gives the stored bytes back.
+            events = source.read(run_id)
+            prev = codec.GENESIS
+            for event, (seq, _body, _prev, digest) in zip(events, rows, strict=True):
+                prev = codec.chain_hash(prev, codec.encode(event))
+                if prev != digest:
+                    raise StoreError(
+                        f"run {run_id}: event {seq} cannot be stored in {target.path} with "
+                        "its hash (it holds fields this graphrun does not know)",
+                        hint="copy it with the graphrun that wrote it",
+                    )
+            target.append(run_id, events, sync=True)
+        if target.run(run_id).last_hash != rows[-1][3] or target.verify(run_id) is not None:
+            raise CorruptStoreError(f"run {run_id}: the copy in {target.path} does not verify")
+        copied += 1
+        if say is not None:
+            say(f"▸ {run_id}: {len(rows)} events")
+    return copied, present
 
 
 def _first_line(exc: BaseException) -> str:
@@ -760,4 +829,4 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-__all__ = ["SCHEMA_VERSION", "PostgresStore", "is_postgres_url", "masked"]
+__all__ = ["SCHEMA_VERSION", "PostgresStore", "copy_runs", "is_postgres_url", "masked"]
