@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/llm_bench.py
 	$(BIN)/python bench/rag_bench.py
 	$(BIN)/python bench/replay_suite_bench.py
+	$(BIN)/python bench/pg_bench.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -25,6 +25,7 @@ threads (a worker drives several runs through one store).
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -132,6 +133,19 @@ _SELECT_RUN = f"SELECT {_COLS} FROM runs"
 _RENEW = "UPDATE leases SET expires_at = %s WHERE run_id = %s AND owner = %s"
 
 
+@functools.lru_cache(maxsize=64)
+def _step_statement(rows: int) -> str:
+    """One statement inserting ``rows`` events and upserting the run's row: the
+    row is written only if every event was (a taken seq fails it all)."""
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * rows)
+    insert = _INSERT_EVENT.partition(" VALUES ")[0]
+    return f"WITH added AS ({insert} VALUES {values} RETURNING 1) " + _UPSERT_RUN.replace(
+        f"VALUES ({', '.join('%s' for _ in COLUMNS)})",
+        f"SELECT {', '.join('%s' for _ in COLUMNS)} WHERE (SELECT count(*) FROM added) > 0",
+        1,
+    )
+
+
 def is_postgres_url(value: str | os.PathLike[str] | None) -> bool:
     """Whether ``--db`` / ``$GRAPHRUN_DB`` names a PostgreSQL database."""
     return isinstance(value, str) and value.startswith(("postgresql://", "postgres://"))
@@ -181,7 +195,9 @@ class PostgresStore:
         create: accepted for parity with the SQLite store: the tables are made
             on first use either way.
         clock: the clock that stamps events and leases.
-        durability: accepted for parity; every commit is durable here.
+        durability: ``"normal"`` (a commit returns before it is flushed to disk,
+            as SQLite's WAL with ``synchronous=NORMAL``; ``sync`` appends wait
+            for the flush) or ``"full"`` (every commit waits for it).
         max_connections: the pool's size.
     """
 
@@ -194,6 +210,8 @@ class PostgresStore:
         durability: str = "normal",
         max_connections: int = 16,
     ) -> None:
+        if durability not in ("normal", "full"):
+            raise StoreError(f"unknown durability {durability!r} (use 'normal' or 'full')")
         psycopg, psycopg_pool = _modules()
         self._psycopg = psycopg
         self.url = url
@@ -220,11 +238,20 @@ class PostgresStore:
             min_size=1,
             max_size=max(1, max_connections),
             kwargs={"autocommit": True},
+            configure=self._configure,
             open=True,
             name="graphrun",
         )
 
     # -- opening -------------------------------------------------------------------
+
+    def _configure(self, conn: Any) -> None:
+        """Each pooled connection: like SQLite's default (WAL, synchronous=NORMAL),
+        a commit is not flushed to disk before it returns unless the store is
+        ``durability="full"`` or the append asks for ``sync`` (human answers): a
+        killed graphrun process loses nothing committed either way."""
+        if self.durability != "full":
+            conn.execute("SET synchronous_commit = off")
 
     def _migrate(self, conn: Any) -> None:
         enc = conn.execute("SHOW server_encoding").fetchone()[0]
@@ -314,7 +341,7 @@ class PostgresStore:
 
         Each event gets ``run_id``, the next ``seq`` and (unless set) ``ts``.
         Raises :class:`ConcurrentAppendError` if another writer got there first.
-        Every commit is durable (``sync`` is accepted for parity)."""
+        ``sync`` waits for the commit to reach the disk (see ``durability``)."""
         if not events:
             return []
         replace = msgspec.structs.replace
@@ -361,20 +388,20 @@ class PostgresStore:
                     self._to_queue.pop(run_id, None) if isinstance(events[0], RunStarted) else None
                 )
             renew = renew_at is not None and now >= renew_at
+            durable = sync or self.durability == "full"
             try:
-                with conn.transaction(), conn.cursor() as cur:
-                    cur.executemany(_INSERT_EVENT, params)
-                    cur.execute(_UPSERT_RUN, msgspec.structs.astuple(row))
-                    if renew:
-                        cur.execute(_RENEW, (now + LEASE_SECONDS, run_id, self.owner))
-                    if queue is not None:
-                        cur.execute(
-                            "INSERT INTO run_queue (run_id, state, settings, queued_at, "
-                            "updated_at) VALUES (%s, 'queued', %s, %s, %s)",
-                            (run_id, self._psycopg.types.json.Jsonb(queue), now, now),
-                        )
-                    if answered:
-                        self._mark_answered(cur, run_id, row, now)
+                if not (renew or queue is not None or answered or durable) and len(params) <= 64:
+                    # A node step: its events and the run's row in one statement,
+                    # one round trip, committed as one transaction.
+                    flat = [value for p in params for value in p]
+                    conn.execute(
+                        _step_statement(len(params)), [*flat, *msgspec.structs.astuple(row)]
+                    )
+                else:
+                    with conn.transaction(), conn.cursor() as cur:
+                        if durable and self.durability != "full":
+                            cur.execute("SET LOCAL synchronous_commit = on")
+                        self._append_in(cur, run_id, row, params, now, renew, queue, answered)
             except self._psycopg.errors.UniqueViolation:
                 with self._lock:
                     self._rows.pop(run_id, None)
@@ -389,6 +416,31 @@ class PostgresStore:
             if renew:
                 self._renew_at[run_id] = now + LEASE_SECONDS / 3
         return stamped
+
+    def _append_in(
+        self,
+        cur: Any,
+        run_id: str,
+        row: RunRow,
+        params: list[tuple[Any, ...]],
+        now: float,
+        renew: bool,
+        queue: dict[str, Any] | None,
+        answered: bool,
+    ) -> None:
+        """An append's statements, inside its transaction."""
+        cur.executemany(_INSERT_EVENT, params)
+        cur.execute(_UPSERT_RUN, msgspec.structs.astuple(row))
+        if renew:
+            cur.execute(_RENEW, (now + LEASE_SECONDS, run_id, self.owner))
+        if queue is not None:
+            cur.execute(
+                "INSERT INTO run_queue (run_id, state, settings, queued_at, "
+                "updated_at) VALUES (%s, 'queued', %s, %s, %s)",
+                (run_id, self._psycopg.types.json.Jsonb(queue), now, now),
+            )
+        if answered:
+            self._mark_answered(cur, run_id, row, now)
 
     def _mark_answered(self, cur: Any, run_id: str, row: RunRow, now: float) -> None:
         """A person answered ``run_id``: the queued run it belongs to (itself or an
