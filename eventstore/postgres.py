@@ -518,6 +518,23 @@ class PostgresStore:
             raise self.unknown_run(run_id)
         return codec.verify_chain(self.raw_rows(run_id))
 
+    def require_intact(self, run_id: str) -> None:
+        """Raise unless the run's log verifies (call it before extending a run
+        another process wrote); the error names the first bad seq."""
+        problem = self.verify(run_id)
+        if problem is None:
+            return
+        from graphrun.eventstore import store as sqlite_store
+
+        # The SQLite store's error for a broken log, where that version has one.
+        broken = getattr(sqlite_store, "broken_log", None)
+        if broken is not None:
+            raise broken(run_id, problem)
+        raise CorruptStoreError(
+            f"run {run_id} does not verify at seq {problem.seq}: {problem.reason}",
+            hint=f"nothing was appended; `graphrun audit {run_id} --verify` checks the run",
+        )
+
     def run(self, run_id: str) -> RunRow:
         # Always the table (the cache is this process's view, for appending).
         with self._conn() as conn:

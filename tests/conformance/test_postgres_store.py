@@ -151,6 +151,16 @@ class TestPostgresStore(StoreContract):
         with pytest.raises(CorruptStoreError, match="events table that graphrun did not make"):
             self.open_store()
 
+    def test_require_intact_names_the_first_bad_seq(self) -> None:
+        from graphrun.eventstore.errors import CorruptStoreError
+
+        store = self.open_store()
+        store.append("r1", [started(), *step("a", 1, 1, None)])
+        store.require_intact("r1")
+        self._sql("DELETE FROM events WHERE run_id = 'r1' AND seq = 3", ())
+        with pytest.raises(CorruptStoreError, match="run r1 does not verify at seq 3"):
+            store.require_intact("r1")
+
     def test_no_server_is_one_store_error(self) -> None:
         from graphrun.eventstore.errors import StoreError
         from graphrun.eventstore.postgres import PostgresStore
