@@ -123,6 +123,9 @@ def worker_cmd(
     def say(line: str) -> None:
         click.echo(line, err=True)
 
+    stopping: list[str] = []  # a signal before the worker exists stops it at once
+    for signum, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "interrupted")):
+        signal.signal(signum, lambda *_a, _name=name: stopping.append(_name))
     store = open_store(db, create=True)
     worker = Worker(
         store,
@@ -135,6 +138,8 @@ def worker_cmd(
     )
     for signum, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "interrupted")):
         signal.signal(signum, lambda *_a, _name=name: worker.stop(_name))
+    if stopping:
+        worker.stop(stopping[0])
     say(f"▸ {worker.name}: {concurrency} slot(s) on {store.path}")
     stats = worker.run()
     say(
