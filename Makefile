@@ -33,6 +33,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	@# A real PostgreSQL for the store and worker tests (installed when missing, as root).
+	$(BIN)/python -m tests.support.pg --ensure
 	NPM_CONFIG_PREFIX="$(NODE_PREFIX)" PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 	$(BIN)/graphrun test replays/
 

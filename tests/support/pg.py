@@ -12,9 +12,11 @@ As a pytest plugin it gives the session fixture ``pg_server`` and the fixture
 server can be had the tests fail, with the reason; only ``GRAPHRUN_SKIP_PG=1``
 on a machine that is not CI (``CI`` unset) turns that into a skip.
 
-Run as a script, it starts a server and prints its URL until interrupted::
+Run as a script, it starts a server and prints its URL until interrupted;
+``--ensure`` only finds or installs the binaries (``make test`` does that first)::
 
     python -m tests.support.pg
+    python -m tests.support.pg --ensure
 """
 
 from __future__ import annotations
@@ -244,7 +246,28 @@ def pg_url(pg_server: PgServer) -> str:
     return pg_server.new_schema()
 
 
+def _ensure() -> int:
+    """``--ensure``: find (or, as root, install) PostgreSQL before the tests run,
+    outside any test's time limit. Exit 1 when there is none, unless the PostgreSQL
+    tests are to be skipped (``GRAPHRUN_SKIP_PG=1`` outside CI)."""
+    import sys
+
+    try:
+        print(f"PostgreSQL: {find_bindir()}", file=sys.stderr)
+    except NoPostgres as exc:
+        if os.environ.get("GRAPHRUN_SKIP_PG") == "1" and os.environ.get("CI", "") in ("", "0"):
+            print(f"PostgreSQL: none ({exc}); its tests will be skipped", file=sys.stderr)
+            return 0
+        print(f"PostgreSQL: none: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--ensure"]:
+        sys.exit(_ensure())
     srv = start_server()
     print(srv.url(), flush=True)
     try:
