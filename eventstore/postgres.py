@@ -108,7 +108,8 @@ _MIGRATIONS: dict[int, list[str]] = {
             queued_at   DOUBLE PRECISION NOT NULL,
             updated_at  DOUBLE PRECISION NOT NULL,
             worker      TEXT,
-            attempts    INTEGER NOT NULL DEFAULT 0
+            attempts    INTEGER NOT NULL DEFAULT 0,
+            answered    BOOLEAN NOT NULL DEFAULT false
         )
         """,
         "CREATE INDEX run_queue_ready ON run_queue (state, queued_at)",
@@ -133,13 +134,22 @@ _SELECT_RUN = f"SELECT {_COLS} FROM runs"
 _RENEW = "UPDATE leases SET expires_at = %s WHERE run_id = %s AND owner = %s"
 
 
-@functools.lru_cache(maxsize=64)
-def _step_statement(rows: int) -> str:
+@functools.lru_cache(maxsize=128)
+def _step_statement(rows: int, fenced: bool = False) -> str:
     """One statement inserting ``rows`` events and upserting the run's row: the
-    row is written only if every event was (a taken seq fails it all)."""
+    row is written only if every event was (a taken seq fails it all). ``fenced``:
+    nothing is written unless this store still holds the run's lease (two more
+    parameters, the run id and the owner, follow the events')."""
     values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * rows)
     insert = _INSERT_EVENT.partition(" VALUES ")[0]
-    return f"WITH added AS ({insert} VALUES {values} RETURNING 1) " + _UPSERT_RUN.replace(
+    if fenced:
+        rows_sql = (
+            f"SELECT * FROM (VALUES {values}) AS v WHERE EXISTS "
+            "(SELECT 1 FROM leases WHERE run_id = %s AND owner = %s)"
+        )
+    else:
+        rows_sql = f"VALUES {values}"
+    return f"WITH added AS ({insert} {rows_sql} RETURNING 1) " + _UPSERT_RUN.replace(
         f"VALUES ({', '.join('%s' for _ in COLUMNS)})",
         f"SELECT {', '.join('%s' for _ in COLUMNS)} WHERE (SELECT count(*) FROM added) > 0",
         1,
@@ -387,20 +397,34 @@ class PostgresStore:
                 queue = (
                     self._to_queue.pop(run_id, None) if isinstance(events[0], RunStarted) else None
                 )
+                fenced = run_id in self._held
             renew = renew_at is not None and now >= renew_at
             durable = sync or self.durability == "full"
             try:
                 if not (renew or queue is not None or answered or durable) and len(params) <= 64:
                     # A node step: its events and the run's row in one statement,
                     # one round trip, committed as one transaction.
-                    flat = [value for p in params for value in p]
-                    conn.execute(
-                        _step_statement(len(params)), [*flat, *msgspec.structs.astuple(row)]
+                    args = [value for p in params for value in p]
+                    if fenced:
+                        args += (run_id, self.owner)
+                    cur = conn.execute(
+                        _step_statement(len(params), fenced),
+                        [*args, *msgspec.structs.astuple(row)],
                     )
+                    if fenced and cur.rowcount == 0:
+                        raise self._lost(run_id)
                 else:
                     with conn.transaction(), conn.cursor() as cur:
                         if durable and self.durability != "full":
                             cur.execute("SET LOCAL synchronous_commit = on")
+                        if (
+                            fenced
+                            and not cur.execute(
+                                "SELECT 1 FROM leases WHERE run_id = %s AND owner = %s FOR UPDATE",
+                                (run_id, self.owner),
+                            ).fetchone()
+                        ):
+                            raise self._lost(run_id)
                         self._append_in(cur, run_id, row, params, now, renew, queue, answered)
             except self._psycopg.errors.UniqueViolation:
                 with self._lock:
@@ -416,6 +440,16 @@ class PostgresStore:
             if renew:
                 self._renew_at[run_id] = now + LEASE_SECONDS / 3
         return stamped
+
+    def _lost(self, run_id: str) -> LeaseHeldError:
+        """A worker's run whose lease another worker took (this one stalled past it)."""
+        with self._lock:
+            self._rows.pop(run_id, None)
+        return LeaseHeldError(
+            f"run {run_id} was taken over by another worker (this worker's lease on it "
+            "expired); nothing more is appended by this one",
+            hint="a longer --lease suits workers that stall",
+        )
 
     def _append_in(
         self,
@@ -447,9 +481,13 @@ class PostgresStore:
         ancestor) becomes runnable again, to be continued from ``run_id``."""
         target, resume = run_id, run_id
         for _ in range(64):  # a run tree deeper than this is not a real one
+            # A run still held by its worker is marked: its hand-back as "waiting"
+            # queues it instead (the worker may not have seen this answer).
             found = cur.execute(
-                "UPDATE run_queue SET state = 'queued', resume_run = %s, updated_at = %s "
-                "WHERE run_id = %s AND state = 'waiting' RETURNING run_id",
+                "UPDATE run_queue SET state = CASE WHEN state = 'waiting' THEN 'queued' "
+                "ELSE state END, answered = true, resume_run = %s, updated_at = %s "
+                "WHERE run_id = %s AND state IN ('waiting', 'running', 'queued') "
+                "RETURNING run_id",
                 (resume, now, target),
             ).fetchone()
             if found is not None:
@@ -718,48 +756,60 @@ class PostgresStore:
         lease stays held through drives until :meth:`finish_claim`."""
         host = socket.gethostname()
         now = self.clock.now()
+        with self._lock:
+            held = sorted(self._held)
         with self._conn() as conn, conn.transaction():
-            rows = conn.execute(
-                "SELECT q.run_id, q.state, q.settings, q.resume_run, q.attempts, "
-                "l.owner, l.pid, l.host, l.expires_at "
-                "FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id "
-                "WHERE q.state IN ('queued', 'running') "
-                "AND (l.run_id IS NULL OR l.expires_at <= %s OR l.host = %s) "
-                "ORDER BY q.queued_at LIMIT 16 FOR UPDATE OF q SKIP LOCKED",
-                (now, host),
+            # Workers on this host whose process is gone: their runs are free now,
+            # whatever their leases say.
+            here = conn.execute(
+                "SELECT DISTINCT l.owner, l.pid FROM leases l "
+                "JOIN run_queue q ON q.run_id = l.run_id "
+                "WHERE q.state = 'running' AND l.host = %s AND l.expires_at > %s "
+                "AND l.owner <> %s",
+                (host, now, self.owner),
             ).fetchall()
-            for run_id, _state, settings, resume, attempts, owner, pid, lhost, expires in rows:
-                with self._lock:
-                    mine = run_id in self._held
-                if mine:
-                    continue  # this worker drives it already
-                free = owner is None or expires <= now or owner == self.owner
-                if not free and not (lhost == host and not _pid_alive(pid)):
-                    continue
-                conn.execute(
+            dead = [owner for owner, pid in here if not _pid_alive(pid)]
+            candidates = conn.execute(
+                "SELECT q.run_id, q.settings, q.resume_run, q.attempts, l.owner "
+                "FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id "
+                "WHERE q.state IN ('queued', 'running') AND NOT (q.run_id = ANY(%s)) "
+                "AND (l.run_id IS NULL OR l.expires_at <= %s OR l.owner = ANY(%s)) "
+                "ORDER BY q.queued_at LIMIT 8 FOR UPDATE OF q SKIP LOCKED",
+                (held, now, dead),
+            ).fetchall()
+            for candidate in candidates:
+                run_id = candidate[0]
+                # The lease as it is now (the select above may have seen it before
+                # another worker's claim committed): taken only if still free.
+                taken = conn.execute(
                     "INSERT INTO leases (run_id, owner, pid, host, expires_at) "
                     "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
                     "owner = excluded.owner, pid = excluded.pid, host = excluded.host, "
-                    "expires_at = excluded.expires_at",
-                    (run_id, self.owner, os.getpid(), host, now + seconds),
-                )
-                conn.execute(
-                    "UPDATE run_queue SET state = 'running', worker = %s, updated_at = %s, "
-                    "attempts = attempts + 1 WHERE run_id = %s",
-                    (self.owner, now, run_id),
-                )
-                with self._lock:
-                    self._held.add(run_id)
-                    self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
-                    self._rows.pop(run_id, None)
-                return {
-                    "run_id": run_id,
-                    "settings": settings,
-                    "resume_run": resume,
-                    "attempts": attempts + 1,
-                    "taken_over": owner is not None and owner != self.owner,
-                }
-        return None
+                    "expires_at = excluded.expires_at "
+                    "WHERE leases.expires_at <= %s OR leases.owner = ANY(%s) RETURNING 1",
+                    (run_id, self.owner, os.getpid(), host, now + seconds, now, dead),
+                ).fetchone()
+                if taken is not None:
+                    break
+            else:
+                return None
+            run_id, settings, resume, attempts, owner = candidate
+            conn.execute(
+                "UPDATE run_queue SET state = 'running', worker = %s, updated_at = %s, "
+                "attempts = attempts + 1, answered = false WHERE run_id = %s",
+                (self.owner, now, run_id),
+            )
+        with self._lock:
+            self._held.add(run_id)
+            self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
+            self._rows.pop(run_id, None)
+        return {
+            "run_id": run_id,
+            "settings": settings,
+            "resume_run": resume,
+            "attempts": attempts + 1,
+            "taken_over": owner is not None and owner != self.owner,
+        }
 
     def finish_claim(self, run_id: str, state: str) -> None:
         """Hand a claimed run back: ``state`` is ``done``, ``waiting``, ``queued`` (a
@@ -770,12 +820,10 @@ class PostgresStore:
             raise ValueError(f"unknown queue state {state!r}")
         now = self.clock.now()
         with self._conn() as conn, conn.transaction():
-            # An answer may have come between the drive's end and now: the row is
-            # queued again, and a run waiting for nobody must not stay "waiting".
+            # An answer that came while this worker held the run queues it again.
             conn.execute(
-                "UPDATE run_queue SET state = CASE WHEN %s = 'waiting' AND EXISTS "
-                "(SELECT 1 FROM runs WHERE runs.run_id = run_queue.run_id "
-                "AND runs.status = 'running') THEN 'queued' ELSE %s END, "
+                "UPDATE run_queue SET state = CASE WHEN %s = 'waiting' AND answered "
+                "THEN 'queued' ELSE %s END, answered = false, "
                 "worker = NULL, updated_at = %s WHERE run_id = %s AND worker = %s",
                 (state, state, now, run_id, self.owner),
             )

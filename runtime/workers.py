@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphrun.eventstore.errors import GraphrunError, StoreError
+from graphrun.eventstore.errors import GraphrunError, LeaseHeldError, StoreError
 from graphrun.eventstore.fold import fold
 
 log = logging.getLogger("graphrun.worker")
@@ -255,6 +255,13 @@ class Worker:
         started = time.monotonic()
         try:
             outcome = drive_claimed(self.store, claim, worker_name=self.name)
+        except LeaseHeldError as exc:
+            # Another worker took the run over (this one stalled past its lease):
+            # it is that worker's now; forget it here.
+            self.say(f"▸ run {run_id}: {exc}")
+            with contextlib.suppress(GraphrunError):
+                self.store.finish_claim(run_id, "queued")
+            return
         except GraphrunError as exc:
             self._broken(claim, f"{type(exc).__name__}: {exc}")
             return
