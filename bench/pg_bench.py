@@ -131,7 +131,7 @@ def throughput(server: Any, agent: Path, env: dict[str, str], workers: int, runs
         while store.queue_counts().get("done", 0) < runs:
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError("a worker exited early")
-            time.sleep(0.01)
+            time.sleep(0.05)
         elapsed = time.perf_counter() - start
         failed = [r.run_id for r in store.runs(limit=runs * 2) if r.status != "completed"]
         if failed:

@@ -323,7 +323,7 @@ class PostgresStore:
                 yield conn
         except psycopg.errors.UniqueViolation:
             raise
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             raise StoreError(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
 
     def close(self) -> None:

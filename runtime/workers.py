@@ -180,6 +180,8 @@ class Worker:
         self._lock = threading.Lock()
         self._busy = 0
         self._in_flight: set[str] = set()
+        #: The last claim's error while claiming fails (None once one succeeds).
+        self.failure: BaseException | None = None
 
     # -- control ------------------------------------------------------------------
 
@@ -214,11 +216,15 @@ class Worker:
             self.say(f"▸ run {run_id} handed back to the queue")
         self._done.set()
         beat.join(5)
+        if self.failure is not None and self.once:
+            # --once that could not look at the queue did not do its job.
+            raise StoreError(f"the worker could not claim runs: {self.failure}")
         return self.stats
 
     # -- the slots ------------------------------------------------------------------
 
     def _slot(self) -> None:
+        backoff = 0.0
         while not self._stopping.is_set():
             try:
                 with self._lock:
@@ -228,9 +234,24 @@ class Worker:
                         self._in_flight.add(claim["run_id"])
                     idle = self._busy == 0
             except StoreError as exc:
-                self.say(f"▸ cannot claim: {exc}")
-                self._stopping.wait(max(self.poll, 1.0))
+                # The database is away (or refuses): --once gives up, a long-running
+                # worker tries again, less and less often, saying so once.
+                if self.once:
+                    self.failure = exc
+                    self.stop(f"cannot claim: {exc}")
+                    return
+                if str(exc) != str(self.failure):
+                    self.say(f"▸ cannot claim: {exc}; trying again")
+                self.failure = exc
+                backoff = min(30.0, max(1.0, backoff * 2))
+                self._stopping.wait(backoff)
                 continue
+            except Exception as exc:  # a bug: stop the worker, say why
+                self.failure = exc
+                self.stop(f"internal error: {type(exc).__name__}: {exc}")
+                return
+            self.failure = None
+            backoff = 0.0
             if claim is None:
                 if self.once and idle:
                     return
