@@ -161,6 +161,15 @@ def worker(ctx: dict[str, Any], *args: str) -> subprocess.Popen[str]:
     return proc
 
 
+def worker_logs(ctx: dict[str, Any]) -> str:
+    """The workers' output, for a failure message."""
+    for log in ctx["logs"]:
+        log.flush()
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(ctx["tmp"].glob("worker-*.log"))
+    )
+
+
 def store_of(ctx: dict[str, Any]) -> Any:
     from graphrun.eventstore.postgres import PostgresStore
 
@@ -242,7 +251,8 @@ def test_three_workers_sixty_runs_and_a_kill_9(setup: dict[str, Any], fake_llm: 
     wait_for(lambda: store.queue_counts().get("done", 0) == 60, 240, "all 60 runs")
     for proc in workers[1:]:
         proc.send_signal(signal.SIGTERM)
-    assert [p.wait(60) for p in workers[1:]] == [0, 0]
+    codes = [p.wait(60) for p in workers[1:]]
+    assert codes == [0, 0], worker_logs(ctx)
 
     rows = {r.run_id: r for r in store.runs(limit=100)}
     assert {rows[i].status for i in ids.values()} == {"completed"}
