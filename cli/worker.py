@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from graphrun.cli.options import db_option, json_option, open_store
+from graphrun.cli.options import db_option, db_url, json_option, open_store
 
 
 @click.command("submit")
@@ -126,7 +126,15 @@ def worker_cmd(
     stopping: list[str] = []  # a signal before the worker exists stops it at once
     for signum, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "interrupted")):
         signal.signal(signum, lambda *_a, _name=name: stopping.append(_name))
-    store = open_store(db, create=True)
+    url = db_url(db)
+    if url is not None and concurrency + 4 > 16:
+        # A connection per slot, and some for the heartbeat and claims.
+        from graphrun.eventstore.postgres import PostgresStore
+
+        durability = os.environ.get("GRAPHRUN_DURABILITY", "normal").strip().lower() or "normal"
+        store = PostgresStore(url, durability=durability, max_connections=concurrency + 4)
+    else:
+        store = open_store(db, create=True)
     worker = Worker(
         store,
         concurrency=concurrency,
