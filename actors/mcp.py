@@ -571,8 +571,5 @@ def default_hub(config_dir: Path | None) -> McpHub:
 
 
 def _run_unpinned(loop: Any) -> None:
-    """The MCP event loop thread: servers it starts get every CPU (see actors.base)."""
-    from graphrun.actors.base import all_cpus
-
-    all_cpus().__enter__()  # this thread keeps the full mask for its whole life
+    """The MCP event loop thread."""
     loop.run_forever()

@@ -33,8 +33,6 @@ import difflib
 import json
 import os
 import re
-import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -42,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from graphrun.actors import process
 from graphrun.actors.base import CancelToken
 from graphrun.actors.providers.base import ToolResult, ToolSpec
 from graphrun.eventstore.errors import GraphrunError
@@ -636,39 +635,10 @@ def _run_process(
     env = {**env, "LLM_OUTPUT": output_path}
     try:
         try:
-            from graphrun.actors.base import all_cpus
-
-            with all_cpus():  # the runtime may be pinned to one CPU; tools are not
-                process = subprocess.Popen(
-                    argv,
-                    cwd=cwd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,  # its own group, so a kill reaches children
-                )
+            ended = process.run(argv, env=env, cwd=cwd, timeout=timeout, cancel=cancel)
         except OSError as exc:
             return _error(f"tool '{name}' could not start: {exc}", source, started)
-
-        def kill() -> None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-        remove = cancel.on_cancel(kill) if cancel is not None else (lambda: None)
-        timed_out = False
-        try:
-            try:
-                stdout, stderr = process.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                kill()
-                stdout, stderr = process.communicate()
-        finally:
-            remove()
-            kill()  # nothing the tool started outlives the call
+        stdout, stderr, timed_out = ended.stdout, ended.stderr, ended.timed_out
         out_text = Path(output_path).read_text(encoding="utf-8", errors="replace")
     finally:
         Path(output_path).unlink(missing_ok=True)
@@ -680,9 +650,9 @@ def _run_process(
         )
     if cancel is not None and cancel.cancelled:
         return _error(f"tool '{name}' was cancelled ({cancel.reason})", source, started)
-    if process.returncode != 0:
+    if ended.returncode != 0:
         detail = stderr_text or out_text.strip() or stdout_text.strip()
-        message = f"tool '{name}' exited with code {process.returncode}"
+        message = f"tool '{name}' exited with code {ended.returncode}"
         return _error(f"{message}: {detail}" if detail else message, source, started)
     text = out_text if out_text.strip() else stdout_text
     if not text.strip():

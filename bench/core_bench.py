@@ -259,16 +259,9 @@ def bench_script(report: Report, tmp: Path, visits: int, rounds: int) -> None:
     state = json.dumps({"i": 1, "n": visits + 10}, sort_keys=True, separators=(",", ":"))
     env = dict(os.environ, GRAPH_STATE=state)
 
-    # As the CLI does (cli/__init__.py): the runtime pinned to one CPU, processes it
-    # starts free. The bare loop spawns the same way, so both see the same machine.
-    from graphrun.actors.base import all_cpus, confine_to_one_cpu, settle_heap
-
-    confine_to_one_cpu()
-
     def bare() -> None:
-        with all_cpus():
-            for _ in range(visits):
-                subprocess.run(["bash", str(script)], env=env, cwd=agent_dir, capture_output=True)
+        for _ in range(visits):
+            subprocess.run(["bash", str(script)], env=env, cwd=agent_dir, capture_output=True)
 
     from graphrun.eventstore.store import SqliteStore
     from graphrun.runtime.loader import load_graph
@@ -278,7 +271,6 @@ def bench_script(report: Report, tmp: Path, visits: int, rounds: int) -> None:
     # timing (opening a database is not part of a script node's cost).
     store = SqliteStore(tmp / "script-loop.db")
     loaded = load_graph(agent_dir)
-    settle_heap()  # as the CLI does before driving a run (cli/run.py)
 
     def loop() -> None:
         run_id = start_run(store, loaded, overrides={"n": visits})

@@ -6,7 +6,6 @@ from typing import Any
 
 import click
 
-from graphrun.actors.base import settle_heap
 from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 
 
@@ -129,11 +128,9 @@ def common_run_options(fn: Any) -> Any:
 
 
 def _drive(driver: Any) -> Any:
-    """Drive a run as every command here does: the heap settled first (see
-    :func:`graphrun.actors.base.settle_heap`), then the run to its end or a wait."""
+    """Drive a run as every command here does: to its end or a wait."""
     from graphrun.runtime.supervisor import drive
 
-    settle_heap()
     return drive(driver)
 
 

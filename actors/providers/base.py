@@ -285,13 +285,11 @@ class Provider:
         content = _SORTED.encode(body)
         headers = self.headers(resolved.api_key)
         headers["content-type"] = "application/json"
-        timeout: Any = None
-        if not getattr(client, "replaying", False):  # a recording needs no httpx at all
-            import httpx
+        import httpx
 
-            timeout = httpx.USE_CLIENT_DEFAULT
-            if request.timeout is not None:
-                timeout = httpx.Timeout(request.timeout, connect=min(request.timeout, 10.0))
+        timeout: Any = httpx.USE_CLIENT_DEFAULT
+        if request.timeout is not None:
+            timeout = httpx.Timeout(request.timeout, connect=min(request.timeout, 10.0))
         secret = resolved.api_key
 
         def fail(message: str, **kwargs: Any) -> LlmCallError:
@@ -307,8 +305,6 @@ class Provider:
         try:
             response = client.post(url, content=content, headers=headers, timeout=timeout)
         except Exception as exc:
-            import httpx
-
             if isinstance(exc, httpx.TimeoutException):
                 budget = f" after {request.timeout:g}s" if request.timeout is not None else ""
                 raise fail(f"request to {url} timed out{budget} ({exc})", transient=True) from None
@@ -322,17 +318,14 @@ class Provider:
             raise
         latency_ms = (time.perf_counter() - start) * 1000.0
         status = response.status_code
-        data = getattr(response, "parsed", None)  # a replayed response comes decoded
-        raw_bytes = b""
-        if data is None:
-            raw_bytes = response.content
-            try:
-                data = msgspec.json.decode(raw_bytes) if raw_bytes else {}
-            except msgspec.DecodeError:
-                data = None
+        raw_bytes = response.content
+        try:
+            data = msgspec.json.decode(raw_bytes) if raw_bytes else {}
+        except msgspec.DecodeError:
+            data = None
         raw = ""  # the body as text: only for the key check and for messages
         if secret or not isinstance(data, dict) or status >= 400:
-            raw = (raw_bytes or response.content).decode("utf-8", errors="replace")
+            raw = raw_bytes.decode("utf-8", errors="replace")
         parsed: dict[str, Any] = redact(
             data if isinstance(data, dict) else {"_raw": raw[: _EXCERPT_CHARS * 4]},
             # Walk the body only when the server actually echoed the key back.

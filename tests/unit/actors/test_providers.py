@@ -335,30 +335,6 @@ def test_a_slow_server_times_out_within_the_call_budget(fake_llm, factory) -> No
     assert caught.value.transient
 
 
-def test_a_live_call_leaves_nothing_for_the_cyclic_collector(fake_llm, factory) -> None:
-    """httpx.Client.send ties each response to its stream both ways; the factory's
-    client sends without that, so a call's objects are freed as soon as it returns."""
-    import gc
-
-    request = ChatRequest(model="openai:gpt-test", messages=[{"role": "user", "content": "hi"}])
-    fake_llm.script(text("warm"))
-    call(factory, request)  # the first call opens the connection (pool objects live on)
-    gc.collect()
-    fake_llm.script(*(text(f"reply {i}") for i in range(5)))
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        for _ in range(5):
-            assert call(factory, request).text.startswith("reply")
-        gc.collect()
-        left = [type(o).__qualname__ for o in gc.garbage]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-    assert left == []
-
-
 def test_proxies_from_the_environment_still_apply(fake_llm, monkeypatch) -> None:
     # The fake server plays the proxy: a proxied plain-HTTP request reaches it in
     # absolute form, naming a host that does not exist.
