@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("runtime", "actors", "eventstore", "cli")
 
@@ -30,7 +28,6 @@ FORBIDDEN = {
 
 # The SQLite store pauses the collector while it decodes a log; that file is
 # being reworked separately and is the one known offender left.
-KNOWN = {("eventstore/store.py", "gc.disable")}
 
 
 def _offences() -> list[tuple[str, int, str, str]]:
@@ -46,18 +43,7 @@ def _offences() -> list[tuple[str, int, str, str]]:
 
 
 def test_no_process_tuning_or_private_reach_in_the_package() -> None:
-    offences = [o for o in _offences() if (o[0], o[2]) not in KNOWN]
-    assert offences == [], "\n".join(f"{f}:{n}: {what}: {line}" for f, n, what, line in offences)
-
-
-@pytest.mark.xfail(
-    any((o[0], o[2]) in KNOWN for o in _offences()),
-    reason="eventstore/store.py still pauses the collector while decoding (removed there "
-    "by the store rework; then this test passes and KNOWN can go)",
-    strict=True,
-)
-def test_the_store_leaves_the_collector_alone() -> None:
-    offences = [o for o in _offences() if (o[0], o[2]) in KNOWN]
+    offences = _offences()
     assert offences == [], "\n".join(f"{f}:{n}: {what}: {line}" for f, n, what, line in offences)
 
 
