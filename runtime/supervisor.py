@@ -445,6 +445,9 @@ class Driver:
         self.agent_dir = loaded.agent_dir
         resumed = any(not isinstance(e, RunStarted) for e in events)
         if resumed:
+            # Never extend a log that does not verify (whoever resumes: a command,
+            # a worker, an answer).
+            self.store.require_intact(self.run_id)
             self._speculate(
                 (
                     RunResumed(
