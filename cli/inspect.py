@@ -191,6 +191,10 @@ def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> N
             from graphrun.cli.render import when
 
             node = getattr(event, "node_id", None) or ""
+            if event.branch and event.branch != node:
+                node = f"{node}@{event.branch}"  # a map item: node@map[i]
+            elif event.branch:
+                node = f"{node}∥"  # a branch of a parallel super-step
             click.echo(
                 f"{event.seq:>5}  {when(event.ts)}  {type(event).__name__:<19} {node:<16} "
                 f"{summarize_event(event)}".rstrip()

@@ -491,3 +491,34 @@ def test_a_graph_with_every_parallel_feature_validates_and_runs(
     assert json.loads(seen) == {"count": True}
     assert "north" in body["messages"][-1]["content"]  # the variable's default reached it
     assert body.get("reasoning_effort") is None  # gpt-test takes none
+
+
+def test_fork_inside_a_super_step_performs_only_the_unfinished_branch(graphrun) -> None:
+    """`fork --at` a seq between two branches' results: the new run keeps the finished
+    branch's recorded result and performs only the other one."""
+    root = Path(__file__).resolve().parents[2]
+    replay = root / "replays" / "source-survey.run.jsonl"
+    assert (
+        graphrun("import", str(replay), "--agent-dir", str(root / "examples/source-survey")).code
+        == 0
+    )
+    run_id = graphrun("runs", "--json").json_lines()[0]["run_id"]
+    events = graphrun("events", run_id, "--json").json_lines()
+    summarized = next(
+        e["seq"] for e in events if e["type"] == "LlmResult" and e.get("branch") == "summarize"
+    )
+    checked = next(
+        e["seq"] for e in events if e["type"] == "ScriptFinished" and e.get("branch") == "check"
+    )
+    at = min(summarized, checked)  # one branch done, the other not yet
+    forked = graphrun("fork", run_id, "--at", str(at), "--llm-replay", str(replay))
+    assert forked.code == 0, forked.stderr
+    assert "resumed (at: super-step 1 (check, summarize))" in forked.stderr
+    new_id = graphrun.last_run()
+    new_events = graphrun("events", new_id, "--json").json_lines()
+    after = [e for e in new_events if e["seq"] > at]
+    redone = {e.get("branch") for e in after if e["type"] in ("ScriptFinished", "LlmResult")}
+    assert redone == ({"check"} if at == summarized else {"summarize"})
+    original_output = next(e["output"] for e in events if e["type"] == "RunCompleted")
+    assert new_events[-1]["type"] == "RunCompleted"
+    assert new_events[-1]["output"] == original_output
