@@ -74,8 +74,9 @@ class LazyGroup(click.Group):
 def cli() -> None:
     """graphrun: run declarative YAML graph agents on an event-sourced runtime.
 
-    Every run is recorded, event by event, in an SQLite log: replay it, resume it
-    after a crash, test a changed graph against it, and audit who decided what.
+    Every run is recorded, event by event, in an SQLite log (or PostgreSQL, for
+    workers on many machines): replay it, resume it after a crash, test a changed
+    graph against it, and audit who decided what.
 
     Exit codes: 0 completed, 1 run failed (or replay diverged), 2 invalid graph or
     bad input, 3 the run waits for a person.
