@@ -37,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
-from graphrun.eventstore import codec
+from graphrun.eventstore import codec, redaction
 from graphrun.eventstore.errors import (
     ConcurrentAppendError,
     CorruptStoreError,
@@ -374,6 +374,9 @@ class PostgresStore:
                         )
                     event = replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
                 body = codec.encode(event)
+                red = redaction.redact_event(event, body)  # keys are never recorded
+                if red is not event:
+                    event, body = red, codec.encode(red)
                 digest = codec.chain_hash(prev, body)
                 params.append(
                     (

@@ -12,6 +12,7 @@ import functools
 import math
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -356,11 +357,18 @@ def _check_fields(
     return problems
 
 
+#: msgspec builds a type's converter on its first use, and two threads doing that at
+#: once can crash the process (a segmentation fault); a super-step's branches and a
+#: worker's slots load graphs concurrently. Loads are cached, so one lock costs nothing.
+_CONVERT_LOCK = threading.Lock()
+
+
 def _convert(
     value: Any, cls: Any, path: str, lines: dict[str, int], file: str, node: str | None
 ) -> tuple[Any, list[Diagnostic]]:
     try:
-        return msgspec.convert(value, cls), []
+        with _CONVERT_LOCK:
+            return msgspec.convert(value, cls), []
     except msgspec.ValidationError as exc:
         text, rel = _describe_type_error(str(exc))
         full = path + rel if rel else path
