@@ -48,7 +48,7 @@ from graphrun.eventstore.errors import (
 from graphrun.eventstore.events import Event, HumanInputReceived, RunStarted
 from graphrun.eventstore.ids import Clock
 from graphrun.eventstore.projections import COLUMNS, RunRow, apply_run_row, rebuild_rows
-from graphrun.eventstore.store import LEASE_SECONDS, Lease
+from graphrun.eventstore.store import LEASE_SECONDS, Lease, _process_started, holder_alive
 
 #: The schema version once every migration below has run.
 SCHEMA_VERSION = 1
@@ -96,7 +96,8 @@ _MIGRATIONS: dict[int, list[str]] = {
             owner      TEXT NOT NULL,
             pid        INTEGER NOT NULL,
             host       TEXT NOT NULL,
-            expires_at DOUBLE PRECISION NOT NULL
+            expires_at DOUBLE PRECISION NOT NULL,
+            started    DOUBLE PRECISION NOT NULL DEFAULT 0
         )
         """,
         """
@@ -171,17 +172,16 @@ def masked(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{userinfo}:***@{netloc[1]}"))
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this host."""
-    if os.name != "posix":  # no signal-0 probe elsewhere: trust the expiry alone
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _pid_alive(pid: int, started: float = 0.0) -> bool:
+    """Whether the process holding a lease on this host may still run: the SQLite
+    store's rule (:func:`graphrun.eventstore.store.holder_alive`): its pid, started
+    when the lease says (a reused pid does not hold it), not a zombie. Nothing is
+    sent to the process."""
+    return holder_alive(
+        Lease(
+            run_id="", owner="", pid=pid, host=socket.gethostname(), expires_at=0.0, started=started
+        )
+    )
 
 
 def _modules() -> tuple[Any, Any]:
@@ -520,7 +520,7 @@ class PostgresStore:
 
     def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
         """The events of a run in seq order (``after < seq <= upto``)."""
-        sql = "SELECT body FROM events WHERE run_id = %s AND seq > %s"
+        sql = "SELECT seq, body FROM events WHERE run_id = %s AND seq > %s"
         args: list[Any] = [run_id, after]
         if upto is not None:
             sql += " AND seq <= %s"
@@ -530,13 +530,16 @@ class PostgresStore:
             if not rows and not self._exists(conn, run_id):
                 raise self.unknown_run(run_id)
         decode = codec.decode
-        try:
-            return [decode(body) for (body,) in rows]
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise CorruptStoreError(
-                f"run {run_id}: an event in the database does not decode ({exc})",
-                hint=f"graphrun audit {run_id} --verify names the damaged event",
-            ) from None
+        out: list[Event] = []
+        for seq, body in rows:
+            try:
+                out.append(decode(body))
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise CorruptStoreError(
+                    f"run {run_id}: event seq {seq} in the database does not decode ({exc})",
+                    hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+                ) from None
+        return out
 
     def _exists(self, conn: Any, run_id: str) -> bool:
         return (
@@ -643,25 +646,36 @@ class PostgresStore:
         now = self.clock.now()
         with self._conn() as conn:
             found = conn.execute(
-                "SELECT owner, pid, host, expires_at FROM leases WHERE run_id = %s", (run_id,)
+                "SELECT owner, pid, host, expires_at, started FROM leases WHERE run_id = %s",
+                (run_id,),
             ).fetchone()
             dead = ""
             if found is not None and found[0] != self.owner:
-                owner, pid, lease_host, expires_at = found
-                if lease_host == host and not _pid_alive(pid):
+                owner, pid, lease_host, expires_at, started = found
+                if lease_host == host and not _pid_alive(pid, started):
                     dead = owner
                 elif expires_at > now:
                     raise self._held_error(run_id, pid, lease_host, expires_at - now)
             # One statement: of two processes racing for a free or expired lease,
             # exactly one gets it.
             taken = conn.execute(
-                "INSERT INTO leases (run_id, owner, pid, host, expires_at) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+                "INSERT INTO leases (run_id, owner, pid, host, expires_at, started) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
                 "owner = excluded.owner, pid = excluded.pid, host = excluded.host, "
-                "expires_at = excluded.expires_at "
+                "expires_at = excluded.expires_at, started = excluded.started "
                 "WHERE leases.owner = %s OR leases.expires_at <= %s OR leases.owner = %s "
                 "RETURNING owner",
-                (run_id, self.owner, os.getpid(), host, now + seconds, self.owner, now, dead),
+                (
+                    run_id,
+                    self.owner,
+                    os.getpid(),
+                    host,
+                    now + seconds,
+                    _process_started(),
+                    self.owner,
+                    now,
+                    dead,
+                ),
             ).fetchone()
             if taken is None:
                 held = conn.execute(
@@ -702,7 +716,8 @@ class PostgresStore:
     def lease(self, run_id: str) -> Lease | None:
         with self._conn() as conn:
             found = conn.execute(
-                "SELECT run_id, owner, pid, host, expires_at FROM leases WHERE run_id = %s",
+                "SELECT run_id, owner, pid, host, expires_at, started FROM leases "
+                "WHERE run_id = %s",
                 (run_id,),
             ).fetchone()
         return Lease(*found) if found else None
@@ -712,7 +727,7 @@ class PostgresStore:
         lease = self.lease(run_id)
         if lease is None or lease.expires_at < self.clock.now():
             return False
-        return not (lease.host == socket.gethostname() and not _pid_alive(lease.pid))
+        return not (lease.host == socket.gethostname() and not _pid_alive(lease.pid, lease.started))
 
     @contextmanager
     def leased(self, run_id: str) -> Iterator[None]:
@@ -765,13 +780,13 @@ class PostgresStore:
             # Workers on this host whose process is gone: their runs are free now,
             # whatever their leases say.
             here = conn.execute(
-                "SELECT DISTINCT l.owner, l.pid FROM leases l "
+                "SELECT DISTINCT l.owner, l.pid, l.started FROM leases l "
                 "JOIN run_queue q ON q.run_id = l.run_id "
                 "WHERE q.state = 'running' AND l.host = %s AND l.expires_at > %s "
                 "AND l.owner <> %s",
                 (host, now, self.owner),
             ).fetchall()
-            dead = [owner for owner, pid in here if not _pid_alive(pid)]
+            dead = [owner for owner, pid, started in here if not _pid_alive(pid, started)]
             candidates = conn.execute(
                 "SELECT q.run_id, q.settings, q.resume_run, q.attempts, l.owner "
                 "FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id "
@@ -785,12 +800,21 @@ class PostgresStore:
                 # The lease as it is now (the select above may have seen it before
                 # another worker's claim committed): taken only if still free.
                 taken = conn.execute(
-                    "INSERT INTO leases (run_id, owner, pid, host, expires_at) "
-                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+                    "INSERT INTO leases (run_id, owner, pid, host, expires_at, started) "
+                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
                     "owner = excluded.owner, pid = excluded.pid, host = excluded.host, "
-                    "expires_at = excluded.expires_at "
+                    "expires_at = excluded.expires_at, started = excluded.started "
                     "WHERE leases.expires_at <= %s OR leases.owner = ANY(%s) RETURNING 1",
-                    (run_id, self.owner, os.getpid(), host, now + seconds, now, dead),
+                    (
+                        run_id,
+                        self.owner,
+                        os.getpid(),
+                        host,
+                        now + seconds,
+                        _process_started(),
+                        now,
+                        dead,
+                    ),
                 ).fetchone()
                 if taken is not None:
                     break

@@ -46,6 +46,9 @@ class TestPostgresStore(StoreContract):
             (body.decode(), run_id, seq),
         )
 
+    def test_invalid_utf8_is_named_by_seq(self) -> None:
+        pytest.skip("PostgreSQL's text columns cannot hold invalid UTF-8: nothing to name")
+
     def set_lease_pid(self, store: Any, run_id: str, pid: int) -> None:
         self._sql("UPDATE leases SET pid = %s WHERE run_id = %s", (pid, run_id))
 
