@@ -25,7 +25,8 @@ from graphrun.runtime.replay import check_request, recorded_requests
 
 @dataclass
 class RecordedEffects:
-    """Recorded effect outcomes by (node id, visit), served when the request matches.
+    """Recorded effect outcomes by (node id, visit, branch), served when the request
+    matches (a parallel step's branches and a map's items each by their own branch).
 
     The driver calls :meth:`take` before performing an effect (``RunOptions.effect_source``).
     """
@@ -41,8 +42,9 @@ class RecordedEffects:
 
     def take(self, step: decider.Perform, visit: int, agent_dir: Path | None) -> list[Event] | None:
         """The recorded events answering ``step``, or None to perform it for real."""
-        label = f"{step.node_id}#{visit}"
-        found = self.requests.get((step.node_id, visit))
+        branch = getattr(step, "branch", "")
+        label = f"{step.node_id}#{visit}" + (f"@{branch}" if branch else "")
+        found = self.requests.get((step.node_id, visit, branch))
         if found is None:
             self.performed.append(f"{label} (new)")
             return None

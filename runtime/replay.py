@@ -252,7 +252,7 @@ class Replayer:
                     pos += 1
                 continue
             if isinstance(step, decider.PerformMany):
-                outcome_or_problem = self._step_effects(step, pos)
+                outcome_or_problem = self._step_effects(step, pos, state)
                 if isinstance(outcome_or_problem, Divergence):
                     result.divergence = outcome_or_problem
                     result.final = state
@@ -326,7 +326,9 @@ class Replayer:
         result.final = state
         return result
 
-    def _step_effects(self, step: decider.PerformMany, pos: int) -> list[Event] | Divergence:
+    def _step_effects(
+        self, step: decider.PerformMany, pos: int, state: RunState
+    ) -> list[Event] | Divergence:
         """The recorded effects of a super-step's tasks, from ``pos`` on (in log order,
         whatever order the branches completed in), each checked against its request."""
         events = self.events
@@ -358,11 +360,22 @@ class Replayer:
                 + (f" of node '{rec.node_id}'" if getattr(rec, "node_id", None) else ""),
                 recorded=_payload(rec),
             )
+        recorded: dict[str, decider.Perform] = {}
+        if self.recorded_graph is not None:
+            try:
+                old = decider.decide(self.recorded_graph, state)
+            except GraphrunError:
+                old = None
+            if isinstance(old, decider.PerformMany):
+                recorded = {t.branch: t for t in old.tasks}
         for branch, task in sorted(by_branch.items()):
             outcome = [e for e in consumed if e.branch == branch and isinstance(e, EFFECTS)]
             if not outcome:
                 continue
             problem = check_request(task, outcome, self.agent_dir, self.check_files, self.sources)
+            was = recorded.get(branch)
+            if problem is None and was is not None and was.node_id == task.node_id:
+                problem = task_divergence(was.task, task.task, outcome[0].seq)
             if problem is not None:
                 return problem
             if self.on_effect is not None:
@@ -557,19 +570,19 @@ def task_divergence(old: Any, new: Any, seq: int | None) -> Divergence | None:
     return None
 
 
-RequestKey = tuple[str, int]
+RequestKey = tuple[str, int, str]  # (node id, visit, branch)
 
 
 def recorded_requests(events: list[Event]) -> dict[RequestKey, tuple[Any, list[Event]]]:
-    """Each effect request the recorded graph made, by (node id, visit), with the
-    recorded events that answered it (walked through the run's own graph)."""
+    """Each effect request the recorded graph made, by (node id, visit, branch), with
+    the recorded events that answered it (walked through the run's own graph)."""
     from graphrun.eventstore.fold import fold
     from graphrun.runtime.supervisor import graph_of
 
     found: dict[RequestKey, tuple[Any, list[Event]]] = {}
 
     def keep(step: decider.Perform, outcome: list[Event]) -> None:
-        found[(step.node_id, step.task.visit)] = (step.task, list(outcome))
+        found[(step.node_id, step.task.visit, step.branch)] = (step.task, list(outcome))
 
     graph = graph_of(fold(events[:1])).graph
     Replayer(events, graph, on_effect=keep).run()

@@ -25,6 +25,7 @@ from graphrun.eventstore.fold import fold
 from graphrun.eventstore.store import SqliteStore
 from graphrun.runtime.loader import load_graph
 from graphrun.runtime.supervisor import Driver, RunOptions, RunOutcome, drive, start_run
+from tests.support.fake_llm import text
 
 
 @pytest.fixture
@@ -522,3 +523,39 @@ def test_fork_inside_a_super_step_performs_only_the_unfinished_branch(graphrun) 
     original_output = next(e["output"] for e in events if e["type"] == "RunCompleted")
     assert new_events[-1]["type"] == "RunCompleted"
     assert new_events[-1]["output"] == original_output
+
+
+def test_regression_against_a_changed_branch_reruns_only_that_branch(
+    graphrun, fake_llm, tmp_path: Path
+) -> None:
+    """`replay --graph` reports the changed prompt of one branch of a step; `--live`
+    performs that branch's call only and reuses every other recorded effect."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[2]
+    replay = root / "replays" / "source-survey.run.jsonl"
+    changed = tmp_path / "changed"
+    shutil.copytree(root / "examples" / "source-survey", changed)
+    graph = changed / "graph.yaml"
+    graph.write_text(graph.read_text().replace("in one paragraph:", "in one short paragraph:"))
+    assert (
+        graphrun("import", str(replay), "--agent-dir", str(root / "examples/source-survey")).code
+        == 0
+    )
+    run_id = graphrun("runs", "--json").json_lines()[0]["run_id"]
+
+    checked = graphrun("replay", run_id, "--graph", str(changed))
+    assert checked.code == 1
+    assert "node 'summarize'" in checked.stdout and "+Summarise these findings" in checked.stdout
+
+    fake_llm.default = lambda request: text("A shorter summary.")
+    live = graphrun(
+        "replay", run_id, "--graph", str(changed), "--live", "--json",
+        OPENAI_BASE_URL=fake_llm.url_openai, OPENAI_API_KEY="sk-x",
+    )  # fmt: skip
+    report = json.loads(live.stdout)["live"]
+    assert report["status"] == "completed"
+    assert report["output"].startswith("A shorter summary.")
+    assert report["performed"] == ["summarize#1@summarize (request changed)"]
+    assert len(report["reused"]) == 6  # plan, four map items, check
+    assert len(fake_llm.requests) == 1
