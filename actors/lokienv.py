@@ -6,9 +6,10 @@ What Loki gives them, besides the inherited environment (keys excepted, see
 - ``LLM_PROMPT_UTILS_FILE``: ``<config_dir>/functions/utils/prompt-utils.sh``;
 - ``LLM_AGENT_DATA_DIR``: the agent directory;
 - ``LLM_AGENT_VAR_<NAME>``: each of the agent's ``variables`` (name upper-cased,
-  ``-`` → ``_``): the declared default, overridden by ``$<AGENT>_VARIABLES``
-  (Loki's JSON array of declarations, or a JSON object of values);
-  ``{{NAME}}`` in a value is taken from the environment;
+  ``-`` → ``_``): the values the run was started with (recorded; see
+  :mod:`graphrun.runtime.variables`), else the declared default, overridden by
+  ``$<AGENT>_VARIABLES`` (Loki's JSON array of declarations, or a JSON object of
+  values); ``{{NAME}}`` in a value is taken from the environment;
 - ``.env`` files: ``<root_dir>/.env`` and ``<config_dir>/.env``; a variable already
   set wins, as in Loki's wrappers;
 - ``PATH``: ``<config_dir>/functions/bin`` and ``<agent_dir>/bin`` first, where they exist;
@@ -138,7 +139,8 @@ def loki_env(
         if variables is None:
             variables = agent_variables(agent_dir, env)
     for name, value in (variables or {}).items():
-        env[f"LLM_AGENT_VAR_{env_name(name)}"] = value
+        # {{NAME}} in a value is taken from the environment (never recorded with it).
+        env[f"LLM_AGENT_VAR_{env_name(name)}"] = resolve_placeholders(value, env)[0]
     env.setdefault("AUTO_CONFIRM", "true")
     bins = [
         str(folder)
@@ -164,14 +166,20 @@ def _stamp(path: Path) -> int:
 
 
 def script_env(
-    env: dict[Any, Any], *, agent_dir: Path, config_dir: Path | None, script: bytes
+    env: dict[Any, Any],
+    *,
+    agent_dir: Path,
+    config_dir: Path | None,
+    script: bytes,
+    variables: Mapping[str, str] | None = None,
 ) -> dict[Any, Any]:
     """A script node's environment (``env``) with Loki's variables added (LOKI-LATER
     §6: ``LLM_ROOT_DIR`` is the config directory) and the key variables removed,
     except those the script's text names (it then evidently needs them).
 
     What this adds depends only on files and variables that rarely change, so it is
-    worked out once per (agent, config dir, their files' mtimes, environment).
+    worked out once per (agent, config dir, their files' mtimes, environment,
+    ``variables``: the run's, as recorded; None: the declared defaults).
     """
     from graphrun.actors import secrets
 
@@ -182,11 +190,12 @@ def script_env(
         _stamp(agent_dir / "graph.yaml"),
         _stamp(Path(config_dir) / ".env") if config_dir is not None else 0,
         tuple(sorted(env.items())),
+        None if variables is None else tuple(sorted(variables.items())),
     )
     cached = _SCRIPT_CACHE.get(key)
     if cached is None:
         base = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
-        full = loki_env(base, agent_dir=agent_dir, config_dir=config_dir)
+        full = loki_env(base, agent_dir=agent_dir, config_dir=config_dir, variables=variables)
         if config_dir is not None:
             full["LLM_ROOT_DIR"] = str(config_dir)
         secrets.register_environment(full)

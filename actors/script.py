@@ -106,7 +106,13 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
     script_hash = content_hash(script_bytes)
 
     env = _script_env()
-    env = script_env(env, agent_dir=ctx.agent_dir, config_dir=_config_dir(ctx), script=script_bytes)
+    env = script_env(
+        env,
+        agent_dir=ctx.agent_dir,
+        config_dir=_config_dir(ctx),
+        script=script_bytes,
+        variables=getattr(getattr(ctx, "options", None), "variables", None),  # the run's
+    )
     state_file: Path | None = None
     if len(task.state_json.encode("utf-8")) <= INLINE_STATE_LIMIT:
         _set(env, "GRAPH_STATE", task.state_json)

@@ -585,6 +585,8 @@ class _RunContext:
     agent_name: str | None
     python: str
     config_dir: Path | None = None
+    # The run's agent variables (name, value); None: the declared defaults.
+    variables: tuple[tuple[str, str], ...] | None = None
 
 
 def _cache_root(config_dir: Path | None) -> Path:
@@ -692,6 +694,7 @@ def _tool_env(
         agent_dir=ctx.agent_dir,
         config_dir=ctx.config_dir,
         root_dir=ctx.root_dir,
+        variables=None if ctx.variables is None else dict(ctx.variables),
     )
     env = child_env(needs, base=env)
     env.update(
@@ -1245,6 +1248,7 @@ def load_toolbox(
     config_dir: Path | None = None,
     hub: McpHub | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    variables: Mapping[str, str] | None = None,
 ) -> Toolbox:
     """The :class:`Toolbox` for an ``llm`` node's ``tools:`` whitelist.
 
@@ -1270,4 +1274,12 @@ def load_toolbox(
     )
     if errors:
         raise ToolError("; ".join(dict.fromkeys(errors)))
+    if variables is not None:  # the run's values, as recorded when it began
+        pairs = tuple(sorted(variables.items()))
+        tools = [
+            replace(t, ctx=replace(t.ctx, variables=pairs))
+            if isinstance(t, PythonTool | BashTool)
+            else t
+            for t in tools
+        ]
     return Toolbox(tools, timeout=timeout)

@@ -136,6 +136,8 @@ def _options(
         config_dir=cfg,
         listener=None if quiet else Narrator(),
     )
+    if isinstance(recorded.get("variables"), dict):
+        options.variables = dict(recorded["variables"])  # as the run began
     if llm_replay:
         from graphrun.runtime.recorded import load_llm_calls
 
@@ -242,11 +244,20 @@ def finish(outcome: Any, *, as_json: bool, db: str | None) -> None:
     metavar="KEY=VALUE",
     help="Seed a state key (JSON value, else string); wins over initial_state.",
 )
+@click.option(
+    "--var",
+    "var_flags",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Give an agent variable a value (repeatable); wins over $<AGENT>_VARIABLES "
+    "and defaults. Scripts and tools see it as LLM_AGENT_VAR_<NAME>.",
+)
 @common_run_options
 def run_cmd(
     agent: str,
     prompt: str,
     sets: tuple[str, ...],
+    var_flags: tuple[str, ...],
     answers: tuple[str, ...],
     others: tuple[str, ...],
     as_user: str | None,
@@ -270,6 +281,9 @@ def run_cmd(
 
     configure_logging()
     overrides = _parse_set(sets)
+    from graphrun.runtime.variables import parse_presets
+
+    presets = parse_presets(var_flags)
     store = open_store(db, create=True)
     options = _options(
         answers=answers,
@@ -286,6 +300,13 @@ def run_cmd(
         print_diagnostics(
             check_graph(loaded, agents_dir=options.agents_dir, config_dir=options.config_dir)
         )
+    from graphrun.runtime.variables import prompt_variable, with_variables
+    from graphrun.runtime.variables import resolve as resolve_variables
+
+    options.variables = resolve_variables(
+        loaded, presets, ask=prompt_variable if options.interactive else None
+    )
+    loaded = with_variables(loaded, options.variables)
     from graphrun.runtime.answers import check_flag_answers
     from graphrun.runtime.preflight import check_answers, preflight
 

@@ -17,6 +17,13 @@ from graphrun.cli.options import db_option, db_url, json_option, open_store
     metavar="KEY=VALUE",
     help="Seed a state key (JSON value, else string); wins over initial_state.",
 )
+@click.option(
+    "--var",
+    "var_flags",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Give an agent variable a value (repeatable); wins over $<AGENT>_VARIABLES and defaults.",
+)
 @click.option("--as", "as_user", metavar="USER", help="Who submits (default: the OS user).")
 @click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
 @click.option("--config-dir", "--loki-dir", "config_dir", metavar="DIR", help="Config directory.")
@@ -26,6 +33,7 @@ def submit_cmd(
     agent: str,
     prompt: str,
     sets: tuple[str, ...],
+    var_flags: tuple[str, ...],
     as_user: str | None,
     agents_dir: str | None,
     config_dir: str | None,
@@ -58,6 +66,12 @@ def submit_cmd(
     loaded = load_agent(resolve_agent(agent, agents), config_dir=cfg)
     if loaded.graph.settings.validate_before_run:
         print_diagnostics(check_graph(loaded, agents_dir=agents, config_dir=cfg))
+    from graphrun.runtime.variables import parse_presets, with_variables
+    from graphrun.runtime.variables import resolve as resolve_variables
+
+    # Resolved here, where the command runs: a worker has no one to ask.
+    variables = resolve_variables(loaded, parse_presets(var_flags))
+    loaded = with_variables(loaded, variables)
     preflight(loaded, RunOptions(agents_dir=agents, config_dir=cfg))
     run_id = submit_run(
         store,
@@ -67,6 +81,7 @@ def submit_cmd(
         as_user=as_user,
         agents_dir=agents,
         config_dir=cfg,
+        config={"variables": variables},
     )
     if as_json:
         click.echo(json.dumps({"run_id": run_id, "status": "queued"}))

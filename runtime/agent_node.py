@@ -42,6 +42,8 @@ class AgentActor:
     def perform(self, task: Any, ctx: Any) -> None:
         from graphrun.runtime.agents import load_agent, resolve_agent_dir
         from graphrun.runtime.supervisor import Driver, check_graph, drive, graph_of, start_run
+        from graphrun.runtime.variables import for_run, with_variables
+        from graphrun.runtime.variables import resolve as resolve_variables
 
         parent = self.driver
         store = parent.store
@@ -65,6 +67,9 @@ class AgentActor:
             loaded = load_agent(ref.path, config_dir=options.config_dir)
             if loaded.graph.settings.validate_before_run:
                 check_graph(loaded, agents_dir=options.agents_dir, config_dir=options.config_dir)
+            # Its own variables: not the parent's presets, and no prompt (Loki).
+            variables = resolve_variables(loaded)
+            loaded = with_variables(loaded, variables)
             knowledge = _knowledge(loaded, options)
             if existing is not None:  # recorded, but the process died before the child began
                 child_id = existing.child_run_id
@@ -89,11 +94,14 @@ class AgentActor:
                 parent_run_id=parent.run_id,
                 parent_node_id=task.node_id,
                 run_id=child_id,
+                config={"variables": variables},
             )
         token = CancelToken()
         parent.child_tokens[child_id] = token
         unhook = ctx.cancel.on_cancel(lambda: token.cancel(ctx.cancel.reason or "cancelled"))
-        child = Driver(store, child_id, _child_options(options, knowledge), cancel=token)
+        # The child's own variables, as recorded when it began (never the parent's).
+        child_options = for_run(_child_options(options, knowledge), store, child_id)
+        child = Driver(store, child_id, child_options, cancel=token)
         parent.child_drivers[child_id] = child
         if parent.interrupted is not None:
             child.interrupt(*parent.interrupted)
@@ -239,6 +247,8 @@ def resume_ancestors(store: Any, run_id: str, options: Any, outcome: Any) -> Any
         parent_id = row.parent_run_id
         if fold(store.read(parent_id)).terminal:
             break
-        current = drive(Driver(store, parent_id, options))
+        from graphrun.runtime.variables import for_run
+
+        current = drive(Driver(store, parent_id, for_run(options, store, parent_id)))
         row = store.run(parent_id)
     return current

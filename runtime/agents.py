@@ -200,16 +200,8 @@ def agent_variables(name: str, config: dict[str, Any]) -> dict[str, Any]:
             values[var["name"]] = var["default"]
     if isinstance(override, dict):
         values.update(override)
-    missing = [
-        var["name"]
-        for var in declared
-        if isinstance(var, dict) and "name" in var and var["name"] not in values
-    ]
-    if missing:
-        raise GraphLoadError(
-            f"agent '{name}' needs variables {', '.join(missing)}",
-            hint=f"give them defaults in config.yaml or set ${env_name} to a JSON object",
-        )
+    # A variable without a value is resolved when a run starts (--var, a prompt, or
+    # the error naming it: graphrun.runtime.variables).
     return values
 
 
@@ -350,7 +342,7 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
     # initial state (recorded in RunStarted): the graph text is the same on every
     # load and machine, so recorded runs replay against it; what the model was told
     # is still in the log. Any other {{...}} renders empty, as Loki renders it.
-    instructions = _keep_variables(template, context)
+    instructions = _keep_variables(template, {**_declared_names(name, config), **context})
     tools = _tool_names(agent_dir, global_tools, mcp_servers, config_dir)
     graph: dict[str, Any] = {
         "name": name,
@@ -400,6 +392,22 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
         lines=_config_lines(loaded.lines, config_lines, config),
         seed_state=dict(context),
     )
+
+
+def _declared_names(name: str, config: dict[str, Any]) -> dict[str, str]:
+    """Every declared variable, with or without a value yet (``$<NAME>_VARIABLES``
+    as a list replaces the declarations)."""
+    declared = config.get("variables") or []
+    raw = os.environ.get(f"{name.upper().replace('-', '_')}_VARIABLES")
+    try:
+        override = json.loads(raw) if raw else None
+    except ValueError:
+        override = None
+    if isinstance(override, list):
+        declared = override
+    if not isinstance(declared, list):
+        return {}
+    return {str(v["name"]): "" for v in declared if isinstance(v, dict) and v.get("name")}
 
 
 def _keep_variables(template: str, variables: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ class LlmActor:
         self.graph = driver.graph
         self.config_dir = options.config_dir
         self.agent_dir = driver.agent_dir
+        self.variables = options.variables  # the run's, given to its tools
         self._toolboxes: dict[tuple[str, ...], Any] = {}
 
     def toolbox(self, whitelist: tuple[str, ...]) -> Any:
@@ -47,6 +48,7 @@ class LlmActor:
                 global_tools=list(self.graph.global_tools),
                 mcp_servers=list(self.graph.mcp_servers),
                 config_dir=self.config_dir,
+                variables=self.variables,
             )
         return box
 

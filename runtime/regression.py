@@ -107,8 +107,16 @@ def rerun_live(
     from graphrun.runtime.preflight import preflight
 
     preflight(loaded, options)
+    recorded = first.config.get("variables")
+    if isinstance(recorded, dict):  # the agent variables the recorded run began with
+        options.variables = dict(recorded)
     new_id = start_run(
-        store, loaded, prompt=first.initial_prompt, overrides=overrides, started_by=None
+        store,
+        loaded,
+        prompt=first.initial_prompt,
+        overrides=overrides,
+        started_by=None,
+        config=None if options.variables is None else {"variables": options.variables},
     )
     source = RecordedEffects.from_events(events)
     options.effect_source = source

@@ -80,6 +80,8 @@ class RunOptions:
     listener: Callable[[list[Event], RunState], None] | None = None
     # Recorded effect outcomes to reuse instead of performing (replay --live, fork).
     effect_source: Any = None
+    # The agent variables the run was started with (None: not resolved here).
+    variables: dict[str, str] | None = None
     # Node types -> actor factories, filled in by graphrun.runtime.effects.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -227,6 +229,8 @@ def run_config(loaded: LoadedGraph, options: RunOptions) -> dict[str, Any]:
         config["config_dir"] = str(Path(options.config_dir).resolve())
     if options.agents_dir is not None:
         config["agents_dir"] = str(Path(options.agents_dir).resolve())
+    if options.variables is not None:
+        config["variables"] = dict(options.variables)
     graph = loaded.graph
     models = {
         node_id: node.model or graph.model or ""
@@ -251,9 +255,11 @@ def recorded_config(store: SqliteStore, run_id: str) -> dict[str, Any]:
     first = events[0] if events else None
     if not isinstance(first, RunStarted):
         return {}
-    if not first.config and first.parent_run_id and store.has_run(first.parent_run_id):
-        return recorded_config(store, first.parent_run_id)
-    return dict(first.config)
+    own = dict(first.config)
+    # A child run records its own variables only: the rest is its parent's.
+    if set(own) <= {"variables"} and first.parent_run_id and store.has_run(first.parent_run_id):
+        return {**recorded_config(store, first.parent_run_id), **own}
+    return own
 
 
 class Driver:

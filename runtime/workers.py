@@ -75,8 +75,10 @@ def submit_run(
     as_user: str | None,
     agents_dir: Path | None,
     config_dir: Path | None,
+    config: dict[str, Any] | None = None,
 ) -> str:
-    """Record a new run and queue it for workers; returns its id."""
+    """Record a new run and queue it for workers; returns its id. ``config`` is
+    recorded in its ``RunStarted`` (the variables it was submitted with)."""
     from graphrun.eventstore.ids import new_run_id
     from graphrun.runtime.supervisor import start_run
 
@@ -91,7 +93,13 @@ def submit_run(
         },
     )
     return start_run(
-        store, loaded, prompt=prompt, overrides=overrides, started_by=as_user, run_id=run_id
+        store,
+        loaded,
+        prompt=prompt,
+        overrides=overrides,
+        started_by=as_user,
+        run_id=run_id,
+        config=config,
     )
 
 
@@ -130,6 +138,9 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any
         options.extra["knowledge_bases"] = prepare_knowledge_bases(
             loaded, interactive=False, config_dir=options.config_dir
         )
+    from graphrun.runtime.variables import for_run
+
+    options = for_run(options, store, target)  # the variables it was started with
     outcome = drive(Driver(store, target, options, resumed_by=worker_name))
     if target != run_id:
         # A person answered a child run: it went on first; now its parents.

@@ -138,8 +138,8 @@ def test_bad_variables_env_and_missing_variables_are_clear_errors(
 
     assert missing.code == 2
     assert missing.stderr.strip() == (
-        "error: agent 'needy' needs variables user_name "
-        "(give them defaults in config.yaml or set $NEEDY_VARIABLES to a JSON object)"
+        "error: the following agent variables are required: user_name (Who you are) "
+        "(pass --var NAME=VALUE, give them a default, or set $NEEDY_VARIABLES)"
     )
     assert bad.code == 2
     assert bad.stderr.strip() == "error: $NEEDY_VARIABLES must be a JSON object"
