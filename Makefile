@@ -18,7 +18,7 @@ MYPY_PACKAGES := graphrun.eventstore
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,mcp,pdf]'
+	$(BIN)/python -m pip install --quiet -e '.[test,mcp,pdf,otel]'
 	@# .ts script nodes run with `npx tsx`: install tsx as a "global" package under
 	@# .venv/node (optional; npx finds it there through NPM_CONFIG_PREFIX).
 	@if command -v npm >/dev/null 2>&1; then \
@@ -38,6 +38,8 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
+	@# chromium, graphviz (apt-get, as root) and the Mermaid parser (npm) for the report tests
+	@sh tests/support/setup-browser.sh
 	NPM_CONFIG_PREFIX="$(NODE_PREFIX)" PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 	$(BIN)/graphrun test replays/
 

@@ -7,6 +7,7 @@ exit code here, in one place; nothing else reaches the user as a traceback.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import click
 
 from graphrun.eventstore.errors import GraphrunError
+from graphrun.runtime.errors import UsageError
 
 # command name -> (module, function, one-line help shown in `graphrun --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -35,6 +37,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "import": ("transfer", "import_cmd", "Load runs from an exported JSON-lines file."),
     "schema": ("replay", "schema_cmd", "Print the JSON Schema of graph.yaml."),
     "rag": ("rag", "rag_group", "Knowledge bases of rag nodes (rebuild)."),
+    "graph": ("report", "graph_cmd", "Draw a graph (Mermaid, DOT, SVG, HTML), or a run's path."),
+    "report": ("report", "report_cmd", "Write a run's self-contained HTML report."),
+    "logs": ("report", "logs_cmd", "A run's prompts and responses as Markdown; --usage totals."),
+    "tail": ("report", "tail_cmd", "Watch a run another process drives."),
+    "otel": ("report", "otel_cmd", "Export a run as OpenTelemetry spans (OTLP)."),
 }
 
 
@@ -72,9 +79,29 @@ def cli() -> None:
     """
 
 
+def _check_arguments(args: list[str]) -> None:
+    """Every argument must be text: invalid UTF-8 (which Python keeps as lone
+    surrogates) would otherwise fail deep inside, wherever it is first encoded."""
+    for position, arg in enumerate(args, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            try:  # the bytes as given (Python keeps invalid ones as surrogates)
+                shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:
+                shown = arg.encode("utf-8", "backslashreplace").decode("utf-8")
+            shown = shown if len(shown) <= 60 else shown[:60] + "…"
+            raise UsageError(
+                f"argument {position} ({shown}) is not valid UTF-8 (at character {exc.start})"
+            ) from None
+        if "\x00" in arg:
+            raise UsageError(f"argument {position} holds a NUL character")
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Console entry point."""
     try:
+        _check_arguments(sys.argv[1:] if argv is None else argv)
         return cli.main(args=argv, prog_name="graphrun", standalone_mode=False)
     except GraphrunError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -92,6 +119,13 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(0)
     except Exception as exc:  # a bug in graphrun: one line, the traceback on request
         import os
+
+        if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+            # A path built from an argument, a graph field or a template: bad input.
+            name = os.fsdecode(exc.filename or "")
+            shown = name if len(name) <= 60 else name[:60] + "…"
+            click.echo(f"error: path too long: {shown} ({len(name)} characters)", err=True)
+            sys.exit(2)
 
         if os.environ.get("GRAPHRUN_DEBUG"):
             raise

@@ -210,6 +210,7 @@ def test_runs_lists_what_waits_where_and_for_whom(graphrun, agent):
         "kind": "approval",
         "question": "Ship v2.1?",
         "options": ["approve", "reject"],
+        "default": None,
         "approvers": [],
     }
 
