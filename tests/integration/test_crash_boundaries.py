@@ -63,6 +63,11 @@ class Case:
     as_user: str | None = None
     agents_dir: str | None = None  # relative to the agent directory
     markers: bool = False
+    # Answers that are an approval's free-form text (given with --other, not --answer).
+    free_form: tuple[str, ...] = ()
+
+    def answer_flag(self, node: str, text: str) -> list[str]:
+        return ["--other" if text in self.free_form else "--answer", f"{node}={text}"]
 
     def flags(self, workdir: Path) -> list[str]:
         out: list[str] = []
@@ -92,6 +97,7 @@ CASES = {
             ("review", "approve"),
         ),
         as_user="alice",
+        free_form=("Not yet: the config rename needs upgrade notes",),
     ),
     "research-desk": Case(
         EXAMPLES / "research-desk",
@@ -210,7 +216,7 @@ def answers_needed(case: Case, by_run: dict[str, list[dict[str, Any]]]) -> list[
         if held[node]:
             held[node] -= 1
         else:
-            out += ["--answer", f"{node}={text}"]
+            out += case.answer_flag(node, text)
     return out
 
 
@@ -261,7 +267,7 @@ def prepare(case: Case, workdir: Path) -> None:
 
 
 def run_args(case: Case, workdir: Path) -> list[str]:
-    answers = [a for node, text in case.answers for a in ("--answer", f"{node}={text}")]
+    answers = [a for node, text in case.answers for a in case.answer_flag(node, text)]
     return ["run", str(workdir / "agent"), case.prompt, *case.flags(workdir), *answers]
 
 
