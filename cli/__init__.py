@@ -42,6 +42,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("report", "logs_cmd", "A run's prompts and responses as Markdown; --usage totals."),
     "tail": ("report", "tail_cmd", "Watch a run another process drives."),
     "otel": ("report", "otel_cmd", "Export a run as OpenTelemetry spans (OTLP)."),
+    "submit": ("worker", "submit_cmd", "Queue a run for workers (PostgreSQL); print its id."),
+    "worker": ("worker", "worker_cmd", "Drive queued runs from a PostgreSQL database."),
+    "migrate": ("worker", "migrate_cmd", "Copy runs between SQLite and PostgreSQL stores."),
 }
 
 

@@ -30,22 +30,26 @@ def runs_cmd(
     approvers, else anyone (WAITS FOR). With --usage: each run's LLM tokens and
     cost, and TREE, the tokens of the run with all its child runs.
     """
+    from graphrun.cli.options import store_missing
     from graphrun.cli.render import table, when
-    from graphrun.runtime.config import db_path
     from graphrun.runtime.inspect import display_status, run_summary
 
-    if not db_path(db).exists():
+    if store_missing(db):
         if as_json:
             return
         click.echo("no runs yet", err=True)
         return
     store = open_store(db)
     if status == "interrupted":
-        rows = [
+        # Stopped by Ctrl-C/SIGTERM (RunInterrupted recorded), or killed outright:
+        # "running" in the log, with no process driving it.
+        crashed = [
             r
             for r in store.runs(status="running", limit=limit)
             if display_status(store, r) == "interrupted"
         ]
+        stopped = store.runs(status="interrupted", limit=limit)
+        rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)[:limit]
     else:
         rows = store.runs(status=status, limit=limit)
     # A fork copies its source's events, times included: list it by when it was made.
@@ -187,6 +191,10 @@ def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> N
             from graphrun.cli.render import when
 
             node = getattr(event, "node_id", None) or ""
+            if event.branch and event.branch != node:
+                node = f"{node}@{event.branch}"  # a map item: node@map[i]
+            elif event.branch:
+                node = f"{node}∥"  # a branch of a parallel super-step
             click.echo(
                 f"{event.seq:>5}  {when(event.ts)}  {type(event).__name__:<19} {node:<16} "
                 f"{summarize_event(event)}".rstrip()

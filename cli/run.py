@@ -406,6 +406,18 @@ def _answer_and_resume(
         f"(seq {received.seq})",
         err=True,
     )
+    queued = getattr(store, "queued", None)
+    entry = queued(run_id) if queued is not None else None
+    if entry is not None:
+        # A run workers drive: the answer queued it again (in its transaction);
+        # whichever worker is free continues it.
+        store.release_lease(run_id)
+        click.echo(f"▸ run {entry['run_id']} is queued for a worker", err=True)
+        if as_json:
+            import json
+
+            click.echo(json.dumps({"run_id": entry["run_id"], "status": "queued"}))
+        return
     options = _options(
         answers=(),
         as_user=as_user,

@@ -63,11 +63,6 @@ class Case:
     as_user: str | None = None
     agents_dir: str | None = None  # relative to the agent directory
     markers: bool = False
-    # Answers that are an approval's free-form text (given with --other, not --answer).
-    free_form: tuple[str, ...] = ()
-
-    def answer_flag(self, node: str, text: str) -> list[str]:
-        return ["--other" if text in self.free_form else "--answer", f"{node}={text}"]
 
     def flags(self, workdir: Path) -> list[str]:
         out: list[str] = []
@@ -92,12 +87,12 @@ CASES = {
         "Prepare release 2.4.0",
         replay="release-checklist.run.jsonl",
         answers=(
-            ("review", "Not yet: the config rename needs upgrade notes"),
+            # A free-form answer to an approval goes with --other.
+            ("review", "other:Not yet: the config rename needs upgrade notes"),
             ("clarify", "add upgrade notes for cache.dir -> cache.path"),
             ("review", "approve"),
         ),
         as_user="alice",
-        free_form=("Not yet: the config rename needs upgrade notes",),
     ),
     "research-desk": Case(
         EXAMPLES / "research-desk",
@@ -216,8 +211,15 @@ def answers_needed(case: Case, by_run: dict[str, list[dict[str, Any]]]) -> list[
         if held[node]:
             held[node] -= 1
         else:
-            out += case.answer_flag(node, text)
+            out += answer_flag(node, text)
     return out
+
+
+def answer_flag(node: str, text: str) -> list[str]:
+    """``--answer NODE=TEXT``, or ``--other NODE=TEXT`` for an ``other:`` answer."""
+    if text.startswith("other:"):
+        return ["--other", f"{node}={text.removeprefix('other:')}"]
+    return ["--answer", f"{node}={text}"]
 
 
 def completed_output(events: list[dict[str, Any]]) -> str:
@@ -267,7 +269,7 @@ def prepare(case: Case, workdir: Path) -> None:
 
 
 def run_args(case: Case, workdir: Path) -> list[str]:
-    answers = [a for node, text in case.answers for a in case.answer_flag(node, text)]
+    answers = [a for node, text in case.answers for a in answer_flag(node, text)]
     return ["run", str(workdir / "agent"), case.prompt, *case.flags(workdir), *answers]
 
 
