@@ -80,7 +80,7 @@ def test_a_schema_v3_database_with_compressed_bodies_is_migrated(graphrun, tmp_p
         if run_id not in recorded_runs:  # recorded after the schema-3 file was made
             continue
         out = tmp_path / f"{run_id}.jsonl"
-        assert graphrun("export", run_id, "-o", str(out)).code == 0
+        assert graphrun("export", run_id, "-o", str(out), "--with-origin").code == 0
         recorded = [ln for ln in path.read_text().splitlines() if ln.startswith('{"hash"')]
         exported = [ln for ln in out.read_text().splitlines() if ln.startswith('{"hash"')]
         assert exported[: len(recorded)] == recorded, path.name
