@@ -21,7 +21,13 @@ def export_cmd(run_id: str, output: str | None, db: str | None) -> None:
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     if output:
-        with open(output, "w", encoding="utf-8") as fh:
+        try:
+            fh = open(output, "w", encoding="utf-8")  # noqa: SIM115 - closed just below
+        except OSError as exc:
+            from graphrun.runtime.errors import UsageError
+
+            raise UsageError(f"-o {output}: cannot write it: {exc.strerror}") from None
+        with fh:
             count = write_export(store, run_id, fh, relative_to=Path(output).parent)
         click.echo(f"▸ exported {count} events of run {run_id} to {output}", err=True)
     else:
