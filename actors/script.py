@@ -18,6 +18,7 @@ from typing import Any
 
 from graphrun.actors import process
 from graphrun.actors.base import EffectContext
+from graphrun.actors.lokienv import script_env
 from graphrun.actors.messages import ScriptTask
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.events import ScriptFinished
@@ -75,6 +76,12 @@ def _key(name: str) -> str | bytes:
 _BYTES_ENV = hasattr(os, "environb")  # POSIX: the environment is passed as bytes
 
 
+def _config_dir(ctx: EffectContext) -> Path | None:
+    options = getattr(ctx, "options", None)  # Loki's environment needs the config dir
+    value = getattr(options, "config_dir", None)
+    return Path(value) if value is not None else None
+
+
 def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = None) -> None:
     """Run the script and record one :class:`ScriptFinished`."""
     started = time.monotonic()
@@ -99,6 +106,7 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
     script_hash = content_hash(script_bytes)
 
     env = _script_env()
+    env = script_env(env, agent_dir=ctx.agent_dir, config_dir=_config_dir(ctx), script=script_bytes)
     state_file: Path | None = None
     if len(task.state_json.encode("utf-8")) <= INLINE_STATE_LIMIT:
         _set(env, "GRAPH_STATE", task.state_json)

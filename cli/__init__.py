@@ -37,6 +37,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "import": ("transfer", "import_cmd", "Load runs from an exported JSON-lines file."),
     "schema": ("replay", "schema_cmd", "Print the JSON Schema of graph.yaml."),
     "rag": ("rag", "rag_group", "Knowledge bases of rag nodes (rebuild)."),
+    "graph": ("report", "graph_cmd", "Draw a graph (Mermaid, DOT, SVG, HTML), or a run's path."),
+    "report": ("report", "report_cmd", "Write a run's self-contained HTML report."),
+    "logs": ("report", "logs_cmd", "A run's prompts and responses as Markdown; --usage totals."),
+    "tail": ("report", "tail_cmd", "Watch a run another process drives."),
+    "otel": ("report", "otel_cmd", "Export a run as OpenTelemetry spans (OTLP)."),
+    "submit": ("worker", "submit_cmd", "Queue a run for workers (PostgreSQL); print its id."),
+    "worker": ("worker", "worker_cmd", "Drive queued runs from a PostgreSQL database."),
+    "migrate": ("worker", "migrate_cmd", "Copy runs between SQLite and PostgreSQL stores."),
 }
 
 

@@ -13,43 +13,58 @@ from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 @click.command("runs")
 @click.option(
     "--status",
-    type=click.Choice(["running", "waiting", "completed", "failed", "cancelled"]),
-    help="Only runs with this status.",
+    type=click.Choice(["running", "interrupted", "waiting", "completed", "failed", "cancelled"]),
+    help="Only runs with this status (interrupted: running, but no process drives it).",
 )
 @click.option("--limit", default=50, show_default=True, help="At most this many runs.")
+@click.option("--usage", "with_usage", is_flag=True, help="Add token and cost columns.")
 @json_option
 @db_option
-def runs_cmd(status: str | None, limit: int, as_json: bool, db: str | None) -> None:
-    """List runs, newest first (child runs indented under their parent).
+def runs_cmd(
+    status: str | None, limit: int, with_usage: bool, as_json: bool, db: str | None
+) -> None:
+    """List runs, newest first (child runs indented under their parent; a fork by
+    when it was made).
 
     A waiting run shows the node it waits at and for whom: the node's
-    approvers, else anyone (WAITS FOR).
+    approvers, else anyone (WAITS FOR). With --usage: each run's LLM tokens and
+    cost, and TREE, the tokens of the run with all its child runs.
     """
+    from graphrun.cli.options import store_missing
     from graphrun.cli.render import table, when
-    from graphrun.runtime.config import db_path
+    from graphrun.runtime.inspect import display_status, run_summary
 
-    if not db_path(db).exists():
+    if store_missing(db):
         if as_json:
             return
         click.echo("no runs yet", err=True)
         return
     store = open_store(db)
-    rows = store.runs(status=status, limit=limit)
+    if status == "interrupted":
+        # Stopped by Ctrl-C/SIGTERM (RunInterrupted recorded), or killed outright:
+        # "running" in the log, with no process driving it.
+        crashed = [
+            r
+            for r in store.runs(status="running", limit=limit)
+            if display_status(store, r) == "interrupted"
+        ]
+        stopped = store.runs(status="interrupted", limit=limit)
+        rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)[:limit]
+    else:
+        rows = store.runs(status=status, limit=limit)
+    # A fork copies its source's events, times included: list it by when it was made.
+    made = {row.run_id: _made_at(store, row) for row in rows}
+    rows.sort(key=lambda r: made[r.run_id], reverse=True)
     waits = {row.run_id: _waiting_request(store, row.run_id) for row in rows if row.waiting_node}
+    prices = None
+    if with_usage or as_json:
+        from graphrun.runtime.config import config_dir
+        from graphrun.runtime.observe.usage import load_prices
+
+        prices = load_prices(config_dir(None))
     if as_json:
         for row in rows:
-            data = row.as_dict()
-            data["live"] = store.is_live(row.run_id)
-            request = waits.get(row.run_id)
-            if request is not None:
-                data["waiting"] = {
-                    "node_id": request.node_id,
-                    "kind": request.kind,
-                    "question": request.question,
-                    "options": list(request.options),
-                    "approvers": list(request.approvers),
-                }
-            click.echo(json.dumps(data, ensure_ascii=False))
+            click.echo(json.dumps(run_summary(store, row, prices), ensure_ascii=False))
         return
     by_parent: dict[str | None, list[Any]] = {}
     ids = {r.run_id for r in rows}
@@ -59,13 +74,7 @@ def runs_cmd(status: str | None, limit: int, as_json: bool, db: str | None) -> N
     out: list[tuple[Any, ...]] = []
 
     def add(row: Any, depth: int) -> None:
-        status_text = row.status
-        if row.status == "running" and not store.is_live(row.run_id):
-            # A parent whose agent node waits on a child run that waits for a person.
-            waiting_child = any(
-                c.status == "waiting" for c in store.runs(parent=row.run_id, limit=100)
-            )
-            status_text = "waiting (child)" if waiting_child else "interrupted"
+        status_text = display_status(store, row)
         request = waits.get(row.run_id)
         waits_for = ""
         if request is not None:
@@ -82,14 +91,36 @@ def runs_cmd(status: str | None, limit: int, as_json: bool, db: str | None) -> N
                 waits_for,
                 row.started_by or "",
             )
+            + (_usage_cells(store, row, prices) if with_usage else ())
         )
-        for child in sorted(by_parent.get(row.run_id, []), key=lambda r: r.started_at):
+        for child in sorted(by_parent.get(row.run_id, []), key=lambda r: made[r.run_id]):
             add(child, depth + 1)
 
     for row in by_parent.get(None, []):
         add(row, 0)
     headers = ["RUN", "GRAPH", "STATUS", "STARTED (UTC)", "EVENTS", "NODE", "WAITS FOR", "BY"]
+    if with_usage:
+        headers += ["TOKENS", "COST", "TREE TOKENS"]
     click.echo(table(out, headers))
+
+
+def _made_at(store: Any, row: Any) -> float:
+    """When a run was made: its start, or for a fork the first event it added itself."""
+    first = store.read(row.run_id, upto=1)
+    forked_at = getattr(first[0], "forked_at", None) if first else None
+    if not forked_at:
+        return float(row.started_at)
+    own = store.read(row.run_id, after=forked_at, upto=forked_at + 1)
+    return float(own[0].ts) if own else float(row.updated_at)
+
+
+def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
+    from graphrun.runtime.observe.usage import run_usage, tree_usage
+
+    own, _ = run_usage(store.read(row.run_id), prices)
+    tree = tree_usage(store, row.run_id, prices)
+    cost = f"${own.cost:.4f}" if own.cost_known else "?"
+    return (own.total_tokens, cost if own.calls else "", tree.total_tokens)
 
 
 def _waiting_request(store: Any, run_id: str) -> Any:
@@ -131,12 +162,26 @@ def show_cmd(run_id: str, at_seq: int | None, as_json: bool, db: str | None) -> 
 @db_option
 def events_cmd(run_id: str, types: tuple[str, ...], as_json: bool, db: str | None) -> None:
     """Print RUN_ID's event log (JSON lines with --json)."""
-    from graphrun.eventstore import codec
-    from graphrun.runtime.inspect import summarize_event
-
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     events = store.read(run_id)
+    try:
+        _print_events(events, types, as_json)
+    except BrokenPipeError:
+        # The reader stopped (`| head`): that is success. Point stdout at devnull so
+        # the interpreter's last flush cannot fail again.
+        import os
+        import sys
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(0) from None
+
+
+def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> None:
+    from graphrun.eventstore import codec
+    from graphrun.runtime.inspect import summarize_event
+
     for event in events:
         if types and type(event).__name__ not in types:
             continue

@@ -41,7 +41,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 import msgspec
 import psutil
 
-from graphrun.eventstore import codec
+from graphrun.eventstore import codec, redaction
 from graphrun.eventstore.errors import (
     BrokenLogError,
     ConcurrentAppendError,
@@ -397,6 +397,9 @@ class SqliteStore:
                         )
                     event = replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
                 body = encode(event)
+                red = redaction.redact_event(event, body)  # keys are never recorded
+                if red is not event:
+                    event, body = red, encode(red)
                 prev = chain_hash(prev, body)
                 params.append((seq, body.decode("utf-8"), prev))
                 if type(event) in head_types or row is None:

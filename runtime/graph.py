@@ -21,6 +21,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     timeout: float | None = None
     # How many nodes of one super-step run at once (the others wait for a slot).
     max_concurrency: int = 8
+    # Budgets over the run's own LLM calls: total tokens, and cost in USD (price table).
+    max_tokens: int | None = None
+    max_cost: float | None = None
 
 
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):

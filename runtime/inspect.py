@@ -87,8 +87,77 @@ def summarize_event(event: Event) -> str:
             return _short(data)
 
 
-def describe_run(store: SqliteStore, run_id: str, at_seq: int | None = None) -> dict[str, Any]:
-    """Status, path, state and children of a run after event ``at_seq`` (default: last)."""
+def waiting_dict(request: HumanInputRequested | None) -> dict[str, Any] | None:
+    """What a run waits for, as ``run --json``, ``runs --json`` and ``show --json`` show it."""
+    if request is None:
+        return None
+    return {
+        "node_id": request.node_id,
+        "kind": request.kind,
+        "question": request.question,
+        "options": list(request.options),
+        "default": request.default,
+        "approvers": list(request.approvers),
+    }
+
+
+def display_status(store: Any, row: Any) -> str:
+    """A run's status as people read it: a ``running`` run no process drives is
+    ``interrupted``, or ``waiting (child)`` when a child run waits for a person."""
+    if row.status != "running" or store.is_live(row.run_id):
+        return str(row.status)
+    waiting_child = any(c.status == "waiting" for c in store.runs(parent=row.run_id, limit=100))
+    return "waiting (child)" if waiting_child else "interrupted"
+
+
+def run_summary(
+    store: Any, row: Any, prices: dict[str, tuple[float, float]] | None = None
+) -> dict[str, Any]:
+    """One run, in the shape every ``--json`` listing of runs shares (``runs``, ``show``).
+
+    Keys: run_id, graph (and graph_name), status (as stored), display_status,
+    live, parent_run_id, forked_from, forked_at, started_at, updated_at,
+    started_by, last_seq, current_node, waiting_node, waiting (what it waits
+    for, or null), output, error, usage (this run's LLM calls), tree_usage
+    (with every child run's).
+    """
+    from graphrun.runtime.observe.usage import run_usage, tree_usage
+
+    events = store.read(row.run_id)
+    state = fold(events)
+    first = events[0] if events else None
+    own, _ = run_usage(events, prices)
+    data = row.as_dict()
+    data.update(
+        {
+            "graph": row.graph_name,
+            "display_status": display_status(store, row),
+            "live": store.is_live(row.run_id),
+            "forked_from": getattr(first, "forked_from", None),
+            "forked_at": getattr(first, "forked_at", None),
+            "waiting": waiting_dict(state.waiting) if state.status == "waiting" else None,
+            "usage": own.as_dict(),
+            "tree_usage": tree_usage(store, row.run_id, prices).as_dict(),
+        }
+    )
+    return data
+
+
+def describe_run(
+    store: SqliteStore,
+    run_id: str,
+    at_seq: int | None = None,
+    prices: dict[str, tuple[float, float]] | None = None,
+) -> dict[str, Any]:
+    """Status, path, state and children of a run after event ``at_seq`` (default: last).
+
+    The keys of :func:`run_summary` (as of ``at_seq``), plus ``at_seq``, ``visits``,
+    ``path``, ``state``, ``node_usage`` and ``children`` (each described alike).
+    """
+    from graphrun.runtime.observe.usage import Usage, load_prices, run_usage
+
+    if prices is None:
+        prices = load_prices(_config_dir())
     row = store.run(run_id)
     if at_seq is not None and not 1 <= at_seq <= row.last_seq:
         raise UsageError(f"--at {at_seq} is outside run {run_id} (it has events 1..{row.last_seq})")
@@ -112,26 +181,53 @@ def describe_run(store: SqliteStore, run_id: str, at_seq: int | None = None) -> 
                 path[-1]["error"] = event.error
     children = []
     for child in store.runs(parent=run_id):
-        children.append(describe_run(store, child.run_id))
+        children.append(describe_run(store, child.run_id, prices=prices))
     first = events[0] if events else None
+    own, per_node = run_usage(events, prices)
+    tree = Usage()
+    tree.add(own)
+    for child in children:
+        child_usage = child["tree_usage"]
+        tree.calls += child_usage["calls"]
+        tree.input_tokens += child_usage["input_tokens"]
+        tree.output_tokens += child_usage["output_tokens"]
+        tree.cost += child_usage["cost_usd"] or 0.0
+        tree.unpriced |= set(child_usage["unpriced_models"])
+    waiting = state.waiting if state.status == "waiting" else None
     return {
         "run_id": run_id,
         "graph": state.graph_name,
+        "graph_name": state.graph_name,
         "forked_from": getattr(first, "forked_from", None),
         "forked_at": getattr(first, "forked_at", None),
         "status": state.status,
+        "display_status": display_status(store, row) if at_seq is None else state.status,
+        "live": store.is_live(run_id),
         "at_seq": state.last_seq,
         "last_seq": row.last_seq,
         "parent_run_id": state.parent_run_id,
+        "started_at": row.started_at,
+        "updated_at": row.updated_at,
+        "started_by": row.started_by,
         "current_node": state.current,
-        "waiting": state.waiting.node_id if state.waiting else None,
+        "waiting_node": waiting.node_id if waiting else None,
+        "waiting": waiting_dict(waiting),
         "visits": state.visits,
         "path": path,
         "state": state.state,
         "output": state.output,
         "error": state.error,
+        "usage": own.as_dict(),
+        "tree_usage": tree.as_dict(),
+        "node_usage": {node: u.as_dict() for node, u in per_node.items()},
         "children": children,
     }
+
+
+def _config_dir() -> Any:
+    from graphrun.runtime.config import config_dir
+
+    return config_dir(None)
 
 
 def format_description(info: dict[str, Any], depth: int = 0) -> str:
@@ -153,12 +249,15 @@ def format_description(info: dict[str, Any], depth: int = 0) -> str:
             step += "(failed)"
         steps.append(step)
     lines.append(f"{pad}path: {' -> '.join(steps) if steps else '(not started)'}")
-    if info["waiting"]:
-        lines.append(f"{pad}waiting at: {info['waiting']}")
+    if info.get("waiting_node") and info["status"] == "waiting":
+        lines.append(f"{pad}waiting at: {info['waiting_node']}")
     if info["error"]:
         lines.append(f"{pad}error: {info['error']}")
     if info["output"] is not None:
         lines.append(f"{pad}output: {_short(info['output'], 200)}")
+    usage = info.get("usage") or {}
+    if usage.get("calls") or (info.get("tree_usage") or {}).get("calls"):
+        lines.extend(_usage_lines(info, pad))
     lines.append(f"{pad}state:")
     text = json.dumps(info["state"], indent=2, ensure_ascii=False, sort_keys=True, default=str)
     lines.extend(f"{pad}  {line}" for line in text.splitlines())
@@ -166,6 +265,25 @@ def format_description(info: dict[str, Any], depth: int = 0) -> str:
         lines.append(f"{pad}child:")
         lines.append(format_description(child, depth + 1))
     return "\n".join(lines)
+
+
+def _usage_text(u: dict[str, Any]) -> str:
+    cost = f"${u['cost_usd']:.5f}" if u.get("cost_usd") is not None else "cost unknown"
+    calls = u["calls"]
+    return (
+        f"{u['total_tokens']} tokens ({u['input_tokens']} in, {u['output_tokens']} out), "
+        f"{calls} call{'s' if calls != 1 else ''}, {cost}"
+    )
+
+
+def _usage_lines(info: dict[str, Any], pad: str) -> list[str]:
+    lines = [f"{pad}usage: {_usage_text(info['usage'])}"]
+    tree = info.get("tree_usage") or {}
+    if info.get("children") and tree:
+        lines.append(f"{pad}usage with child runs: {_usage_text(tree)}")
+    for node, u in (info.get("node_usage") or {}).items():
+        lines.append(f"{pad}  {node}: {_usage_text(u)}")
+    return lines
 
 
 def audit_tree(store: SqliteStore, run_id: str, *, verify: bool) -> dict[str, Any]:
@@ -219,8 +337,42 @@ def audit_tree(store: SqliteStore, run_id: str, *, verify: bool) -> dict[str, An
             blank = not d.answer.strip() and default is not None
             item["used"] = default if blank else d.answer
             found.append(item)
+        found.extend(_cancellations(events, depth))
     found.sort(key=lambda d: (d["ts"], d["run_id"], d["seq"]))
     return {"run_id": run_id, "decisions": found, "verify": checks}
+
+
+def _cancellations(events: list[Event], depth: int) -> list[dict[str, Any]]:
+    """A run's cancellation as an audit row: who cancelled it, when, why, at which node."""
+    from graphrun.eventstore.events import RunCancelled
+
+    out = []
+    node = None
+    for e in events:
+        if isinstance(e, NodeEntered):
+            node = e.node_id
+        if isinstance(e, RunCancelled):
+            by = e.by or "(runtime)"
+            out.append(
+                {
+                    "run_id": e.run_id,
+                    "seq": e.seq,
+                    "ts": e.ts,
+                    "node_id": node or "(run)",
+                    "question": "(cancel the run)",
+                    "options": [],
+                    "answer": f"cancelled: {e.reason}",
+                    "by": by,
+                    "os_user": by,
+                    "host": "",
+                    "via": "cancel",
+                    "requested_at": None,
+                    "depth": depth,
+                    "default": None,
+                    "used": f"cancelled: {e.reason}",
+                }
+            )
+    return out
 
 
 def _decision_payloads(events: list[Event]) -> list[tuple[Event, dict[str, Any]]]:
@@ -320,6 +472,30 @@ def diff_runs(a: list[Event], b: list[Event]) -> dict[str, Any]:
     }
 
 
+def _pair(a: Any, b: Any, limit: int) -> tuple[str, str]:
+    """Two values shortened so that where they differ stays visible in both."""
+
+    def text(v: Any) -> str:
+        t = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
+        return t.replace("\n", "⏎")
+
+    ta, tb = text(a), text(b)
+    if len(ta) <= limit and len(tb) <= limit:
+        return ta, tb
+    at = next((i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), None)
+    if at is None:
+        at = min(len(ta), len(tb))
+    start = max(0, at - limit // 3)
+
+    def window(t: str) -> str:
+        head = "…" if start else ""
+        body = t[start:]
+        room = limit - len(head)
+        return head + (body if len(body) <= room else body[: room - 1] + "…")
+
+    return window(ta), window(tb)
+
+
 def _wants_diff(value: Any) -> bool:
     """Long or multi-line values (prompts, requests) read better as a unified diff."""
     if isinstance(value, str):
@@ -349,9 +525,9 @@ def format_diff(report: dict[str, Any]) -> str:
     lines = [
         f"runs part ways at decision {first['index'] + 1} "
         f"(seq {first['a_seq']} in {report['a']}, seq {first['b_seq']} in {report['b']}):",
-        f"  a: {_short(first['a'], 160)}",
-        f"  b: {_short(first['b'], 160)}",
     ]
+    short_a, short_b = _pair(first["a"], first["b"], 160)
+    lines += [f"  a: {short_a}", f"  b: {short_b}"]
     for node in report["nodes"]:
         head = f"node '{node['node']}' visit {node['visit']}"
         if node["only_in"]:
@@ -364,10 +540,12 @@ def format_diff(report: dict[str, Any]) -> str:
                 lines.append(f"  {field}:")
                 lines.extend(f"    {line}" for line in _unified(left, right))
                 continue
-            lines.append(f"  {field}: a={_short(left, 70)}")
-            lines.append(f"  {' ' * len(field)}  b={_short(right, 70)}")
+            short_a, short_b = _pair(left, right, 70)
+            lines.append(f"  {field}: a={short_a}")
+            lines.append(f"  {' ' * len(field)}  b={short_b}")
     if report["final_state"]:
         lines.append("final state:")
         for key, vals in report["final_state"].items():
-            lines.append(f"  {key}: a={_short(vals['a'], 60)} b={_short(vals['b'], 60)}")
+            short_a, short_b = _pair(vals["a"], vals["b"], 60)
+            lines.append(f"  {key}: a={short_a} b={short_b}")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterable
 from typing import Any, TextIO
 
@@ -40,6 +41,10 @@ from graphrun.eventstore.fold import RunState
 
 TRACE = 5
 log = logging.getLogger("graphrun.graph")
+
+# Node types whose effect may take a while and prints nothing meanwhile (not agent
+# nodes, whose child run narrates itself, nor human nodes, which prompt).
+_PENDING_TYPES = frozenset({"llm", "script", "rag"})
 
 
 def configure_logging() -> None:
@@ -74,17 +79,30 @@ class Narrator:
         self.started_ts: float | None = None
         self.graph_name = ""
         self.events: list[Event] = []
+        self.resumed_at: str | None = None
         # settings.log_state_snapshots (default true): state size/keys at debug, full at trace.
         self.snapshots = True
+        # On a terminal, a node whose effect takes time shows a spinner and its elapsed time.
+        self.pending: Any = None
+        self._pending_lock = threading.Lock()  # effects narrate from their own threads
 
     def line(self, text: str) -> None:
+        self.stop_pending()
         if self.color:
             text = f"\x1b[2m{text}\x1b[0m"
         print(text, file=self.stream, flush=True)
 
     def __call__(self, events: Iterable[Event], state: RunState) -> None:
-        for event in events:
+        batch = list(events)
+        for i, event in enumerate(batch):
             self.events.append(event)
+            if isinstance(event, RunResumed):
+                # ``state`` is the state after the whole batch: the node the run
+                # resumed at is the first one the events after the resume name
+                # (the answered node after approve/answer).
+                self.resumed_at = next(
+                    (e.node_id for e in batch[i + 1 :] if getattr(e, "node_id", None)), None
+                )
             self.narrate(event, state)
 
     def narrate(self, event: Event, state: RunState) -> None:
@@ -101,10 +119,12 @@ class Narrator:
             case RunResumed():
                 self.started_ts = self.started_ts or event.ts
                 self.graph_name = state.graph_name
-                where = state.current or state.routed_to or "start"
+                where = self.resumed_at or state.current or state.routed_to or "start"
                 self.line(f"▸ graph: {state.graph_name} resumed (at: {where})")
             case NodeEntered():
                 self.line(f"▸ {event.node_id} ({event.node_type})")
+                if self.color and event.node_type in _PENDING_TYPES:
+                    self.start_pending(f"{event.node_id} ({event.node_type})")
                 if self.snapshots and log.isEnabledFor(logging.DEBUG):
                     import json
 
@@ -199,6 +219,30 @@ class Narrator:
                 self.line(f"▸   {event.node_id} waits for an answer")
             case _:
                 pass
+
+    def start_pending(self, what: str) -> None:
+        """A transient spinner with the elapsed time, until the next line (terminal only)."""
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.stop_pending()
+        progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[dim]{task.description}"),
+            TimeElapsedColumn(),
+            console=Console(file=self.stream),
+            transient=True,
+        )
+        progress.add_task(what, total=None)
+        with self._pending_lock:
+            progress.start()
+            self.pending = progress
+
+    def stop_pending(self) -> None:
+        with self._pending_lock:
+            pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.stop()
 
     def _elapsed(self, ts: float) -> str:
         if self.started_ts is None:

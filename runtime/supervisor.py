@@ -604,6 +604,12 @@ class Driver:
         produced = self.absorb_effects()
         if self.timed_out is None and not produced and not self.state.terminal:
             self._effect_failed(node_id, visit, f"{step.node_type} node produced no result")
+        elif produced and not self.state.terminal:
+            from graphrun.runtime.observe.usage import driver_budget_breach
+
+            breach = driver_budget_breach(self)
+            if breach is not None:
+                self._effect_failed(node_id, visit, breach)
         return None
 
     # -- a super-step: several effects at once -----------------------------------
@@ -694,6 +700,12 @@ class Driver:
                     RunFailed(error=f"node '{task.node_id}': {error}", node_id=task.node_id),
                 )
             )
+        elif not self.state.terminal:
+            from graphrun.runtime.observe.usage import driver_budget_breach
+
+            breach = driver_budget_breach(self)
+            if breach is not None:
+                self._speculate((RunFailed(error=breach),))
         return waiting
 
     def _run_effect(self, task: decider.Perform, token: CancelToken) -> tuple[str, Any]:

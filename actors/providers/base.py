@@ -20,11 +20,13 @@ from __future__ import annotations
 import email.utils
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from graphrun.actors.secrets import redact_url
+from graphrun.eventstore import redaction
 from graphrun.eventstore.errors import GraphrunError
 
 if TYPE_CHECKING:
@@ -100,6 +102,9 @@ class ChatRequest:
     top_p: float | None = None
     max_tokens: int | None = None
     timeout: float | None = None
+    #: ``low`` / ``medium`` / ``high`` (``minimal`` for gpt-5): sent only to models
+    #: that take it (see :data:`graphrun.actors.providers.openai.MODEL_RULES`).
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)
@@ -279,6 +284,8 @@ class Provider:
     ) -> ChatResponse:
         """Send ``request`` and return the response, or raise :class:`LlmCallError`."""
         url = self.endpoint(resolved.base_url)
+        if request.reasoning_effort is None and resolved.reasoning_effort:
+            request = replace(request, reasoning_effort=resolved.reasoning_effort)
         body = self.build_body(request, resolved.model, resolved.max_output_tokens)
         # Keys sorted: the bytes sent are the request's canonical JSON, which is
         # also what a recording is matched on (servers do not mind the order).
@@ -294,8 +301,8 @@ class Provider:
 
         def fail(message: str, **kwargs: Any) -> LlmCallError:
             return LlmCallError(
-                redact(message, secret),
-                url=url,
+                redaction.redact(redact(message, secret)),
+                url=redact_url(url),
                 request_body=body,
                 latency_ms=(time.perf_counter() - start) * 1000.0,
                 **kwargs,
@@ -358,6 +365,9 @@ class Provider:
                 text, status=status, transient=is_transient_status(status, text, kind), body=parsed
             )
         text_out, tool_calls, usage = self.parse_body(data)
+        if redaction.secrets():  # a server echoing any configured key: never pass it on
+            text_out = redaction.redact(text_out)
+            tool_calls = [ToolCall(c.id, c.name, redaction.redact(c.arguments)) for c in tool_calls]
         if not text_out.strip() and not tool_calls:
             raise fail(
                 f"HTTP {status} from {url}: {request.model} produced no output",
@@ -372,7 +382,7 @@ class Provider:
             status=status,
             body=parsed,
             request_body=body,
-            url=url,
+            url=redact_url(url),
             latency_ms=latency_ms,
         )
 

@@ -87,7 +87,8 @@ CASES = {
         "Prepare release 2.4.0",
         replay="release-checklist.run.jsonl",
         answers=(
-            ("review", "Not yet: the config rename needs upgrade notes"),
+            # A free-form answer to an approval goes with --other.
+            ("review", "other:Not yet: the config rename needs upgrade notes"),
             ("clarify", "add upgrade notes for cache.dir -> cache.path"),
             ("review", "approve"),
         ),
@@ -210,8 +211,15 @@ def answers_needed(case: Case, by_run: dict[str, list[dict[str, Any]]]) -> list[
         if held[node]:
             held[node] -= 1
         else:
-            out += ["--answer", f"{node}={text}"]
+            out += answer_flag(node, text)
     return out
+
+
+def answer_flag(node: str, text: str) -> list[str]:
+    """``--answer NODE=TEXT``, or ``--other NODE=TEXT`` for an ``other:`` answer."""
+    if text.startswith("other:"):
+        return ["--other", f"{node}={text.removeprefix('other:')}"]
+    return ["--answer", f"{node}={text}"]
 
 
 def completed_output(events: list[dict[str, Any]]) -> str:
@@ -261,7 +269,7 @@ def prepare(case: Case, workdir: Path) -> None:
 
 
 def run_args(case: Case, workdir: Path) -> list[str]:
-    answers = [a for node, text in case.answers for a in ("--answer", f"{node}={text}")]
+    answers = [a for node, text in case.answers for a in answer_flag(node, text)]
     return ["run", str(workdir / "agent"), case.prompt, *case.flags(workdir), *answers]
 
 

@@ -140,4 +140,4 @@ def test_export_to_a_folder(graphrun: Any, agent: Any) -> None:
     root = agent(GRAPH)
     assert graphrun("run", str(root), "--set", "v=1").code == 0
     res = graphrun("export", graphrun.last_run(), "-o", str(root))
-    assert one_line(res.code, res.stderr) == f"error: -o {root}: cannot write it: Is a directory"
+    assert one_line(res.code, res.stderr) == f"error: -o {root}: is a directory (give a file name)"

@@ -194,7 +194,7 @@ def test_export_import_into_a_fresh_database_replays_identically(
     graphrun("run", str(shipit), "go", "--answer", "review=approve")
     run_id = last_run(graphrun)
     out = tmp_path / "shipit.run.jsonl"
-    assert graphrun("export", run_id, "-o", str(out)).code == 0
+    assert graphrun("export", run_id, "-o", str(out), "--with-origin").code == 0
     header = json.loads(out.read_text().splitlines()[0])
     assert header["format"] == "graphrun-export" and header["version"] == 2
     assert header["agent_dirs"][run_id] == "shipit"

@@ -485,8 +485,9 @@ clients:
 def test_openai_compatible_client_needs_no_key_but_needs_api_base(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("clients:\n  - type: openai-compatible\n    name: local\n", encoding="utf-8")
+    config = load_llm_config(tmp_path, env={})  # loads: an error only when used
     with pytest.raises(LlmConfigError) as caught:
-        load_llm_config(tmp_path, env={})
+        config.resolve("local:any")
     assert str(caught.value) == (
         f"{path} ($.clients[0]): client 'local' (openai-compatible) needs api_base "
         "(e.g. api_base: http://localhost:11434/v1)"
@@ -506,12 +507,18 @@ def test_malformed_config_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(LlmConfigError) as caught:
         load_llm_config(tmp_path, env={})
     assert str(caught.value).startswith(f"{path}:3: config file is not valid YAML: ")
-    path.write_text("clients:\n  - type: gemini\n    name: g\n", encoding="utf-8")
+    path.write_text(
+        "clients:\n  - type: bedrock\n    name: b\n  - type: openai\n", encoding="utf-8"
+    )
+    config = load_llm_config(tmp_path, env={"OPENAI_API_KEY": "sk-x"})
+    config.check_ready("openai:gpt-4o")  # an unusable client blocks only its own models
     with pytest.raises(LlmConfigError) as caught:
-        load_llm_config(tmp_path, env={})
+        config.check_ready("b:claude")
     assert str(caught.value) == (
-        f"{path} ($.clients[0]): unsupported client type 'gemini' "
-        "(use one of: anthropic, claude, openai, openai-compatible)"
+        f"{path} ($.clients[0]): client 'b' has type 'bedrock', which graphrun cannot call "
+        "(graphrun speaks the OpenAI and Anthropic wire protocols: use a client of type "
+        "openai, openai-compatible, gemini, azure-openai or claude (an OpenAI-compatible "
+        "proxy such as LiteLLM reaches the others))"
     )
 
 

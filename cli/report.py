@@ -1,0 +1,218 @@
+"""``graph``, ``report``, ``logs``, ``tail``, ``otel``: seeing graphs and runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from graphrun.cli.options import db_option, json_option, open_store, resolve_run
+
+
+def _write(text: str, output: str | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    from graphrun.runtime.errors import UsageError
+
+    path = Path(output)
+    if not path.parent.is_dir():
+        raise UsageError(f"-o {output}: folder {path.parent} does not exist")
+    path.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {path}", err=True)
+
+
+@click.command("graph")
+@click.argument("agent")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["mermaid", "dot", "svg", "html"]),
+    default="mermaid",
+    show_default=True,
+    help="mermaid and dot are text; svg and html are laid out by Graphviz.",
+)
+@click.option("--run", "run_id", metavar="RUN", help="Highlight the path RUN took, with visits.")
+@click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout.")
+@click.option("--agents-dir", metavar="DIR", help="Directory of named agents.")
+@click.option("--config-dir", metavar="DIR", help="Config directory.")
+@db_option
+def graph_cmd(
+    agent: str,
+    fmt: str,
+    run_id: str | None,
+    output: str | None,
+    agents_dir: str | None,
+    config_dir: str | None,
+    db: str | None,
+) -> None:
+    """Draw AGENT's graph: node types as shapes, routes as labelled edges.
+
+    AGENT is a directory with graph.yaml, a graph.yaml file or an agent name.
+    With --run, the path of RUN (a run of this graph) is highlighted and every
+    node shows how often it was visited.
+    """
+    from graphrun.runtime.agents import load_agent
+    from graphrun.runtime.config import agents_dir as resolve_agents
+    from graphrun.runtime.config import config_dir as resolve_config
+    from graphrun.runtime.config import resolve_agent
+    from graphrun.runtime.observe.graphpic import build_picture, render, run_path
+
+    cfg = resolve_config(config_dir)
+    loaded = load_agent(
+        resolve_agent(agent, resolve_agents(agents_dir, config=cfg)), config_dir=cfg
+    )
+    path = None
+    if run_id is not None:
+        store = open_store(db)
+        run_id = resolve_run(store, run_id)
+        path = run_path(store.read(run_id))
+    pic = build_picture(loaded.graph, loaded.agent_dir, path)
+    pic.run_id = run_id
+    _write(render(pic, fmt), output)
+
+
+@click.command("report")
+@click.argument("run_id")
+@click.option("-o", "--output", metavar="FILE", help="Write to FILE (default: report-RUN.html).")
+@click.option(
+    "--divergence",
+    "divergence_of",
+    metavar="PATH",
+    help="Also show where RUN diverges when replayed against the graph at PATH.",
+)
+@click.option(
+    "--watch",
+    type=float,
+    metavar="SECONDS",
+    help="Rewrite the file every SECONDS until the run ends; the page reloads itself.",
+)
+@click.option("--config-dir", metavar="DIR", help="Config directory (model prices).")
+@db_option
+def report_cmd(
+    run_id: str,
+    output: str | None,
+    divergence_of: str | None,
+    watch: float | None,
+    config_dir: str | None,
+    db: str | None,
+) -> None:
+    """Write RUN_ID's report: one self-contained HTML file (no network needed to view it).
+
+    A timeline with one lane per branch and child run, per-node latency and
+    tokens, the state before and after each node, every LLM request and
+    response, human decisions, and (with --divergence) a failed replay's
+    divergences. A run in progress can be reported again to refresh, or kept
+    fresh with --watch.
+    """
+    from graphrun.runtime.config import config_dir as resolve_config
+    from graphrun.runtime.observe.report import build_report
+    from graphrun.runtime.observe.usage import load_prices
+
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    divergences = None
+    if divergence_of is not None:
+        from graphrun.runtime.observe.report import replay_divergences
+
+        divergences = replay_divergences(store, run_id, divergence_of)
+    prices = load_prices(resolve_config(config_dir))
+    target = output or f"report-{run_id}.html"
+    if watch is not None and watch <= 0:
+        from graphrun.runtime.errors import UsageError
+
+        raise UsageError(f"--watch {watch:g}: the interval must be more than 0 seconds")
+    while True:
+        text = build_report(
+            store, run_id, prices=prices, divergences=divergences, reload_every=watch
+        )
+        _write(text, target)
+        if watch is None or store.run(run_id).status in ("completed", "failed", "cancelled"):
+            return
+        import time
+
+        time.sleep(watch)
+
+
+@click.command("logs")
+@click.argument("run_id")
+@click.option("--usage", "usage_only", is_flag=True, help="Only the token and cost totals.")
+@click.option("--config-dir", metavar="DIR", help="Config directory (model prices).")
+@json_option
+@db_option
+def logs_cmd(
+    run_id: str, usage_only: bool, config_dir: str | None, as_json: bool, db: str | None
+) -> None:
+    """RUN_ID's prompts and responses (and its child runs'), as Markdown.
+
+    On a terminal the Markdown is rendered; piped, it is printed as is.
+    """
+    import json
+
+    from graphrun.runtime.config import config_dir as resolve_config
+    from graphrun.runtime.observe.logs import llm_log, log_markdown
+    from graphrun.runtime.observe.usage import load_prices
+
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    prices = load_prices(resolve_config(config_dir))
+    entries, usage = llm_log(store, run_id, prices)
+    if as_json:
+        payload = {"run_id": run_id, "usage": usage.as_dict()}
+        if not usage_only:
+            payload["calls"] = entries
+        click.echo(json.dumps(payload, ensure_ascii=False, default=str))
+        return
+    text = log_markdown(run_id, entries, usage, usage_only=usage_only)
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(text))
+    else:
+        click.echo(text)
+
+
+@click.command("tail")
+@click.argument("run_id")
+@click.option(
+    "--interval", default=0.5, show_default=True, help="Seconds between looks at the log."
+)
+@db_option
+def tail_cmd(run_id: str, interval: float, db: str | None) -> None:
+    """Watch RUN_ID as another process drives it: its narration, until it ends or waits.
+
+    Exit codes as for `run`: 0 completed, 1 failed or cancelled, 3 waiting.
+    """
+    from graphrun.runtime.observe.follow import follow
+
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    status = follow(store, run_id, interval=interval)
+    raise SystemExit({"completed": 0, "waiting": 3}.get(status, 1))
+
+
+@click.command("otel")
+@click.argument("run_id")
+@click.option(
+    "--endpoint",
+    metavar="URL",
+    help="OTLP/HTTP traces endpoint (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "
+    "else $OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces).",
+)
+@click.option("--console", is_flag=True, help="Print the spans as JSON lines instead of sending.")
+@db_option
+def otel_cmd(run_id: str, endpoint: str | None, console: bool, db: str | None) -> None:
+    """Export RUN_ID (and its child runs) as OpenTelemetry spans (GenAI conventions).
+
+    One trace per run tree: a span for the run, each node visit and each LLM or
+    tool call; child runs are spans under their agent node. Needs the `otel`
+    extra (pip install 'graphrun[otel]').
+    """
+    from graphrun.runtime.observe.otel import export_run
+
+    store = open_store(db)
+    run_id = resolve_run(store, run_id)
+    count = export_run(store, run_id, endpoint=endpoint, console=console)
+    click.echo(f"exported {count} spans of run {run_id}", err=True)

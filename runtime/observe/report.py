@@ -1,0 +1,728 @@
+"""A run's report: one self-contained HTML file built from its event log.
+
+Nothing is fetched when the page is viewed (inline CSS, a few lines of inline
+JS, no fonts or scripts from elsewhere). Everything text that came from a run
+(prompts, responses, state, answers) is escaped; Markdown is rendered by
+markdown-it-py with raw HTML off, so a model's output can never inject markup.
+
+The page has: a header (status, duration, usage), the timeline (one lane per
+branch of each run and per child run; a bar per node visit and per human wait),
+a table of node visits (latency, tokens, cost), each visit's details (state
+before/after as a diff, LLM requests and responses, tool calls folded, script
+output), human decisions, and a failed replay's divergences when given.
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphrun.eventstore.events import (
+    ChildRunFinished,
+    ChildRunStarted,
+    Event,
+    HumanInputReceived,
+    HumanInputRequested,
+    LlmCalled,
+    LlmResult,
+    NodeCompleted,
+    NodeEntered,
+    NodeFailed,
+    RetrievalDone,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    ScriptFinished,
+    ToolCalled,
+)
+from graphrun.eventstore.fold import RunState, apply
+from graphrun.runtime.observe.usage import BUILTIN_PRICES, Usage, call_usage, format_usage
+
+
+@dataclass
+class Visit:
+    """One node visit of one run."""
+
+    run_id: str
+    node_id: str
+    node_type: str
+    visit: int
+    branch: str
+    start: float
+    end: float | None = None
+    status: str = "running"  # running, completed, failed, tolerated, waiting
+    routed_to: str | None = None
+    error: str | None = None
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] | None = None
+    effects: list[Event] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+
+    @property
+    def key(self) -> str:
+        return f"{self.run_id}-{self.node_id}-{self.visit}-{self.branch}"
+
+
+@dataclass
+class Wait:
+    """A person's turn: from the question to the answer (or still open)."""
+
+    run_id: str
+    node_id: str
+    branch: str
+    start: float
+    end: float | None
+    request: HumanInputRequested
+    answer: HumanInputReceived | None = None
+
+
+@dataclass
+class RunView:
+    run_id: str
+    depth: int
+    events: list[Event]
+    started: RunStarted | None
+    status: str
+    visits: list[Visit]
+    waits: list[Wait]
+    usage: Usage
+    agent: str = ""
+    parent_node: str | None = None
+
+
+def _branch(event: Event) -> str:
+    return str(getattr(event, "branch", "") or "")
+
+
+def view_run(
+    events: list[Event],
+    prices: Mapping[str, tuple[float, float]],
+    depth: int = 0,
+    agent: str = "",
+) -> RunView:
+    """The visits, waits and usage of one run's events."""
+    state = RunState()
+    visits: list[Visit] = []
+    waits: list[Wait] = []
+    open_visits: dict[tuple[str, int, str], Visit] = {}
+    open_waits: dict[tuple[str, str], Wait] = {}
+    items: dict[str, Visit] = {}
+    usage = Usage()
+    for event in events:
+        before = state
+        state = apply(state, event)
+        branch = _branch(event)
+        match event:
+            case NodeEntered():
+                v = Visit(
+                    run_id=event.run_id,
+                    node_id=event.node_id,
+                    node_type=event.node_type,
+                    visit=event.visit,
+                    branch=branch,
+                    start=event.ts,
+                    before=dict(before.state),
+                )
+                visits.append(v)
+                open_visits[(event.node_id, event.visit, branch)] = v
+            case NodeCompleted() | NodeFailed():
+                v = open_visits.pop((event.node_id, event.visit, branch), None)
+                if v is not None:
+                    v.end = event.ts
+                    v.after = dict(state.state)
+                    if isinstance(event, NodeFailed):
+                        v.status, v.error = "failed", event.error
+                    else:
+                        fan_out = getattr(event, "fan_out", None) or []
+                        v.routed_to = event.routed_to or ", ".join(fan_out) or None
+                        v.status = "tolerated" if event.failed else "completed"
+                        v.error = event.error
+            case HumanInputRequested():
+                w = Wait(event.run_id, event.node_id, branch, event.ts, None, event)
+                waits.append(w)
+                open_waits[(event.node_id, branch)] = w
+            case HumanInputReceived():
+                w = open_waits.pop((event.node_id, branch), None)
+                if w is not None:
+                    w.end, w.answer = event.ts, event
+            case _:
+                pass
+        node_id = getattr(event, "node_id", None)
+        if node_id is not None and not isinstance(event, NodeEntered | NodeCompleted | NodeFailed):
+            v = open_visits.get((node_id, getattr(event, "visit", 0), branch))
+            if v is None:  # an effect recorded without the visit number: the open one
+                v = next((o for k, o in open_visits.items() if k[0] == node_id), None)
+            if v is None and branch:
+                # A map item: its branch node runs without a visit of its own.
+                v = items.get(branch)
+                took = _effect_seconds(event)
+                if v is None:
+                    v = items[branch] = Visit(
+                        run_id=event.run_id,
+                        node_id=node_id,
+                        node_type="map item",
+                        visit=getattr(event, "visit", 1),
+                        branch=branch,
+                        start=event.ts - took,
+                        before=dict(before.state),
+                    )
+                    visits.append(v)
+                v.start = min(v.start, event.ts - took)
+                v.end = event.ts
+                failed = getattr(event, "error", None) or getattr(event, "timed_out", False)
+                v.status = "failed" if failed else "completed"
+            if v is not None:
+                v.effects.append(event)
+                if isinstance(event, LlmCalled):
+                    u = call_usage(event, prices)
+                    v.usage.add(u)
+                    usage.add(u)
+    for v in open_visits.values():
+        if state.terminal:  # ended with the run (an end node, a cancellation, a timeout)
+            v.end = events[-1].ts
+            v.after = dict(state.state)
+            v.status = {"completed": "completed", "cancelled": "cancelled"}.get(
+                state.status, "failed"
+            )
+        else:
+            v.status = "waiting" if state.status == "waiting" else "running"
+    first = events[0] if events and isinstance(events[0], RunStarted) else None
+    return RunView(
+        run_id=events[0].run_id if events else "",
+        depth=depth,
+        events=events,
+        started=first,
+        status=state.status,
+        visits=visits,
+        waits=waits,
+        usage=usage,
+        agent=agent,
+        parent_node=first.parent_node_id if first else None,
+    )
+
+
+def _effect_seconds(event: Event) -> float:
+    """How long an effect took, as it recorded it (0 when it does not say)."""
+    ms = getattr(event, "duration_ms", None)
+    if ms is None:
+        ms = getattr(event, "latency_ms", 0.0)
+    return float(ms or 0.0) / 1000
+
+
+def collect_tree(
+    store: Any, run_id: str, prices: Mapping[str, tuple[float, float]] | None = None
+) -> list[RunView]:
+    """The run and every child run it started, depth first, in start order."""
+    table = BUILTIN_PRICES if prices is None else prices
+    out: list[RunView] = []
+
+    def walk(rid: str, depth: int, agent: str) -> None:
+        events = store.read(rid)
+        out.append(view_run(events, table, depth, agent))
+        for e in events:
+            if isinstance(e, ChildRunStarted) and store.has_run(e.child_run_id):
+                walk(e.child_run_id, depth + 1, e.agent)
+
+    walk(run_id, 0, "")
+    return out
+
+
+# --- rendering ---------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;color:#1d1d1f;
+background:#fafafa}
+header{background:#222;color:#eee;padding:14px 24px}
+header h1{margin:0 0 4px 0;font-size:1.3em}
+main{padding:12px 24px 40px}
+h2{font-size:1.1em;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.st-completed{color:#1b7a1b}.st-failed{color:#b3261e}.st-running,.st-waiting{color:#b36b00}
+.st-cancelled{color:#666}.st-tolerated{color:#b36b00}
+table{border-collapse:collapse;font-size:0.9em;background:#fff}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f0f0f0}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.timeline{background:#fff;border:1px solid #ddd;padding:6px 8px;overflow-x:auto}
+.lane{display:flex;align-items:center;height:30px;border-bottom:1px dashed #eee}
+.lane-name{width:220px;flex:none;font-size:0.8em;color:#444;white-space:nowrap;overflow:hidden;
+text-overflow:ellipsis}
+.track{position:relative;flex:1;height:22px;min-width:600px}
+.bar{position:absolute;top:2px;height:18px;border-radius:3px;font-size:11px;color:#fff;
+white-space:nowrap;overflow:hidden;padding:0 3px;box-sizing:border-box;min-width:4px;
+text-decoration:none;line-height:18px}
+.bar.completed{background:#3f7fbf}.bar.failed{background:#b3261e}
+.bar.tolerated{background:#c77700}.bar.cancelled{background:#777}.bar.running{background:#888;
+background-image:repeating-linear-gradient(45deg,#888 0 6px,#999 6px 12px)}
+.bar.waiting,.bar.wait{background:#e9b949;color:#222}
+.visit{background:#fff;border:1px solid #ddd;margin:10px 0;padding:4px 10px}
+.visit>summary{cursor:pointer;font-weight:600}
+pre{background:#f6f6f6;padding:6px;overflow-x:auto;white-space:pre-wrap;font-size:0.85em}
+.diff .add{color:#1b7a1b}.diff .del{color:#b3261e}.diff .hunk{color:#777}
+.msg{border-left:3px solid #ccc;margin:6px 0;padding:2px 10px;background:#fff}
+.msg .role{font-size:0.75em;text-transform:uppercase;color:#777}
+.msg.assistant{border-color:#3f7fbf}.msg.system{border-color:#999}.msg.user{border-color:#1b7a1b}
+.muted{color:#777}
+.md p{margin:4px 0}
+"""
+
+_JS = """
+document.getElementById('expand-all').addEventListener('click', function () {
+  var open = this.dataset.open !== '1';
+  document.querySelectorAll('details.visit').forEach(function (d) { d.open = open; });
+  this.dataset.open = open ? '1' : '0';
+  this.textContent = open ? 'collapse all' : 'expand all';
+});
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _md() -> Any:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": False, "linkify": False})
+
+
+def _markdown(md: Any, text: str) -> str:
+    return f'<div class="md">{md.render(text)}</div>'
+
+
+def _when(ts: float | None) -> str:
+    if not ts:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}"
+
+
+def _ms(start: float, end: float | None) -> str:
+    if end is None:
+        return "…"
+    ms = (end - start) * 1000
+    return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+
+def _state_diff(before: dict[str, Any], after: dict[str, Any] | None) -> str:
+    if after is None:
+        return '<p class="muted">(the node has not finished)</p>'
+    if before == after:
+        return '<p class="muted">state unchanged</p>'
+    lines = difflib.unified_diff(
+        _json(before).splitlines(), _json(after).splitlines(), "before", "after", lineterm="", n=2
+    )
+    out = []
+    for line in lines:
+        cls = (
+            "add"
+            if line.startswith("+")
+            else "del"
+            if line.startswith("-")
+            else "hunk"
+            if line.startswith("@@")
+            else ""
+        )
+        out.append(f'<span class="{cls}">{_e(line)}</span>' if cls else _e(line))
+    return '<pre class="diff">' + "\n".join(out) + "</pre>"
+
+
+def _content_text(content: Any) -> str:
+    """A message's content as text (strings, or lists of parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                if "text" in part:
+                    parts.append(str(part["text"]))
+                elif part.get("type") == "tool_result":
+                    parts.append(f"[tool result] {_content_text(part.get('content'))}")
+                elif part.get("type") == "tool_use":
+                    parts.append(f"[tool call] {part.get('name')}({_json(part.get('input'))})")
+                else:
+                    parts.append(_json(part))
+            else:
+                parts.append(str(part))
+        return "\n\n".join(parts)
+    return "" if content is None else _json(content)
+
+
+def request_messages(request: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(role, text)`` of an OpenAI- or Anthropic-shaped request body."""
+    out: list[tuple[str, str]] = []
+    system = request.get("system")
+    if system:
+        out.append(("system", _content_text(system)))
+    for m in request.get("messages") or []:
+        if not isinstance(m, dict):
+            continue
+        role = str(m.get("role", "?"))
+        text = _content_text(m.get("content"))
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", {}) if isinstance(call, dict) else {}
+            text += f"\n\n[tool call] {fn.get('name')}({fn.get('arguments')})"
+        out.append((role, text))
+    return out
+
+
+def _llm_call(md: Any, e: LlmCalled, prices: Mapping[str, tuple[float, float]]) -> str:
+    u = call_usage(e, prices)
+    head = (
+        f"LLM call {e.purpose} · turn {e.iteration} · attempt {e.attempt} · {_e(e.model)} · "
+        f"HTTP {_e(e.status)} · {e.latency_ms:.0f} ms · {_e(format_usage(u))}"
+    )
+    parts = [f'<details open class="call"><summary>{head}</summary>']
+    messages = request_messages(e.request)
+    # Earlier turns of a tool loop repeat the conversation: fold all but the newest.
+    for i, (role, text) in enumerate(messages):
+        newest = i >= len(messages) - 1 or e.iteration == 1
+        body = _markdown(md, text)
+        if newest:
+            parts.append(
+                f'<div class="msg {_e(role)}"><div class="role">{_e(role)}</div>{body}</div>'
+            )
+        else:
+            parts.append(
+                f'<details class="msg {_e(role)}"><summary class="role">{_e(role)}</summary>'
+                f"{body}</details>"
+            )
+    tools = e.request.get("tools") or []
+    if tools:
+        names = [t.get("function", t).get("name", "?") for t in tools if isinstance(t, dict)]
+        parts.append(f'<p class="muted">tools offered: {_e(", ".join(names))}</p>')
+    if e.error:
+        parts.append(f'<p class="st-failed">error: {_e(e.error)}</p>')
+    if e.text:
+        parts.append(
+            '<div class="msg assistant"><div class="role">response</div>'
+            f"{_markdown(md, e.text)}</div>"
+        )
+    for call in e.tool_calls:
+        parts.append(
+            f"<details><summary>tool call: {_e(call.get('name'))}</summary>"
+            f"<pre>{_e(call.get('arguments'))}</pre></details>"
+        )
+    parts.append(
+        f"<details><summary>raw request</summary><pre>{_e(_json(e.request))}</pre></details>"
+    )
+    if e.response is not None:
+        parts.append(
+            f"<details><summary>raw response</summary><pre>{_e(_json(e.response))}</pre></details>"
+        )
+    parts.append("</details>")
+    return "".join(parts)
+
+
+def _effect(md: Any, e: Event, prices: Mapping[str, tuple[float, float]]) -> str:
+    match e:
+        case LlmCalled():
+            return _llm_call(md, e, prices)
+        case ToolCalled():
+            status = " (error)" if e.is_error else ""
+            return (
+                f"<details><summary>tool {_e(e.name)}{status} · {e.duration_ms:.0f} ms · "
+                f"{_e(e.source)}</summary><pre>arguments: {_e(e.arguments)}\n\n"
+                f"result: {_e(e.result)}</pre></details>"
+            )
+        case LlmResult():
+            if e.error:
+                return f'<p class="st-failed">LLM result: error: {_e(e.error)}</p>'
+            return ""
+        case ScriptFinished():
+            status = "timed out" if e.timed_out else f"exit {e.exit_code}"
+            out = _json(e.output) if e.output is not None else e.stdout
+            err = f"\n\nstderr:\n{e.stderr}" if e.stderr else ""
+            error = f'<p class="st-failed">{_e(e.error)}</p>' if e.error else ""
+            return (
+                f"<p>script <code>{_e(e.script)}</code> · {status} · {e.duration_ms:.0f} ms</p>"
+                f"{error}<pre>{_e(out)}{_e(err)}</pre>"
+            )
+        case RetrievalDone():
+            hits = "".join(
+                f"<li>{_e(h.get('source'))} (score {_e(h.get('score'))})</li>" for h in e.hits
+            )
+            return (
+                f"<p>retrieval · query <q>{_e(e.query)}</q> · {e.duration_ms:.0f} ms</p>"
+                f"<ul>{hits}</ul>" + (f'<p class="st-failed">{_e(e.error)}</p>' if e.error else "")
+            )
+        case ChildRunStarted():
+            return (
+                f'<p>child run <a href="#run-{_e(e.child_run_id)}">{_e(e.child_run_id)}</a> '
+                f"of agent {_e(e.agent)}</p>"
+            )
+        case ChildRunFinished():
+            return f"<p>child run {_e(e.child_run_id)} {_e(e.status)}</p>"
+        case HumanInputRequested():
+            options = f" · options: {_e(', '.join(e.options))}" if e.options else ""
+            return f"<p>asked ({_e(e.kind)}): <q>{_e(e.question)}</q>{options}</p>"
+        case HumanInputReceived():
+            return (
+                f"<p>answered <b>{_e(e.answer)}</b> by {_e(e.by)} via {_e(e.channel)} "
+                f"at {_when(e.ts)} UTC</p>"
+            )
+        case _:
+            return ""
+
+
+def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
+    """``(lane title, run id, bars html)`` per run and branch, from absolute times."""
+    stamps = [e.ts for r in runs for e in r.events if e.ts]
+    t0 = min(stamps) if stamps else 0.0
+    t1 = max(stamps) if stamps else 1.0
+    now_open = any(v.end is None for r in runs for v in r.visits)
+    if now_open:
+        t1 = max(t1, time.time()) if runs and runs[0].status in ("running",) else t1
+    span = max(t1 - t0, 1e-6)
+
+    def pos(a: float, b: float | None) -> str:
+        end = t1 if b is None else b
+        left = (a - t0) / span * 100
+        width = max((end - a) / span * 100, 0.4)
+        return f"left:{left:.3f}%;width:{min(width, 100 - left):.3f}%"
+
+    lanes: list[tuple[str, str, list[str]]] = []
+    for r in runs:
+        branches = sorted({v.branch for v in r.visits} | {w.branch for w in r.waits})
+        if not branches:
+            branches = [""]
+        for b in branches:
+            title = ("  " * r.depth) + (f"child run {r.run_id} ({r.agent})" if r.depth else "run")
+            if b:
+                title += f" · branch {b}"
+            bars = []
+            for v in r.visits:
+                if v.branch != b:
+                    continue
+                tip = f"{v.node_id} #{v.visit} ({v.node_type}) {v.status} {_ms(v.start, v.end)}"
+                if v.usage.calls:
+                    tip += f" · {v.usage.total_tokens} tokens"
+                bars.append(
+                    f'<a class="bar {v.status}" style="{pos(v.start, v.end)}" '
+                    f'href="#v-{_e(v.key)}" title="{_e(tip)}" data-node="{_e(v.node_id)}">'
+                    f"{_e(v.node_id)}</a>"
+                )
+            for w in r.waits:
+                if w.branch != b:
+                    continue
+                who = f" answered by {w.answer.by}" if w.answer else " (waiting)"
+                bars.append(
+                    f'<span class="bar wait" style="{pos(w.start, w.end)}" '
+                    f'title="{_e("waits for a person at " + w.node_id + who)}">'
+                    f"⏳ {_e(w.node_id)}</span>"
+                )
+            lanes.append((title, r.run_id, bars))
+    return lanes
+
+
+def build_report(
+    store: Any,
+    run_id: str,
+    *,
+    prices: Mapping[str, tuple[float, float]] | None = None,
+    divergences: list[dict[str, Any]] | None = None,
+    reload_every: float | None = None,
+) -> str:
+    """The HTML report of ``run_id`` and its child runs.
+
+    ``reload_every``: while the run is in progress, the page reloads itself this
+    often (``report --watch`` rewrites the file meanwhile).
+    """
+    table = BUILTIN_PRICES if prices is None else prices
+    runs = collect_tree(store, run_id, table)
+    return render_report(runs, table, divergences, reload_every)
+
+
+def render_report(
+    runs: list[RunView],
+    prices: Mapping[str, tuple[float, float]],
+    divergences: list[dict[str, Any]] | None = None,
+    reload_every: float | None = None,
+) -> str:
+    md = _md()
+    root = runs[0]
+    started = root.started
+    total = Usage()
+    for r in runs:
+        total.add(r.usage)
+    last_ts = max((e.ts for r in runs for e in r.events), default=0.0)
+    title = f"{started.graph_name if started else '?'} · run {root.run_id}"
+    end_event = next(
+        (
+            e
+            for e in reversed(root.events)
+            if isinstance(e, RunCompleted | RunFailed | RunCancelled)
+        ),
+        None,
+    )
+    out = [
+        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f'<meta http-equiv="refresh" content="{reload_every:g}">'
+        if reload_every and not end_event
+        else "",
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<header><h1>{_e(title)}</h1>",
+        f'<div>status <b class="st-{_e(root.status)}">{_e(root.status)}</b>',
+    ]
+    if started:
+        out.append(
+            f" · started {_when(started.ts)} UTC by {_e(started.started_by)}"
+            f" · {_ms(started.ts, last_ts)}"
+        )
+    out.append(f" · {_e(format_usage(total))}")
+    if len(runs) > 1:
+        out.append(f" (with {len(runs) - 1} child run{'s' if len(runs) > 2 else ''})")
+    out.append("</div>")
+    if not end_event:
+        out.append(
+            f'<div class="muted">in progress as of {_when(last_ts)} UTC — run '
+            f"<code>graphrun report {_e(root.run_id)}</code> again to refresh</div>"
+        )
+    out.append("</header><main>")
+    if started and started.initial_prompt:
+        out.append(f"<h2>Prompt</h2>{_markdown(md, started.initial_prompt)}")
+    if isinstance(end_event, RunCompleted):
+        out.append(f"<h2>Output</h2>{_markdown(md, end_event.output)}")
+    elif isinstance(end_event, RunFailed):
+        out.append(f'<h2>Error</h2><p class="st-failed">{_e(end_event.error)}</p>')
+    elif isinstance(end_event, RunCancelled):
+        out.append(f'<h2>Cancelled</h2><p class="st-cancelled">{_e(end_event.reason)}</p>')
+
+    out.append('<h2>Timeline</h2><div class="timeline" id="timeline">')
+    for lane_title, rid, bars in _lanes(runs):
+        out.append(
+            f'<div class="lane" data-run="{_e(rid)}"><div class="lane-name" '
+            f'title="{_e(lane_title)}">{_e(lane_title)}</div>'
+            f'<div class="track">{"".join(bars)}</div></div>'
+        )
+    out.append("</div>")
+
+    out.append(
+        '<h2>Node visits</h2><table id="visits"><tr><th>run</th><th>node</th><th>visit</th>'
+        "<th>type</th><th>branch</th><th>started (UTC)</th><th>latency</th><th>status</th>"
+        "<th>routed to</th><th>LLM calls</th><th>tokens in</th><th>tokens out</th>"
+        "<th>cost</th></tr>"
+    )
+    for r in runs:
+        for v in r.visits:
+            u = v.usage
+            cost = f"${u.cost:.5f}" if u.calls and u.cost_known else ("?" if u.calls else "")
+            out.append(
+                f'<tr><td>{_e(r.run_id)}</td><td><a href="#v-{_e(v.key)}">{_e(v.node_id)}</a></td>'
+                f'<td class="num">{v.visit}</td><td>{_e(v.node_type)}</td><td>{_e(v.branch)}</td>'
+                f'<td>{_when(v.start)}</td><td class="num">{_ms(v.start, v.end)}</td>'
+                f'<td class="st-{v.status}">{v.status}</td><td>{_e(v.routed_to)}</td>'
+                f'<td class="num">{u.calls or ""}</td>'
+                f'<td class="num">{u.input_tokens if u.calls else ""}</td>'
+                f'<td class="num">{u.output_tokens if u.calls else ""}</td>'
+                f'<td class="num">{cost}</td></tr>'
+            )
+    total_cost = f"${total.cost:.5f}" if total.cost_known else "?"
+    out.append(
+        f'<tr><th colspan=9>total</th><td class="num">{total.calls}</td>'
+        f'<td class="num">{total.input_tokens}</td><td class="num">{total.output_tokens}</td>'
+        f'<td class="num">{total_cost}</td></tr></table>'
+    )
+
+    decisions = [w for r in runs for w in r.waits]
+    if decisions:
+        out.append(
+            '<h2>Human decisions</h2><table id="decisions"><tr><th>asked (UTC)</th>'
+            "<th>run</th><th>node</th><th>shown</th><th>answer</th><th>by</th><th>via</th>"
+            "<th>answered (UTC)</th></tr>"
+        )
+        for w in decisions:
+            a = w.answer
+            shown = w.request.question + (
+                f"\noptions: {', '.join(w.request.options)}" if w.request.options else ""
+            )
+            who = ""
+            if a is not None:
+                who = a.by + (f" ({a.os_user}@{a.host})" if a.os_user and a.os_user != a.by else "")
+            out.append(
+                f"<tr><td>{_when(w.start)}</td><td>{_e(w.run_id)}</td><td>{_e(w.node_id)}</td>"
+                f"<td><pre>{_e(shown)}</pre></td><td>{_e(a.answer if a else '(waiting)')}</td>"
+                f"<td>{_e(who)}</td><td>{_e(a.channel if a else '')}</td>"
+                f"<td>{_when(a.ts if a else None)}</td></tr>"
+            )
+        out.append("</table>")
+
+    if divergences is not None:
+        out.append('<h2>Replay divergences</h2><div id="divergences">')
+        if not divergences:
+            out.append("<p>the replay decided the same at every step</p>")
+        for d in divergences:
+            where = f"seq {d.get('seq')} · node {d.get('node_id')} · {d.get('kind')}"
+            out.append(
+                f'<div class="visit"><p class="st-failed">{_e(where)}: {_e(d.get("message"))}</p>'
+                f"<pre>{_e(d.get('diff') or '')}</pre></div>"
+            )
+        out.append("</div>")
+
+    out.append(
+        '<h2>Details <button id="expand-all" type="button">expand all</button></h2>'
+        '<div id="details">'
+    )
+    for r in runs:
+        if r.depth:
+            out.append(
+                f'<h2 id="run-{_e(r.run_id)}">child run {_e(r.run_id)} · agent {_e(r.agent)} · '
+                f'<span class="st-{_e(r.status)}">{_e(r.status)}</span> · '
+                f"{_e(format_usage(r.usage))}</h2>"
+            )
+        for v in r.visits:
+            head = (
+                f"{_e(v.node_id)} #{v.visit} · {_e(v.node_type)}"
+                + (f" · branch {_e(v.branch)}" if v.branch else "")
+                + f' · <span class="st-{v.status}">{v.status}</span> · {_ms(v.start, v.end)}'
+                + (f" → {_e(v.routed_to)}" if v.routed_to else "")
+                + (f" · {_e(format_usage(v.usage))}" if v.usage.calls else "")
+            )
+            out.append(
+                f'<details class="visit" id="v-{_e(v.key)}" data-node="{_e(v.node_id)}">'
+                f"<summary>{head}</summary>"
+            )
+            if v.error:
+                out.append(f'<p class="st-failed">error: {_e(v.error)}</p>')
+            for e in v.effects:
+                out.append(_effect(md, e, prices))
+            out.append("<h4>State</h4>" + _state_diff(v.before, v.after))
+            out.append("</details>")
+    out.append("</div></main>")
+    out.append(f"<script>{_JS}</script></body></html>\n")
+    return "".join(out)
+
+
+def replay_divergences(store: Any, run_id: str, graph_path: str) -> list[dict[str, Any]]:
+    """The divergences of replaying ``run_id`` against the graph at ``graph_path``."""
+    from graphrun.runtime.loader import load_graph
+    from graphrun.runtime.replay import replay_events
+
+    result = replay_events(store.read(run_id), load_graph(graph_path))
+    found = getattr(result, "divergences", None)
+    if found is None:
+        found = [result.divergence] if result.divergence is not None else []
+    return [d.as_dict() for d in found]
+
+
+__all__ = [
+    "RunView",
+    "Visit",
+    "Wait",
+    "build_report",
+    "collect_tree",
+    "render_report",
+    "replay_divergences",
+    "request_messages",
+    "view_run",
+]

@@ -1,0 +1,80 @@
+"""`graphrun report` and `graphrun graph` from the command line: divergences, bad input."""
+
+from __future__ import annotations
+
+import shutil
+
+from tests.conftest import ROOT, GraphrunCli
+
+
+def test_report_shows_the_divergences_of_a_replay_against_another_graph(
+    graphrun: GraphrunCli, tmp_path
+):
+    graphrun("import", str(ROOT / "replays" / "release-checklist.run.jsonl"))
+    run_id = graphrun.last_run()
+    changed = tmp_path / "changed"
+    shutil.copytree(ROOT / "examples" / "release-checklist", changed)
+    graph = changed / "graph.yaml"
+    text = graph.read_text()
+    assert "options: [approve, reject]" in text and "      reject: rejected" in text
+    graph.write_text(
+        text.replace("options: [approve, reject]", "options: [approve, deny]").replace(
+            "      reject: rejected", "      deny: rejected"
+        )
+    )
+    out = tmp_path / "r.html"
+    res = graphrun("report", run_id, "--divergence", str(changed), "-o", str(out))
+    assert res.code == 0, res.stderr
+    html = out.read_text()
+    section = html.split('id="divergences">', 1)[1].split("</div>", 1)[0]
+    assert "node review" in section and "differs in options" in section
+    same = graphrun(
+        "report", run_id, "--divergence", str(ROOT / "examples" / "release-checklist"),
+        "-o", str(out),
+    )  # fmt: skip
+    assert same.code == 0
+    assert "the replay decided the same at every step" in out.read_text()
+
+
+def test_bad_input_is_one_line_and_exit_2(graphrun: GraphrunCli, tmp_path):
+    graphrun("import", str(ROOT / "replays" / "file-triage.run.jsonl"))
+    run_id = graphrun.last_run()
+    before = graphrun("events", run_id, "--json").stdout
+    cases = [
+        ("report", "nope"),
+        ("logs", "nope"),
+        ("tail", "nope"),
+        ("otel", "nope", "--console"),
+        ("report", run_id, "-o", str(tmp_path / "missing" / "r.html")),
+        ("graph", str(tmp_path / "no-such-agent")),
+        ("graph", str(ROOT / "examples" / "file-triage"), "--run", "nope"),
+    ]
+    for args in cases:
+        res = graphrun(*args)
+        assert res.code == 2, (args, res.stderr)
+        assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, (args, res.stderr)
+    missing = tmp_path / "missing"
+    assert graphrun("report", run_id, "-o", str(missing / "r.html")).stderr == (
+        f"error: -o {missing / 'r.html'}: folder {missing} does not exist\n"
+    )
+    assert graphrun("events", run_id, "--json").stdout == before
+
+
+def test_graph_of_a_run_highlights_its_path(graphrun: GraphrunCli):
+    graphrun("import", str(ROOT / "replays" / "file-triage.run.jsonl"))
+    run_id = graphrun.last_run()
+    res = graphrun("graph", str(ROOT / "examples" / "file-triage"), "--run", run_id)
+    assert res.code == 0, res.stderr
+    events = graphrun("events", run_id, "--json").json_lines()
+    inspected = sum(
+        1
+        for e in events
+        if e["type"] == "NodeEntered" and e["node_id"] == "inspect"  # type: ignore[index]
+    )
+    assert inspected > 1
+    assert f'"inspect<br/><i>script</i><br/>×{inspected}"' in res.stdout
+    assert '"nothing_to_do<br/><i>end</i><br/>not visited"' in res.stdout
+    dot = graphrun(
+        "graph", str(ROOT / "examples" / "file-triage"), "--run", run_id, "--format", "dot"
+    )
+    assert f'label="inspect\\n(script)\\n×{inspected}"' in dot.stdout

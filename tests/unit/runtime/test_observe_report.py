@@ -1,0 +1,233 @@
+"""The report's model of a run: visits, lanes per branch, usage, state diffs, logs."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from graphrun.eventstore.events import (
+    HumanInputReceived,
+    HumanInputRequested,
+    LlmCalled,
+    NodeCompleted,
+    NodeEntered,
+    RunCompleted,
+    RunStarted,
+    ScriptFinished,
+)
+from graphrun.runtime.observe.logs import log_markdown
+from graphrun.runtime.observe.report import render_report, request_messages, view_run
+from graphrun.runtime.observe.usage import (
+    Usage,
+    budget_breach,
+    call_tokens,
+    load_prices,
+    run_usage,
+)
+
+
+# Events as they will be once parallel branches record which branch they ran in.
+class BranchEntered(NodeEntered, frozen=True, kw_only=True):
+    branch: str = ""
+
+
+class BranchCompleted(NodeCompleted, frozen=True, kw_only=True):
+    branch: str = ""
+
+
+class BranchScript(ScriptFinished, frozen=True, kw_only=True):
+    branch: str = ""
+
+
+GRAPH = "name: g\nversion: '1.0'\nstart: a\nnodes: {}\n"
+
+
+def _parallel_run() -> list:
+    t = 1_000.0
+    events = [
+        RunStarted(
+            graph_name="g",
+            graph_source=GRAPH,
+            graph_hash="",
+            initial_prompt="go",
+            initial_state={"initial_prompt": "go"},
+        ),
+        BranchEntered(node_id="split", node_type="script", visit=1),
+        BranchCompleted(node_id="split", visit=1, routed_to="left", updates={"n": 1}),
+        BranchEntered(node_id="left", node_type="script", visit=1, branch="left"),
+        BranchEntered(node_id="right", node_type="script", visit=1, branch="right"),
+        BranchScript(node_id="left", visit=1, script="l.py", output={"l": 1}, branch="left"),
+        BranchCompleted(node_id="left", visit=1, routed_to="join", branch="left"),
+        BranchScript(node_id="right", visit=1, script="r.py", output={"r": 2}, branch="right"),
+        BranchCompleted(node_id="right", visit=1, routed_to="join", branch="right"),
+        BranchEntered(node_id="join", node_type="end", visit=1),
+        RunCompleted(node_id="join", output="done"),
+    ]
+    return [
+        msgspec.structs.replace(e, run_id="r1", seq=i + 1, ts=t + i) for i, e in enumerate(events)
+    ]
+
+
+def test_one_lane_per_branch():
+    view = view_run(_parallel_run(), {})
+    assert [(v.node_id, v.branch, v.status) for v in view.visits] == [
+        ("split", "", "completed"),
+        ("left", "left", "completed"),
+        ("right", "right", "completed"),
+        ("join", "", "completed"),
+    ]
+    left = view.visits[1]
+    assert [type(e).__name__ for e in left.effects] == ["BranchScript"]
+    html = render_report([view], {})
+    lanes = re.findall(r'<div class="lane-name" title="([^"]*)"', html)
+    assert lanes == ["run", "run · branch left", "run · branch right"]
+    assert html.count('class="bar ') == 4
+
+
+def test_state_before_and_after_each_visit():
+    view = view_run(_parallel_run(), {})
+    split = view.visits[0]
+    assert split.before == {"initial_prompt": "go"}
+    assert split.after == {"initial_prompt": "go", "n": 1}
+    html = render_report([view], {})
+    assert '<span class="add">+  &quot;n&quot;: 1</span>' in html
+
+
+def _llm(node: str, usage: dict, model: str = "openai:gpt-4o-mini") -> LlmCalled:
+    return LlmCalled(
+        node_id=node,
+        visit=1,
+        model=model,
+        usage=usage,
+        request={"messages": [{"role": "user", "content": "hi"}]},
+        text="**yes**",
+    )
+
+
+def test_usage_reads_both_wire_protocols_and_prices():
+    assert call_tokens({"prompt_tokens": 3, "completion_tokens": 4}) == (3, 4)
+    assert call_tokens({"input_tokens": 5, "output_tokens": 6}) == (5, 6)
+    events = [
+        _llm("a", {"prompt_tokens": 1000, "completion_tokens": 500}),
+        _llm("b", {"input_tokens": 10, "output_tokens": 20}, "anthropic:mystery"),
+    ]
+    total, per_node = run_usage(events, {"openai:gpt-4o-mini": (1.0, 2.0)})
+    assert (total.input_tokens, total.output_tokens, total.calls) == (1010, 520, 2)
+    assert per_node["a"].cost == (1000 * 1.0 + 500 * 2.0) / 1e6
+    assert total.unpriced == {"anthropic:mystery"} and not total.cost_known
+
+
+def test_budget_breach_is_pure_and_names_the_budget():
+    class S:
+        max_tokens = 100
+        max_cost = None
+
+    assert budget_breach(S(), Usage(calls=1, input_tokens=60, output_tokens=40)) is None
+    assert budget_breach(S(), Usage(calls=1, input_tokens=120, output_tokens=30)) == (
+        "token budget exceeded: 150 tokens used, settings.max_tokens is 100"
+    )
+
+    class C:
+        max_tokens = None
+        max_cost = 0.01
+
+    unpriced = Usage(calls=1, input_tokens=1, unpriced={"x:y"})
+    assert "no price for x:y" in (budget_breach(C(), unpriced) or "")
+    assert budget_breach(C(), Usage(calls=1, cost=0.02)) == (
+        "cost budget exceeded: 0.020000 USD spent, settings.max_cost is 0.01 USD"
+    )
+
+
+def test_prices_from_config_yaml(tmp_path):
+    (tmp_path / "config.yaml").write_text(
+        "clients:\n"
+        "  - type: openai-compatible\n"
+        "    name: local\n"
+        "    models:\n"
+        "      - {name: llama, input_price: 0.5, output_price: 1.5}\n"
+        "prices:\n"
+        "  openai:gpt-4o-mini: {input_price: 9, output_price: 9}\n",
+        encoding="utf-8",
+    )
+    prices = load_prices(tmp_path)
+    assert prices["local:llama"] == (0.5, 1.5)
+    assert prices["openai:gpt-4o-mini"] == (9.0, 9.0)
+    (tmp_path / "config.yaml").write_text("prices:\n  a:b: {input_price: cheap}\n")
+    try:
+        load_prices(tmp_path)
+    except Exception as exc:
+        assert "prices.a:b.input_price" in str(exc) and "must be a number" in str(exc)
+    else:
+        raise AssertionError("a bad price was accepted")
+
+
+def test_anthropic_requests_read_as_messages():
+    body = {
+        "system": "be brief",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "name": "f", "input": {}}]},
+        ],
+    }
+    roles = [role for role, _ in request_messages(body)]
+    assert roles == ["system", "user", "assistant"]
+
+
+def test_human_waits_are_shown_with_who_and_what_was_shown():
+    events = [
+        RunStarted(graph_name="g", graph_source=GRAPH, graph_hash=""),
+        NodeEntered(node_id="ask", node_type="approval", visit=1),
+        HumanInputRequested(
+            node_id="ask", visit=1, kind="approval", question="Ship?", options=["yes", "no"]
+        ),
+        HumanInputReceived(
+            node_id="ask", visit=1, answer="yes", by="alice", os_user="bob", channel="approve"
+        ),
+        NodeCompleted(node_id="ask", visit=1, routed_to="end"),
+    ]
+    events = [
+        msgspec.structs.replace(e, run_id="r", seq=i + 1, ts=10.0 + i) for i, e in enumerate(events)
+    ]
+    html = render_report([view_run(events, {})], {})
+    assert "Ship?\noptions: yes, no" in html
+    assert "alice (bob@)" in html and "<td>approve</td>" in html
+
+
+def test_log_markdown_fences_tool_arguments():
+    entry = {
+        "graph": "g",
+        "node_id": "a",
+        "visit": 1,
+        "purpose": "main",
+        "iteration": 1,
+        "attempt": 1,
+        "model": "m",
+        "ts": 0.0,
+        "latency_ms": 1.0,
+        "messages": [("user", "hi")],
+        "response": None,
+        "tool_calls": [{"name": "f", "arguments": "```x```"}],
+        "error": None,
+        "usage": Usage(calls=1, input_tokens=1).as_dict(),
+        "run_id": "r",
+    }
+    text = log_markdown("r", [entry], Usage(calls=1, input_tokens=1))
+    assert "````\n```x```\n````" in text
+    assert text.endswith("## Usage\n\n1 tokens (1 in, 0 out), 1 call, $0.0000\n")
+
+
+def test_progress_bar_draws_on_a_terminal_only():
+    import io
+
+    from graphrun.runtime.observe.progress import progress_bar
+
+    piped = io.StringIO()
+    with progress_bar("replaying", 3, stream=piped) as advance:
+        for _ in range(3):
+            advance(1)
+    assert piped.getvalue() == ""
+    tty = io.StringIO()
+    with progress_bar("replaying", 3, stream=tty, force=True) as advance:
+        advance(2)
+    assert "replaying" in tty.getvalue() and "\x1b[" in tty.getvalue()
