@@ -134,3 +134,10 @@ def test_hostile_graph_files(
     assert "Traceback" not in res.stderr and "internal error" not in res.stderr
     assert expected in res.stderr
     assert graphrun("runs", "--json").stdout == "" if graphrun.db.exists() else True
+
+
+def test_export_to_a_folder(graphrun: Any, agent: Any) -> None:
+    root = agent(GRAPH)
+    assert graphrun("run", str(root), "--set", "v=1").code == 0
+    res = graphrun("export", graphrun.last_run(), "-o", str(root))
+    assert one_line(res.code, res.stderr) == f"error: -o {root}: is a directory (give a file name)"
