@@ -10,7 +10,10 @@ NODE_PREFIX := $(CURDIR)/$(VENV)/node
 # The ticket the recorded run in replays/ticket-triage.run.jsonl was made with.
 DEMO_TICKET := I was charged twice for my Pro plan this month: two payments of 49 USD on March 3, invoices INV-20931 and INV-20932. Please refund the duplicate charge. Account: dana@brightpixel.io
 
-.PHONY: demo test install bench lint clean
+# Packages type-checked by mypy (strict about untyped definitions; see pyproject.toml).
+MYPY_PACKAGES := graphrun.eventstore
+
+.PHONY: demo test install bench lint typecheck clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +28,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The demo writes to the default database ($$GRAPHRUN_DB, else the user data dir),
+# the one `graphrun runs`, `show` and `replay` read in the README's next section.
 demo: $(STAMP)
-	@mkdir -p .graphrun
-	GRAPHRUN_DB=.graphrun/demo.db $(BIN)/graphrun run examples/ticket-triage \
+	$(BIN)/graphrun run examples/ticket-triage \
 	  "$(DEMO_TICKET)" --llm-replay replays/ticket-triage.run.jsonl
 
 test: $(STAMP)
@@ -35,6 +39,7 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	@# chromium, graphviz (apt-get, as root) and the Mermaid parser (npm) for the report tests
 	@sh tests/support/setup-browser.sh
+	$(MAKE) --no-print-directory typecheck
 	NPM_CONFIG_PREFIX="$(NODE_PREFIX)" PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 	$(BIN)/graphrun test replays/
 
@@ -44,9 +49,17 @@ bench: $(STAMP)
 	$(BIN)/python bench/rag_bench.py
 	$(BIN)/python bench/replay_suite_bench.py
 
+# The installed package maps graphrun.<x> to top-level folders, which mypy cannot
+# follow through the editable install: it checks them through a graphrun/ of links.
+typecheck: $(STAMP)
+	@mkdir -p .mypy/src/graphrun
+	@for d in eventstore runtime actors cli; do ln -sfn "$(CURDIR)/$$d" .mypy/src/graphrun/$$d; done
+	cd .mypy/src && "$(CURDIR)/$(BIN)/mypy" --config-file "$(CURDIR)/pyproject.toml" \
+	  --cache-dir "$(CURDIR)/.mypy/cache" $(addprefix -p ,$(MYPY_PACKAGES))
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .graphrun build *.egg-info
+	rm -rf $(VENV) .graphrun .mypy build *.egg-info

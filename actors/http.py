@@ -1,22 +1,27 @@
-"""The one seam LLM calls go through: pooled httpx clients, live or replaying.
+"""The one seam LLM calls go through: httpx clients per base URL, live or replaying.
 
 :class:`ClientFactory` hands out one client per base URL (connections are
-reused across nodes and turns) and resolves model ids. The client is either live
-or a :class:`ReplayClient` answering from a :class:`ReplayTransport` of recorded
-``LlmCalled`` events, so replay swaps the seam, not the code that calls it.
+reused across nodes and turns) and resolves model ids. Replaying, the client is
+an ``httpx.Client`` over an ``httpx.MockTransport`` that answers from a
+:class:`ReplayTransport` of recorded ``LlmCalled`` events: the providers send,
+receive and decode exactly as they do live; only the transport differs.
 
-Live calls can be aborted from another thread: :meth:`ClientFactory.abort_on`
+Live calls go through an ``httpx.AsyncClient`` on the factory's own event-loop
+thread, so that they can be aborted from another thread: :meth:`ClientFactory.abort_on`
 ties the calling thread's in-flight request to a :class:`CancelToken`; when the
-token fires, the socket the request is using is shut down, so the request fails
-at once instead of waiting for the model to finish (and the server stops
-generating tokens nobody will read).
+token fires, the request's task is cancelled, which closes its connection at
+once instead of waiting for the model to finish (and the server stops
+generating tokens nobody will read). Environment proxies apply (httpx mounts
+them), and nothing outside httpx's public API is used.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import functools
-import socket
+import os
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -78,10 +83,11 @@ class ClientFactory:
         self._recording = recording
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
-        self._clients: dict[str, httpx.Client] = {}
+        self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._aborts = _AbortRegistry()
         self._resolved: dict[str, ResolvedModel] = {}
+        self._loop: _LoopThread | None = None
 
     @classmethod
     def replay(cls, events: Iterable[LlmCalled], config: LlmConfig | None = None) -> ClientFactory:
@@ -117,42 +123,49 @@ class ClientFactory:
         self._resolved[model_id] = resolved
         return resolved
 
-    def client(self, base_url: str) -> httpx.Client:
+    def client(self, base_url: str) -> Any:
         """The shared client for ``base_url`` (created on first use): an object with
         httpx's ``post(url, content=, headers=, timeout=)`` and ``close()``.
 
-        Live, a :class:`_LeanClient` over an ``httpx.Client`` (see there). When
-        replaying, a :class:`ReplayClient` answers without building HTTP
-        requests at all: nothing leaves the process, and a replayed call costs
-        microseconds rather than a trip through httpx's request machinery.
+        Replaying, a :class:`_TransportClient` over an ``httpx.MockTransport``
+        serving the recording (nothing leaves the process). Live, a
+        :class:`_LiveClient`: the call on an ``httpx.AsyncClient`` on the factory's
+        event-loop thread. Either way the providers get httpx's own ``Response``.
         """
         with self._lock:
             existing = self._clients.get(base_url)
             if existing is not None:
                 return existing
-            if self._recording is not None:
-                replay: Any = ReplayClient(self._recording)
-                self._clients[base_url] = replay
-                return replay  # type: ignore[no-any-return]
             import httpx
 
-            # No transport passed in, so that httpx mounts the proxies the environment
-            # names (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY): it does not for a client given
-            # its transport. Retries are httpx's default, none: ours are counted,
-            # recorded, and only for transient errors.
-            created = httpx.Client(
-                verify=shared_ssl_context(),
-                limits=httpx.Limits(max_connections=50, max_keepalive_connections=10),
-                timeout=httpx.Timeout(self._read_timeout, connect=self._connect_timeout),
-                follow_redirects=False,
-                trust_env=True,
-            )
-            mounted = getattr(created, "_mounts", {}).values()
-            for transport in (getattr(created, "_transport", None), *mounted):
-                self._make_abortable(transport)
-            lean: Any = _LeanClient(created)
-            self._clients[base_url] = lean
-            return lean  # type: ignore[no-any-return]
+            if self._recording is not None:
+                created: Any = _TransportClient(httpx.MockTransport(self._recording.handle))
+            else:
+                if self._loop is None:
+                    self._loop = _LoopThread()
+                created = _LiveClient(self._loop, self._aborts, self._async_client)
+            self._clients[base_url] = created
+            return created
+
+    def _async_client(self) -> httpx.AsyncClient:
+        """A pooled client (made on the loop thread, where it is used).
+
+        No transport passed in, so that httpx mounts the proxies the environment
+        names (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY): it does not for a client given
+        its transport. Retries are httpx's default, none: ours are counted,
+        recorded, and only for transient errors.
+        """
+        import httpx
+
+        return httpx.AsyncClient(
+            verify=shared_ssl_context(),
+            # No connection cap: a super-step's concurrent calls (a map at
+            # max_concurrency 100) never queue for a connection behind a fixed pool.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
+            timeout=httpx.Timeout(self._read_timeout, connect=self._connect_timeout),
+            follow_redirects=False,
+            trust_env=True,
+        )
 
     def abort_on(self, token: CancelToken) -> contextlib.AbstractContextManager[None]:
         """While in this block, ``token`` firing aborts this thread's in-flight request."""
@@ -161,87 +174,22 @@ class ClientFactory:
         return _AbortScope(token, self._aborts)
 
     def close(self) -> None:
-        """Close every pooled client."""
+        """Close every pooled client (and the event-loop thread, if one was started)."""
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.cancel_all()  # calls still in flight end now, as aborted
         for client in clients:
             client.close()
+        if loop is not None:
+            loop.stop()
 
     def __enter__(self) -> ClientFactory:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    def _make_abortable(self, transport: Any) -> None:
-        """Let :meth:`abort_on` shut down the sockets of ``transport``'s pool.
-
-        httpx has no public hook for the network backend; wrapping the pool's
-        backend is what lets a cancellation shut down the socket in use. If a
-        future httpx moves it, calls still work and are stopped by their timeout.
-        """
-        pool = getattr(transport, "_pool", None)
-        backend = getattr(pool, "_network_backend", None)
-        if backend is not None:
-            pool._network_backend = _AbortableBackend(backend, self._aborts)  # type: ignore[union-attr]
-
-
-_CLIENT_DEFAULT: Any = object()  # httpx's USE_CLIENT_DEFAULT, without importing httpx
-
-
-class _LeanClient:
-    """POSTs through the pooled transport an ``httpx.Client`` would pick, with the
-    client's headers and timeout, but without its per-request machinery.
-
-    An LLM API needs none of that machinery: no cookie jar (``extract_cookies`` ran
-    on every response), no redirects (not followed anyway), no auth flow (the key
-    is a header). Skipping it also leaves no reference cycle behind:
-    ``Client.send`` ties each response to its stream both ways, so every call
-    left ~46 objects for the cyclic collector, whose passes then cost ~2 ms each.
-    Proxies from the environment still apply: the transport is chosen by the
-    client's own rules (its private ``_transport_for_url``; should a future httpx
-    drop it, calls go through ``Client.post`` as before).
-    """
-
-    __slots__ = ("_client", "_pick")
-
-    replaying = False
-
-    def __init__(self, client: httpx.Client) -> None:
-        self._client = client
-        self._pick = getattr(client, "_transport_for_url", None)
-
-    def post(
-        self, url: str, *, content: bytes, headers: Any = None, timeout: Any = _CLIENT_DEFAULT
-    ) -> httpx.Response:
-        import httpx
-
-        if timeout is _CLIENT_DEFAULT:
-            timeout = httpx.USE_CLIENT_DEFAULT
-        client = self._client
-        if self._pick is None:
-            return client.post(url, content=content, headers=headers, timeout=timeout)
-        merged = client.headers.copy()
-        if headers:
-            merged.update(headers)
-        timeout = client.timeout if timeout is httpx.USE_CLIENT_DEFAULT else httpx.Timeout(timeout)
-        request = httpx.Request(
-            "POST",
-            url,
-            content=content,
-            headers=merged,
-            extensions={"timeout": timeout.as_dict()},
-        )
-        response = self._pick(request.url).handle_request(request)
-        try:
-            response.read()
-        finally:
-            response.close()
-        response.request = request
-        return response
-
-    def close(self) -> None:
-        self._client.close()
 
 
 @functools.lru_cache(maxsize=1)
@@ -257,22 +205,178 @@ def shared_ssl_context() -> Any:
     return httpx.create_ssl_context()
 
 
-# --- aborting in-flight requests ------------------------------------------------
+# --- live calls on an event loop, abortable from any thread ------------------------
 
 _NOTHING_TO_ABORT = contextlib.nullcontext()
 
 
+class _LoopThread:
+    """An asyncio event loop on a daemon thread of its own (one per factory)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="graphrun-http", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def cancel_all(self) -> None:
+        """Cancel every call in flight (its caller gets ``httpx.ReadError`` at once)."""
+
+        async def cancel_the_rest() -> None:
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        with contextlib.suppress(Exception):
+            self.submit(cancel_the_rest()).result(timeout=10)
+
+    def stop(self) -> None:
+        self.cancel_all()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class _LiveClient:
+    """``post`` and ``close`` of an ``httpx.AsyncClient`` run on a :class:`_LoopThread`,
+    for the providers' synchronous code: the response is httpx's own, read in full.
+
+    A request made inside :meth:`ClientFactory.abort_on` is cancelled when the
+    token fires: its task is cancelled on the loop, and the call raises
+    ``httpx.ReadError`` at once.
+    """
+
+    #: At most this many pooled clients per base URL; each call goes to the least busy.
+    #: httpcore scans every connection of a pool on each request's start and end, so
+    #: one pool serving 100 concurrent calls costs ~100 checks per call; spread over
+    #: eight pools, ~13.
+    SHARDS = 8
+
+    def __init__(self, loop: _LoopThread, aborts: _AbortRegistry, make: Any) -> None:
+        self._loop = loop
+        self._aborts = aborts
+        self._clients: list[httpx.AsyncClient] = []
+        self._busy: list[int] = []
+        self._make = make
+
+    async def _post(self, url: str, content: bytes, headers: Any, timeout: Any) -> httpx.Response:
+        # Runs on the loop thread only: no lock needed around the shard bookkeeping.
+        busy = self._busy
+        i = min(range(len(busy)), key=busy.__getitem__) if busy else -1
+        if i < 0 or (busy[i] > 0 and len(busy) < self.SHARDS):
+            self._clients.append(self._make())
+            busy.append(0)
+            i = len(busy) - 1
+        busy[i] += 1
+        try:
+            return await self._clients[i].post(
+                url, content=content, headers=headers, timeout=timeout
+            )
+        finally:
+            busy[i] -= 1
+
+    def post(
+        self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None
+    ) -> httpx.Response:
+        import httpx
+
+        if timeout is None:
+            timeout = httpx.USE_CLIENT_DEFAULT
+        scope = self._aborts.current()
+        future = self._loop.submit(self._post(url, content, headers, timeout))
+        if scope is not None:
+            scope.watch(future)
+        try:
+            return future.result()
+        except httpx.ConnectError as exc:
+            # asyncio's connect reports "All connection attempts failed" over the
+            # system's own error (kept as the cause): say what the system said, as a
+            # blocking connect does ("[Errno 111] Connection refused").
+            code = _os_errno(exc)
+            if code is None:
+                raise
+            message = f"[Errno {code}] {os.strerror(code)}"
+            raise httpx.ConnectError(message, request=exc.request) from exc
+        except concurrent.futures.CancelledError:
+            raise httpx.ReadError("request cancelled", request=httpx.Request("POST", url)) from None
+        except BaseException:
+            future.cancel()  # e.g. KeyboardInterrupt in the waiting thread
+            raise
+        finally:
+            if scope is not None:
+                scope.unwatch()
+
+    def close(self) -> None:
+        clients, self._clients, self._busy = self._clients, [], []
+        for client in clients:
+            with contextlib.suppress(Exception):
+                self._loop.submit(client.aclose()).result(timeout=10)
+
+
+def _os_errno(exc: BaseException) -> int | None:
+    """The errno of the first system error among ``exc``'s causes, if any."""
+    todo: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno:
+            return current.errno
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return None
+
+
+class _TransportClient:
+    """``post`` and ``close`` straight through an httpx transport (replay: the
+    recording's ``httpx.MockTransport``), with httpx's own ``Request`` and ``Response``.
+
+    ``httpx.Client.send`` would add a cookie jar, auth and redirect handling, none
+    of which a recorded response can use, at twice the cost of the rest of a
+    replayed call; a live call goes through the full client (:class:`_LiveClient`).
+    """
+
+    def __init__(self, transport: httpx.BaseTransport) -> None:
+        self.transport = transport
+        # Parsed once per URL: parsing is most of the cost of building a request.
+        self._urls: dict[str, httpx.URL] = {}
+
+    def post(
+        self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None
+    ) -> httpx.Response:
+        import httpx
+
+        parsed = self._urls.get(url)
+        if parsed is None:
+            parsed = self._urls[url] = httpx.URL(url)
+        request = httpx.Request("POST", parsed, content=content, headers=headers)
+        response = self.transport.handle_request(request)
+        response.read()
+        return response
+
+    def close(self) -> None:
+        self.transport.close()
+
+
 class _AbortScope:
-    """One thread's abortable region: the stream it is using, and whether to stop.
+    """One thread's abortable region: the request it is waiting on, and whether to stop.
 
-    A context manager: inside it, ``token`` firing aborts the thread's request."""
+    A context manager: inside it, ``token`` firing cancels the thread's request."""
 
-    __slots__ = ("_lock", "_registry", "_remove", "_stream", "_token", "aborted")
+    __slots__ = ("_future", "_lock", "_registry", "_remove", "_token", "aborted")
 
     def __init__(self, token: CancelToken, registry: _AbortRegistry) -> None:
         self._lock = threading.Lock()
         self.aborted = False
-        self._stream: Any = None
+        self._future: concurrent.futures.Future[Any] | None = None
         self._token = token
         self._registry = registry
         self._remove: Any = None
@@ -287,28 +391,23 @@ class _AbortScope:
         remove, self._remove = self._remove, None
         remove()
 
-    def begin_io(self, stream: Any) -> None:
+    def watch(self, future: concurrent.futures.Future[Any]) -> None:
         with self._lock:
-            if self.aborted:
-                import httpcore
+            self._future = future
+            aborted = self.aborted
+        if aborted:
+            future.cancel()
 
-                raise httpcore.ReadError("request cancelled")
-            self._stream = stream
-
-    def end_io(self) -> None:
+    def unwatch(self) -> None:
         with self._lock:
-            self._stream = None
+            self._future = None
 
     def abort(self) -> None:
         with self._lock:
             self.aborted = True
-            stream = self._stream
-        if stream is not None:
-            sock = stream.get_extra_info("socket")
-            if sock is not None:
-                # shutdown (not close) wakes a recv blocked in another thread.
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            future = self._future
+        if future is not None:
+            future.cancel()  # cancels the task on the loop, which closes the connection
 
 
 class _AbortRegistry:
@@ -325,65 +424,6 @@ class _AbortRegistry:
 
     def current(self) -> _AbortScope | None:
         return getattr(self._local, "scope", None)
-
-
-class _AbortableStream:
-    """An httpcore network stream that tells the thread's scope which socket is busy."""
-
-    def __init__(self, inner: Any, registry: _AbortRegistry) -> None:
-        self._inner = inner
-        self._registry = registry
-
-    def _io(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        scope = self._registry.current()
-        if scope is None:
-            return getattr(self._inner, method)(*args, **kwargs)
-        scope.begin_io(self)
-        try:
-            return getattr(self._inner, method)(*args, **kwargs)
-        finally:
-            scope.end_io()
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._io("read", max_bytes, timeout)
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._io("write", buffer, timeout)
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(self, *args: Any, **kwargs: Any) -> _AbortableStream:
-        return _AbortableStream(self._io("start_tls", *args, **kwargs), self._registry)
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-class _AbortableBackend:
-    """Wraps httpcore's network backend so every stream is an :class:`_AbortableStream`."""
-
-    def __init__(self, inner: Any, registry: _AbortRegistry) -> None:
-        self._inner = inner
-        self._registry = registry
-
-    def _check(self) -> None:
-        scope = self._registry.current()
-        if scope is not None and scope.aborted:
-            import httpcore
-
-            raise httpcore.ConnectError("request cancelled")
-
-    def connect_tcp(self, *args: Any, **kwargs: Any) -> _AbortableStream:
-        self._check()
-        return _AbortableStream(self._inner.connect_tcp(*args, **kwargs), self._registry)
-
-    def connect_unix_socket(self, *args: Any, **kwargs: Any) -> _AbortableStream:
-        self._check()
-        return _AbortableStream(self._inner.connect_unix_socket(*args, **kwargs), self._registry)
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
 
 
 # --- replay -----------------------------------------------------------------------
@@ -492,6 +532,26 @@ class ReplayTransport:
             if ("POST", _endpoint(_path(event.url)), _canonical_bytes(event.request)) == key
         ]
 
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        """Answer ``request`` with its recorded response (the ``httpx.MockTransport``
+        handler): the recorded status and body; a recorded transport failure is
+        raised again as httpx raises it."""
+        import httpx
+
+        try:
+            event = self.take_event(request.method, request.url.path, request.content)
+        except httpx.TransportError as exc:
+            exc.request = request
+            raise
+        body = _response_bytes(event)
+        # As a transport returns a response: headers and an unread byte stream.
+        return httpx.Response(
+            event.status or 200,
+            headers=[*_JSON_HEADERS, (b"content-length", str(len(body)).encode())],
+            stream=httpx.ByteStream(body),
+            request=request,
+        )
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -502,51 +562,15 @@ class ReplayTransport:
         self.close()
 
 
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
 def _response_bytes(event: LlmCalled) -> bytes:
     """The response body a recorded call got, as bytes."""
     response = event.response if event.response is not None else {}
     if set(response) == {"_raw"}:
         return str(response["_raw"]).encode("utf-8")
     return msgspec.json.encode(response)
-
-
-class _ReplayResponse:
-    """The part of ``httpx.Response`` the providers read, plus ``parsed``: the
-    recorded JSON object itself, so that it is not encoded only to be decoded."""
-
-    __slots__ = ("_event", "headers", "parsed", "status_code")
-
-    reason_phrase = ""
-
-    def __init__(self, event: LlmCalled) -> None:
-        self._event = event
-        self.status_code = event.status or 200
-        self.headers = {"content-type": "application/json"}
-        response = event.response
-        self.parsed = response if response is not None and set(response) != {"_raw"} else None
-
-    @property
-    def content(self) -> bytes:
-        return _response_bytes(self._event)
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8")
-
-
-class ReplayClient:
-    """Answers ``post`` from a :class:`ReplayTransport` without httpx's request objects."""
-
-    replaying = True
-
-    def __init__(self, transport: ReplayTransport) -> None:
-        self.transport = transport
-
-    def post(self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None) -> Any:
-        return _ReplayResponse(self.transport.take_event("POST", _path(url), content))
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 # The protocols' endpoints: a recording answers the same endpoint whatever the base

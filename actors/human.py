@@ -35,15 +35,20 @@ if TYPE_CHECKING:
 __all__ = [
     "OTHER_LABEL",
     "Answer",
+    "FreeForm",
     "HumanInputAborted",
     "HumanInputError",
     "Identity",
+    "InvalidAnswer",
     "Validation",
     "ask_choice",
     "ask_text",
+    "check_free_form",
+    "check_input",
     "identity",
     "is_interactive",
     "parse_validation",
+    "pick_option",
 ]
 
 OTHER_LABEL = "Other (type your own answer)"
@@ -54,6 +59,18 @@ _CHANNEL = "tty"
 
 class HumanInputError(GraphrunError):
     """A person's answer could not be obtained or attributed."""
+
+
+class InvalidAnswer(HumanInputError):
+    """An answer that the node cannot take: not one of an approval's options, or an
+    input that fails the node's ``validation``. Nothing is recorded."""
+
+
+class FreeForm(str):
+    """A free-form answer to an approval node (``--other``): taken as given, never
+    matched against the options."""
+
+    __slots__ = ()
 
 
 class HumanInputAborted(HumanInputError):
@@ -262,6 +279,71 @@ def _resolve(text: str, options: list[str]) -> int | None:
         return options.index(text)
     folded = [i for i, option in enumerate(options) if option.casefold() == text.casefold()]
     return folded[0] if len(folded) == 1 else None
+
+
+def pick_option(text: str, options: list[str] | tuple[str, ...], node_id: str) -> str:
+    """The option ``text`` names: the option itself (exactly, else case-insensitively
+    when only one matches) or its 1-based number, as the terminal menu numbers them.
+
+    Args:
+        text: The answer as given.
+        options: The approval node's rendered options.
+        node_id: The node, for the message.
+
+    Returns:
+        The option, exactly as listed.
+
+    Raises:
+        InvalidAnswer: ``text`` names no option; the message lists them.
+    """
+    opts = list(options)
+    index = _resolve(text, opts)
+    if index is not None and index < len(opts):
+        return opts[index]
+    listed = ", ".join(f"{i}. {option}" for i, option in enumerate(opts, 1))
+    raise InvalidAnswer(
+        f"{text!r} is not an option of approval node '{node_id}' (options: {listed})",
+        hint="give an option or its number; free-form text goes with --other TEXT",
+    )
+
+
+def check_free_form(text: str, options: list[str] | tuple[str, ...], node_id: str) -> str:
+    """Refuse free-form text (``--other``) that is blank or is one of the options
+    (it would be taken as that option, not routed to ``on_other``)."""
+    if not text.strip():
+        raise InvalidAnswer(
+            f"--other for approval node '{node_id}' is empty",
+            hint="give the free-form answer's text",
+        )
+    if text.strip() in options or text.strip().casefold() in {o.casefold() for o in options}:
+        raise InvalidAnswer(
+            f"--other {text!r} is an option of approval node '{node_id}', not a free-form answer",
+            hint="give it as the choice instead",
+        )
+    return text
+
+
+def check_input(text: str, validation: str | None, *, has_default: bool, node_id: str) -> None:
+    """Refuse an ``input`` answer that fails the node's ``validation``.
+
+    An empty answer to a node with a ``default`` takes the default, which the spec
+    does not validate.
+
+    Raises:
+        InvalidAnswer: The answer fails the rule; the message gives the rule.
+    """
+    if not validation or (has_default and not text.strip()):
+        return
+    try:
+        rule = parse_validation(validation)
+    except ValueError:
+        return  # an invalid rule is the graph's error, reported by validate
+    if not rule.check(text):
+        raise InvalidAnswer(
+            f"answer to input node '{node_id}' fails its validation '{rule}' "
+            f"(got {len(text)} characters)",
+            hint="give an answer that satisfies it; the run keeps waiting",
+        )
 
 
 def _display_default(default: str) -> str:

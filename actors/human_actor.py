@@ -1,11 +1,15 @@
 """The ``input`` and ``approval`` node actor: get an answer from a person, record who.
 
 An answer comes from ``--answer NODE=VALUE`` (in the order given, so a node
-visited twice takes the next one), else from the terminal when there is one;
+visited twice takes the next one; for an approval, an option or its number) or
+``--other NODE=TEXT`` (an approval's free-form answer), else from the terminal
+when there is one;
 otherwise the run waits (the ``on_wait`` exception) and ``graphrun approve`` /
 ``answer`` supply it later.
 
-An approval node may list ``approvers``. An answer from anyone else is refused
+A supplied choice that names no option is refused the same way as an answer
+from someone who may not give it. An approval node may list ``approvers``. An
+answer from anyone else is refused
 before it is recorded (and a person who may not answer is not asked): the run is
 left waiting at the node, nothing about the refused answer enters the log, and
 the driver returns the refusal with the waiting outcome (``RunOutcome.refused``),
@@ -77,7 +81,8 @@ class HumanActor:
             # Checked before asking: nobody is asked a question they may not answer.
             check_approver(task.approvers, ident.by, task.node_id, how="pass --as NAME")
             if queued:
-                answer, channel = queued.pop(0), "flag"
+                answer, channel = self._queued(task, queued[0]), "flag"
+                queued.pop(0)
             else:
                 answer, channel = self._ask(task)
         except (AnswerRefused, HumanInputError) as refused:
@@ -96,6 +101,18 @@ class HumanActor:
                 options=list(task.options),
             )
         )
+
+    @staticmethod
+    def _queued(task: HumanTask, given: str) -> str:
+        """A supplied answer as recorded: an approval's option by name or number, or
+        free-form text given as such (``--other``); anything else is refused."""
+        from graphrun.actors.human import FreeForm, check_free_form, pick_option
+
+        if task.kind != "approval":
+            return str(given)
+        if isinstance(given, FreeForm):
+            return check_free_form(str(given), task.options, task.node_id)
+        return pick_option(given, task.options, task.node_id)
 
     @staticmethod
     def _ask(task: HumanTask) -> tuple[str, str]:

@@ -27,11 +27,11 @@ import glob
 import hashlib
 import os
 import shlex
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graphrun.actors import process
 from graphrun.eventstore.errors import GraphrunError
 
 #: Extensions read as PDF or HTML; everything else must be UTF-8 text.
@@ -477,18 +477,22 @@ def _load_with_loader(ref: SourceRef, node_id: str | None) -> LoadedDocument:
     _, _, resource = ref.source.partition(":")
     command = ref.loader.replace("$1", shlex.quote(resource))
     try:
-        proc = subprocess.run(
-            command,
+        proc = process.run(
+            [command],
             shell=True,
-            capture_output=True,
+            env=process.inherited_environment(),
             timeout=_LOADER_TIMEOUT_S,
-            check=False,
         )
-    except subprocess.TimeoutExpired:
+    except OSError as exc:
+        raise RagError(
+            f"document '{ref.source}': loader command could not start: {exc}",
+            node_id=node_id,
+        ) from None
+    if proc.timed_out:
         raise RagError(
             f"document '{ref.source}': loader command timed out after {_LOADER_TIMEOUT_S:.0f}s",
             node_id=node_id,
-        ) from None
+        )
     if proc.returncode != 0:
         stderr = proc.stderr.decode("utf-8", errors="replace").strip().splitlines()
         detail = f": {stderr[-1]}" if stderr else ""

@@ -50,14 +50,23 @@ from graphrun.eventstore.errors import GraphrunError
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 ANTHROPIC_DEFAULT_BASE_URL = "https://api.anthropic.com"
 
-# config.yaml client types -> wire protocol
+GEMINI_DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com/v1beta/openai"
+
+# config.yaml client types -> wire protocol. Gemini and Azure OpenAI are spoken to
+# through their OpenAI-compatible endpoints (Gemini's ``/v1beta/openai``, Azure's
+# ``/openai/v1``), which take the key as a bearer token.
 _CLIENT_TYPES = {
     "openai": "openai",
     "openai-compatible": "openai",
+    "gemini": "openai",
+    "azure-openai": "openai",
     "claude": "anthropic",
     "anthropic": "anthropic",
 }
+#: Protocol of a client graphrun knows of but cannot speak (an error only when used).
+UNSUPPORTED = "unsupported"
 _DEFAULT_NAMES = {"openai": "openai", "claude": "claude", "anthropic": "anthropic"}
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
 class LlmConfigError(GraphrunError):
@@ -72,6 +81,7 @@ class ModelEntry:
     real_name: str | None = None
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,35 @@ class ClientConfig:
     key_env: str = ""  # where the key is expected, for messages
     key_required: bool = False
     models: Mapping[str, ModelEntry] = field(default_factory=dict)
+    kind: str = ""  # config.yaml's ``type``
+    where: str = ""  # where in config.yaml it is defined
+    #: ``{{NAME}}`` placeholders in api_key / api_base that nothing defines.
+    missing: tuple[str, ...] = ()
+    problem: str = ""  # why it cannot be called, if it cannot
+
+    def check_usable(self) -> None:
+        """Raise :class:`LlmConfigError` if graphrun cannot call this client."""
+        if self.provider == UNSUPPORTED:
+            raise LlmConfigError(
+                f"client '{self.name}' has type '{self.kind}', which graphrun cannot call",
+                where=self.where or None,
+                hint="graphrun speaks the OpenAI and Anthropic wire protocols: use a client "
+                "of type openai, openai-compatible, gemini, azure-openai or claude (an "
+                "OpenAI-compatible proxy such as LiteLLM reaches the others)",
+            )
+        if self.problem:
+            raise LlmConfigError(
+                f"client '{self.name}' ({self.kind}) {self.problem}", where=self.where or None
+            )
+        if self.missing:
+            names = ", ".join(f"{{{{{n}}}}}" for n in self.missing)
+            raise LlmConfigError(
+                f"client '{self.name}' uses {names}, which "
+                + ("are" if len(self.missing) > 1 else "is")
+                + " not set",
+                where=self.where or None,
+                hint=f"export {self.missing[0]}=... or add it to the .env of the config directory",
+            )
 
 
 @dataclass(frozen=True)
@@ -97,6 +136,7 @@ class ResolvedModel:
     api_key: str | None = field(repr=False)
     client_name: str
     max_output_tokens: int | None = None
+    reasoning_effort: str | None = None  # the model entry's default
 
     @property
     def model_id(self) -> str:
@@ -111,6 +151,8 @@ class LlmConfig:
     clients: Mapping[str, ClientConfig]
     aliases: Mapping[str, str] = field(default_factory=dict)  # client name -> client name
     source: str = ""  # the config file read, if any
+    #: config.yaml's ``model:`` — the last link of Loki's default-model chain.
+    default_model: str | None = None
 
     def known(self) -> list[str]:
         """Every client name a model id may start with, sorted."""
@@ -139,6 +181,7 @@ class LlmConfig:
                 f"{', '.join(self.known())}",
             )
         client = self.client(name)
+        client.check_usable()
         entry = client.models.get(model)
         return ResolvedModel(
             provider=client.provider,
@@ -147,6 +190,7 @@ class LlmConfig:
             api_key=client.api_key,
             client_name=client.name,
             max_output_tokens=entry.max_output_tokens if entry else None,
+            reasoning_effort=entry.reasoning_effort if entry else None,
         )
 
     def check_ready(self, model_id: str) -> None:
@@ -169,7 +213,10 @@ def load_llm_config(config_dir: Path | None, *, env: Mapping[str, str] | None = 
 
     ``env`` defaults to ``os.environ``; it is read once, here.
     """
+    from graphrun.actors import secrets
+
     environ: Mapping[str, str] = os.environ if env is None else env
+    secrets.register_environment(environ)
     clients: dict[str, ClientConfig] = {}
     openai_base = environ.get("OPENAI_BASE_URL") or ""
     clients["openai"] = ClientConfig(
@@ -191,10 +238,15 @@ def load_llm_config(config_dir: Path | None, *, env: Mapping[str, str] | None = 
     )
     aliases = {"claude": "anthropic"}
     source = ""
+    default_model: str | None = None
     path = Path(config_dir) / "config.yaml" if config_dir is not None else None
     if path is not None and path.is_file():
         source = str(path)
-        configured = _read_clients(path, environ, clients)
+        from graphrun.actors.lokienv import dotenv_values
+
+        # {{NAME}} comes from the environment, else from the config dir's .env.
+        environ = {**dotenv_values(path.parent / ".env"), **environ}
+        configured, default_model = _read_clients(path, environ, clients)
         for client in configured:
             clients[client.name] = client
             aliases.pop(client.name, None)
@@ -206,12 +258,14 @@ def load_llm_config(config_dir: Path | None, *, env: Mapping[str, str] | None = 
                 if all(c.name != name for c in configured):
                     clients.pop(name, None)
                     aliases[name] = claude.name
-    return LlmConfig(clients=clients, aliases=aliases, source=source)
+    secrets.register_values(*(c.api_key for c in clients.values()))
+    secrets.register_values(*(secrets.password_of(c.base_url) for c in clients.values()))
+    return LlmConfig(clients=clients, aliases=aliases, source=source, default_model=default_model)
 
 
 def _read_clients(
     path: Path, environ: Mapping[str, str], builtin: Mapping[str, ClientConfig]
-) -> list[ClientConfig]:
+) -> tuple[list[ClientConfig], str | None]:
     import yaml
 
     try:
@@ -224,16 +278,40 @@ def _read_clients(
     except OSError as exc:
         raise LlmConfigError(f"cannot read config file: {exc.strerror}", where=str(path)) from None
     if data is None:
-        return []
+        return [], None
     if not isinstance(data, dict):
         raise LlmConfigError("config file must be a mapping", where=str(path))
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise LlmConfigError("'model' must be a provider:model string", where=f"{path} ($.model)")
     raw_clients = data.get("clients") or []
     if not isinstance(raw_clients, list):
         raise LlmConfigError("'clients' must be a list", where=f"{path} ($.clients)")
-    return [
+    clients = [
         _client(raw, f"{path} ($.clients[{index}])", environ, builtin)
         for index, raw in enumerate(raw_clients)
     ]
+    return clients, model or None
+
+
+def _fill(value: Any, environ: Mapping[str, str], missing: list[str]) -> str | None:
+    """A config value with ``{{NAME}}`` taken from ``environ`` (missing names collected)."""
+    if value is None or value == "":
+        return None
+    text = str(value)
+    from graphrun.actors import secrets
+
+    names = _PLACEHOLDER.findall(text)
+    secrets.add_key_names(names)
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in environ:
+            return environ[name]
+        missing.append(name)
+        return ""
+
+    return _PLACEHOLDER.sub(sub, text) or None
 
 
 def _client(
@@ -242,28 +320,37 @@ def _client(
     if not isinstance(raw, dict):
         raise LlmConfigError("each client must be a mapping", where=where)
     kind = str(raw.get("type", ""))
-    if kind not in _CLIENT_TYPES:
-        raise LlmConfigError(
-            f"unsupported client type '{kind}'",
-            where=where,
-            hint=f"use one of: {', '.join(sorted(_CLIENT_TYPES))}",
-        )
-    provider = _CLIENT_TYPES[kind]
-    name = raw.get("name") or _DEFAULT_NAMES.get(kind)
-    if not name or not isinstance(name, str):
+    if not kind:
+        raise LlmConfigError("each client needs a type", where=where)
+    name = raw.get("name") or _DEFAULT_NAMES.get(kind) or kind
+    if not isinstance(name, str):
         raise LlmConfigError(f"a client of type '{kind}' needs a name", where=where)
+    if kind not in _CLIENT_TYPES:
+        # Loki's other client types load; calling one is the error (see check_usable).
+        return ClientConfig(name=name, provider=UNSUPPORTED, base_url="", kind=kind, where=where)
+    provider = _CLIENT_TYPES[kind]
+    missing: list[str] = []
     key_env = _key_env(name)
-    fallback_env = "OPENAI_API_KEY" if provider == "openai" else "ANTHROPIC_API_KEY"
-    api_key = raw.get("api_key") or environ.get(key_env) or None
-    if api_key is None and kind != "openai-compatible":
+    fallback_env = {"openai": "OPENAI_API_KEY", "claude": "ANTHROPIC_API_KEY"}.get(kind, "")
+    if kind == "anthropic":
+        fallback_env = "ANTHROPIC_API_KEY"
+    api_key = _fill(raw.get("api_key"), environ, missing) or environ.get(key_env) or None
+    if api_key is None and fallback_env:
         api_key = environ.get(fallback_env) or None
-    api_base = raw.get("api_base")
-    if kind == "openai-compatible" and not api_base:
-        raise LlmConfigError(
-            f"client '{name}' (openai-compatible) needs api_base",
-            where=where,
-            hint="e.g. api_base: http://localhost:11434/v1",
-        )
+    api_base = _fill(raw.get("api_base"), environ, missing)
+    if kind == "gemini":
+        base = (api_base or GEMINI_DEFAULT_BASE_URL).rstrip("/")
+        api_base = base if base.endswith("/openai") else f"{base}/openai"
+    elif kind == "azure-openai" and api_base:
+        base = api_base.rstrip("/")
+        api_base = base if base.endswith("/openai/v1") else f"{base}/openai/v1"
+    problem = ""
+    if kind in ("openai-compatible", "azure-openai") and not api_base and not missing:
+        example = {
+            "azure-openai": "https://<resource>.openai.azure.com",
+            "openai-compatible": "http://localhost:11434/v1",
+        }[kind]
+        problem = f"needs api_base (e.g. api_base: {example})"
     if api_base:
         base_url = str(api_base).rstrip("/")
         if provider == "anthropic" and base_url.endswith("/v1"):
@@ -281,8 +368,12 @@ def _client(
         base_url=base_url,
         api_key=str(api_key) if api_key else None,
         key_env=key_env,
-        key_required=official and kind != "openai-compatible",
+        key_required=(official and kind != "openai-compatible") or kind in ("gemini",),
         models=_models(raw.get("models"), where),
+        kind=kind,
+        where=where,
+        missing=tuple(dict.fromkeys(missing)),
+        problem=problem,
     )
 
 
@@ -300,6 +391,10 @@ def _models(raw: Any, where: str) -> dict[str, ModelEntry]:
             real_name=item.get("real_name") or None,
             max_input_tokens=_int_or_none(item.get("max_input_tokens")),
             max_output_tokens=_int_or_none(item.get("max_output_tokens")),
+            # Loki's model entries say default_reasoning_effort.
+            reasoning_effort=_str_or_none(
+                item.get("reasoning_effort") or item.get("default_reasoning_effort")
+            ),
         )
     return models
 
@@ -308,13 +403,19 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def _key_env(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "_", name).upper() + "_API_KEY"
 
 
 __all__ = [
     "ANTHROPIC_DEFAULT_BASE_URL",
+    "GEMINI_DEFAULT_BASE_URL",
     "OPENAI_DEFAULT_BASE_URL",
+    "UNSUPPORTED",
     "ClientConfig",
     "LlmConfig",
     "LlmConfigError",

@@ -9,10 +9,16 @@ Desktop shape Loki reads::
         "search": {"url": "https://example.test/mcp", "headers": {...}}
     }}
 
-A server with ``command`` runs as a child process over stdio, with the full
-environment (``os.environ`` plus its ``env``); a server with ``url`` is reached
-over streamable HTTP. ``{{NAME}}`` in any string is replaced by the environment
-variable ``NAME`` when the server starts.
+``type`` is ``stdio`` (a ``command`` run as a child process), ``http`` (streamable
+HTTP at ``url``) or ``sse`` (the older HTTP+SSE transport at ``url``); without a
+``type``, a ``command`` means stdio and a ``url`` streamable HTTP. ``env`` values
+may be strings, booleans or numbers (as Loki allows; they reach the server as
+text). ``{{NAME}}`` in any string is replaced by the environment variable ``NAME``
+when the server starts. A stdio server gets the environment without the key
+variables (:mod:`graphrun.actors.secrets`) except those its entry names (``{{NAME}}``
+or ``$NAME``), plus its ``env``.
+
+Servers a toolbox needs are started in parallel.
 
 The official ``mcp`` SDK is asyncio-based. An :class:`McpHub` owns one event-loop
 thread and one session per server: a server starts on first use, its session is
@@ -20,7 +26,13 @@ reused by every call in the process, and :meth:`McpHub.close` (also run at exit)
 ends the sessions and their processes. Synchronous callers (``Toolbox.call`` in
 a node actor) submit coroutines to that loop and wait.
 
-Each MCP tool is offered to the model as ``<server>_<tool>``, with every
+Loki offers each server to the model as three meta-functions instead of its
+tools: ``mcp_search_<server>`` (find tools by keywords), ``mcp_describe_<server>``
+(one tool's input schema) and ``mcp_invoke_<server>`` (call a tool by name). An
+LLM-loop agent (Loki's config.yaml) gets those; any graph may name them in an llm
+node's ``tools:`` (:class:`McpMetaTool`).
+
+Otherwise each MCP tool is offered to the model as ``<server>_<tool>``, with every
 character outside ``[A-Za-z0-9_-]`` replaced by ``_`` and names longer than 64
 characters cut to 55 plus ``_`` and 8 hex digits of a hash (OpenAI's limit on
 tool names is ``^[a-zA-Z0-9_-]{1,64}$``). Its source is ``mcp:<server>``.
@@ -49,13 +61,17 @@ from graphrun.actors.providers.base import ToolResult, ToolSpec
 from graphrun.actors.tools import DEFAULT_TIMEOUT, ToolError
 
 __all__ = [
+    "META_PREFIXES",
     "McpError",
     "McpHub",
+    "McpMetaTool",
     "McpServerConfig",
     "McpTool",
     "default_hub",
     "load_mcp_config",
     "mcp_tool_name",
+    "meta_server",
+    "meta_tools",
 ]
 
 START_TIMEOUT = 30.0
@@ -63,6 +79,8 @@ START_TIMEOUT = 30.0
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+_DOLLAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+_TRANSPORTS = ("stdio", "http", "sse")
 
 
 class McpError(ToolError):
@@ -80,6 +98,14 @@ class McpServerConfig:
     cwd: str | None = None
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    transport: str = "stdio"  # "stdio", "http" (streamable HTTP) or "sse"
+
+    def needs(self) -> list[str]:
+        """The environment variables the entry names (``{{NAME}}`` or ``$NAME``)."""
+        texts = [self.command or "", *self.args, *self.env.values(), self.cwd or ""]
+        names = [m[1] for t in texts for m in _PLACEHOLDER.finditer(t)]
+        names += [m[1] or m[2] for t in texts for m in _DOLLAR.finditer(t)]
+        return names
 
     def describe(self) -> str:
         """The command line or URL, for error messages."""
@@ -120,10 +146,24 @@ def _server_config(name: str, entry: object, path: Path) -> McpServerConfig:
     if not isinstance(entry, dict):
         raise McpError("an MCP server entry must be an object", where=where)
     command, url = entry.get("command"), entry.get("url")
-    if (command is None) == (url is None):
+    kind = entry.get("type")
+    if kind is not None and kind not in _TRANSPORTS:
         raise McpError(
-            "an MCP server needs exactly one of 'command' (stdio) or 'url' (HTTP)", where=where
+            f"unknown MCP server type {json.dumps(kind)}",
+            where=where,
+            hint="'type' is one of stdio, http, sse",
         )
+    if kind is None:
+        if (command is None) == (url is None):
+            raise McpError(
+                "an MCP server needs exactly one of 'command' (stdio) or 'url' (HTTP)",
+                where=where,
+            )
+        kind = "stdio" if command is not None else "http"
+    if kind == "stdio" and (command is None or url is not None):
+        raise McpError("a stdio MCP server needs 'command' and no 'url'", where=where)
+    if kind != "stdio" and (url is None or command is not None):
+        raise McpError(f"an MCP server of type '{kind}' needs 'url' and no 'command'", where=where)
     args, env, headers = entry.get("args", []), entry.get("env", {}), entry.get("headers", {})
     cwd = entry.get("cwd")
     ok = (
@@ -132,16 +172,28 @@ def _server_config(name: str, entry: object, path: Path) -> McpServerConfig:
         and all(isinstance(a, str) for a in args)
         and isinstance(env, dict)
         and isinstance(headers, dict)
-        and all(isinstance(v, str) for v in [*env.values(), *headers.values()])
+        and all(isinstance(v, str | bool | int | float) for v in env.values())
+        and all(isinstance(v, str) for v in headers.values())
         and (cwd is None or isinstance(cwd, str))
     )
     if not ok:
         raise McpError(
             "bad MCP server entry: 'command'/'url'/'cwd' are strings, 'args' a list of "
-            "strings, 'env'/'headers' objects of strings",
+            "strings, 'env' an object of strings, booleans or numbers, 'headers' an "
+            "object of strings",
             where=where,
         )
-    return McpServerConfig(name, command, tuple(args), dict(env), cwd, url, dict(headers))
+    env_text = {k: _env_text(v) for k, v in env.items()}
+    return McpServerConfig(
+        name, command, tuple(args), env_text, cwd, url, dict(headers), transport=kind
+    )
+
+
+def _env_text(value: str | bool | int | float) -> str:
+    """An ``env`` value as the server sees it (Loki: ``true``, ``42``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _resolve(text: str, server: str, environ: Mapping[str, str]) -> str:
@@ -172,6 +224,7 @@ def _resolved(config: McpServerConfig, environ: Mapping[str, str]) -> McpServerC
         None if config.cwd is None else sub(config.cwd),
         None if config.url is None else sub(config.url),
         {k: sub(v) for k, v in config.headers.items()},
+        transport=config.transport,
     )
 
 
@@ -361,16 +414,27 @@ class McpHub:
         mcp = _sdk()
         try:
             async with contextlib.AsyncExitStack() as stack:
-                if config.url is not None:
+                if config.transport == "sse":
+                    from mcp.client.sse import sse_client
+
+                    assert config.url is not None
+                    streams = await stack.enter_async_context(
+                        sse_client(config.url, headers=dict(config.headers) or None)
+                    )
+                elif config.url is not None:
                     streams = await stack.enter_async_context(
                         _http_streams(config.url, dict(config.headers))
                     )
                 else:
                     assert config.command is not None
+                    from graphrun.actors.secrets import child_env
+
+                    base = os.environ if self._environ is None else self._environ
+                    needs = self.servers[config.name].needs()
                     params = mcp.StdioServerParameters(
                         command=config.command,
                         args=list(config.args),
-                        env={**os.environ, **config.env},
+                        env={**child_env(needs, base=base), **config.env},
                         cwd=config.cwd,
                     )
                     streams = await stack.enter_async_context(
@@ -406,6 +470,7 @@ class McpHub:
             text = entry.errlog.read().strip()
         except (OSError, ValueError):
             return ""
+        text = " ".join(text.split())  # one line: it ends up in a one-line error
         return f"; stderr: {text[-500:]}" if text else ""
 
     async def _list_tools(self, server: str) -> list[Any]:
@@ -432,7 +497,29 @@ class McpHub:
             is_error = getattr(result, "isError", False)
         return _content_text(result), bool(is_error)
 
+    async def _list_many(self, servers: list[str]) -> list[Any]:
+        return await asyncio.gather(
+            *(self._list_tools(server) for server in servers), return_exceptions=True
+        )
+
     # -- the synchronous API ---------------------------------------------- #
+
+    def start(self, servers: list[str]) -> None:
+        """Start ``servers`` (those not listed yet) in parallel and list their tools.
+
+        Never raises: a server that fails is reported again by :meth:`tools`.
+        """
+        todo = [s for s in dict.fromkeys(servers) if s not in self._tools and s in self.servers]
+        if len(todo) < 2:
+            return  # nothing to overlap
+        try:
+            self._ensure_loop()
+            self._run(self._list_many(todo), timeout=self._start_timeout + 30)
+        except Exception:
+            return
+        for server in todo:  # build the tool objects from the sessions now open
+            with contextlib.suppress(McpError):
+                self.tools(server)
 
     def tools(self, server: str) -> list[McpTool]:
         """The server's tools (starting it if needed; listed once per session).
@@ -545,11 +632,178 @@ async def _http_streams(url: str, headers: dict[str, str]) -> AsyncIterator[tupl
     async with contextlib.AsyncExitStack() as stack:
         client = None
         if headers:
-            from mcp.shared._httpx_utils import create_mcp_http_client
+            import httpx
 
-            client = await stack.enter_async_context(create_mcp_http_client(headers=headers))
+            # What the SDK's own default client uses, plus the headers.
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(
+                    headers=headers,
+                    follow_redirects=True,
+                    timeout=httpx.Timeout(30.0, read=300.0),
+                )
+            )
         streams = await stack.enter_async_context(modern(url, http_client=client))
         yield streams[0], streams[1]
+
+
+#: Loki's meta-function name prefixes, followed by ``_<server>``.
+META_PREFIXES = ("mcp_search", "mcp_describe", "mcp_invoke")
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _words(text: str) -> list[str]:
+    # snake_case and camelCase names split into their words
+    spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", text).replace("_", " ").replace("-", " ")
+    return _WORD.findall(spaced.lower())
+
+
+def _meta_specs(server: str) -> dict[str, ToolSpec]:
+    source = f"mcp:{server}"
+    describe = f"mcp_describe_{server}"
+    return {
+        "search": ToolSpec(
+            f"mcp_search_{server}",
+            f"Find candidate tools by keywords for the {server} MCP server. Returns small "
+            f"suggestions; fetch schemas with {describe}.",
+            {
+                "type": "object",
+                "properties": {
+                    "query": {
+                        "type": "string",
+                        "description": "Generalized explanation of what you want to do",
+                    },
+                    "top_k": {
+                        "type": "integer",
+                        "description": "How many results to return, between 1 and 20",
+                        "default": 8,
+                    },
+                },
+                "required": ["query"],
+            },
+            source,
+        ),
+        "describe": ToolSpec(
+            describe,
+            "Get the full JSON schema for exactly one MCP tool.",
+            {
+                "type": "object",
+                "properties": {
+                    "tool": {
+                        "type": "string",
+                        "description": "The name of the tool; e.g., search_issues",
+                    }
+                },
+                "required": ["tool"],
+            },
+            source,
+        ),
+        "invoke": ToolSpec(
+            f"mcp_invoke_{server}",
+            f"Invoke the specified tool on the {server} MCP server. Always call {describe} "
+            "first to find the correct invocation schema for the given tool.",
+            {
+                "type": "object",
+                "properties": {"tool": {"type": "string"}, "arguments": {"type": "object"}},
+                "required": ["tool"],
+            },
+            source,
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class McpMetaTool:
+    """One of Loki's three meta-functions of a server (search, describe, invoke)."""
+
+    spec: ToolSpec
+    kind: str  # "search", "describe" or "invoke"
+    server: str
+    hub: McpHub = field(repr=False, compare=False)
+
+    def call(self, arguments: str, *, cancel: CancelToken | None, timeout: float) -> ToolResult:
+        """Run the meta-function with ``arguments`` (a JSON object as text)."""
+        started = time.monotonic()
+
+        def done(text: str, is_error: bool = False) -> ToolResult:
+            return ToolResult(text, is_error, (time.monotonic() - started) * 1000, self.spec.source)
+
+        try:
+            parsed = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as exc:
+            return done(f"tool '{self.spec.name}': the arguments are not valid JSON ({exc})", True)
+        if not isinstance(parsed, dict):
+            return done(f"tool '{self.spec.name}': the arguments must be a JSON object", True)
+        name = parsed.get("tool")
+        if self.kind != "search" and not isinstance(name, str):
+            return done(f"tool '{self.spec.name}': 'tool' (a tool name) is required", True)
+        if self.kind == "invoke":
+            arguments_value = parsed.get("arguments") or {}
+            if isinstance(arguments_value, str):  # some models send the object as text
+                try:
+                    arguments_value = json.loads(arguments_value)
+                except ValueError:
+                    pass
+            if not isinstance(arguments_value, dict):
+                return done(f"tool '{self.spec.name}': 'arguments' must be an object", True)
+            text, is_error = self.hub.call_tool(
+                self.server, str(name), arguments_value, cancel=cancel, timeout=timeout
+            )
+            return done(text, is_error)
+        try:
+            tools = self.hub.tools(self.server)
+        except McpError as exc:
+            return done(f"tool '{self.spec.name}': {exc}", True)
+        if self.kind == "describe":
+            found = next((t for t in tools if name in (t.remote_name, t.spec.name)), None)
+            if found is None:
+                known = ", ".join(t.remote_name for t in tools)
+                return done(
+                    f"{name} not found in {self.server} MCP server catalog (tools: {known})", True
+                )
+            schema = {
+                "type": "object",
+                "properties": {"tool": {"type": "string"}, "arguments": found.spec.parameters},
+            }
+            return done(json.dumps(schema, ensure_ascii=False))
+        return done(json.dumps(_search(tools, str(parsed.get("query") or ""), parsed.get("top_k"))))
+
+
+def _search(tools: list[McpTool], query: str, top_k: object) -> list[dict[str, str]]:
+    """The tools best matching ``query`` (BM25 over names and descriptions, as Loki)."""
+    limit = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) else 8
+    limit = max(1, min(limit, 20))
+    if not tools:
+        return []
+    from rank_bm25 import BM25Okapi
+
+    corpus = [_words(f"{t.remote_name} {t.spec.description}") or ["_"] for t in tools]
+    scores = BM25Okapi(corpus).get_scores(_words(query)) if _words(query) else [0.0] * len(tools)
+    ranked = sorted(range(len(tools)), key=lambda i: (-scores[i], i))
+    hits = [i for i in ranked if scores[i] > 0] or ranked  # nothing matched: show some
+    return [
+        {
+            "name": tools[i].remote_name,
+            "server": tools[i].server,
+            "description": tools[i].spec.description,
+        }
+        for i in hits[:limit]
+    ]
+
+
+def meta_tools(hub: McpHub, server: str) -> dict[str, McpMetaTool]:
+    """The three meta-functions of ``server``, by name (nothing is started)."""
+    return {
+        spec.name: McpMetaTool(spec, kind, server, hub)
+        for kind, spec in _meta_specs(server).items()
+    }
+
+
+def meta_server(name: str, servers: list[str] | tuple[str, ...]) -> str | None:
+    """The server a meta-function name such as ``mcp_invoke_<server>`` is about, if any."""
+    for prefix in META_PREFIXES:
+        if name.startswith(prefix + "_") and name[len(prefix) + 1 :] in servers:
+            return name[len(prefix) + 1 :]
+    return None
 
 
 _HUBS: dict[Path | None, McpHub] = {}
@@ -571,8 +825,5 @@ def default_hub(config_dir: Path | None) -> McpHub:
 
 
 def _run_unpinned(loop: Any) -> None:
-    """The MCP event loop thread: servers it starts get every CPU (see actors.base)."""
-    from graphrun.actors.base import all_cpus
-
-    all_cpus().__enter__()  # this thread keeps the full mask for its whole life
+    """The MCP event loop thread."""
     loop.run_forever()

@@ -33,8 +33,6 @@ import difflib
 import json
 import os
 import re
-import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -42,8 +40,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from graphrun.actors import process
 from graphrun.actors.base import CancelToken
 from graphrun.actors.providers.base import ToolResult, ToolSpec
+from graphrun.eventstore import redaction
 from graphrun.eventstore.errors import GraphrunError
 
 if TYPE_CHECKING:
@@ -584,6 +584,7 @@ class _RunContext:
     cache_root: Path
     agent_name: str | None
     python: str
+    config_dir: Path | None = None
 
 
 def _cache_root(config_dir: Path | None) -> Path:
@@ -636,39 +637,10 @@ def _run_process(
     env = {**env, "LLM_OUTPUT": output_path}
     try:
         try:
-            from graphrun.actors.base import all_cpus
-
-            with all_cpus():  # the runtime may be pinned to one CPU; tools are not
-                process = subprocess.Popen(
-                    argv,
-                    cwd=cwd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,  # its own group, so a kill reaches children
-                )
+            ended = process.run(argv, env=env, cwd=cwd, timeout=timeout, cancel=cancel)
         except OSError as exc:
             return _error(f"tool '{name}' could not start: {exc}", source, started)
-
-        def kill() -> None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-        remove = cancel.on_cancel(kill) if cancel is not None else (lambda: None)
-        timed_out = False
-        try:
-            try:
-                stdout, stderr = process.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                kill()
-                stdout, stderr = process.communicate()
-        finally:
-            remove()
-            kill()  # nothing the tool started outlives the call
+        stdout, stderr, timed_out = ended.stdout, ended.stderr, ended.timed_out
         out_text = Path(output_path).read_text(encoding="utf-8", errors="replace")
     finally:
         Path(output_path).unlink(missing_ok=True)
@@ -680,9 +652,9 @@ def _run_process(
         )
     if cancel is not None and cancel.cancelled:
         return _error(f"tool '{name}' was cancelled ({cancel.reason})", source, started)
-    if process.returncode != 0:
+    if ended.returncode != 0:
         detail = stderr_text or out_text.strip() or stdout_text.strip()
-        message = f"tool '{name}' exited with code {process.returncode}"
+        message = f"tool '{name}' exited with code {ended.returncode}"
         return _error(f"{message}: {detail}" if detail else message, source, started)
     text = out_text if out_text.strip() else stdout_text
     if not text.strip():
@@ -690,8 +662,38 @@ def _run_process(
     return ToolResult(text, False, (time.monotonic() - started) * 1000, source)
 
 
-def _tool_env(ctx: _RunContext, tool_name: str, agent_func: str | None) -> dict[str, str]:
-    env = dict(os.environ)
+def _raw_json(arguments: Mapping[str, Any]) -> dict[str, str]:
+    """The arguments as Loki's wrappers export them (tools read them with ``jq``)."""
+    raw = json.dumps(arguments, ensure_ascii=False)
+    return {"LLM_TOOL_RAW_JSON": raw, "LLM_AGENT_RAW_JSON": raw}
+
+
+def _named_keys(path: Path) -> list[str]:
+    """The key variables a tool file names: it evidently needs those."""
+    from graphrun.actors.secrets import key_names
+
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return [name for name in key_names() if name in text]
+
+
+def _tool_env(
+    ctx: _RunContext, tool_name: str, agent_func: str | None, *, needs: Sequence[str] = ()
+) -> dict[str, str]:
+    """Loki's environment for a tool process; key variables only if the tool
+    declares them (``needs``)."""
+    from graphrun.actors.lokienv import loki_env
+    from graphrun.actors.secrets import child_env
+
+    env = loki_env(
+        dict(os.environ),
+        agent_dir=ctx.agent_dir,
+        config_dir=ctx.config_dir,
+        root_dir=ctx.root_dir,
+    )
+    env = child_env(needs, base=env)
     env.update(
         LLM_ROOT_DIR=str(ctx.root_dir),
         LLM_TOOL_NAME=tool_name,
@@ -744,11 +746,18 @@ class PythonTool:
             return _error(f"tool '{self.spec.name}': {parsed}", self.spec.source, started)
         argv = [self.ctx.python, "-c", _PY_RUNNER, str(self.path), self.function]
         argv.append(json.dumps(parsed))
+        env = _tool_env(
+            self.ctx,
+            self.spec.name,
+            self.function if self.agent_tool else None,
+            needs=_named_keys(self.path),
+        )
+        env.update(_raw_json(parsed))
         return _run_process(
             argv,
             name=self.spec.name,
             source=self.spec.source,
-            env=_tool_env(self.ctx, self.spec.name, self.function if self.agent_tool else None),
+            env=env,
             cwd=self.ctx.agent_dir,
             cancel=cancel,
             timeout=timeout,
@@ -772,6 +781,23 @@ _ARGC_SHIM = (
     '() { if [ "$1" = --argc-eval ]; then printf "%s\\n" "$GRAPHRUN_ARGC_EVAL"; '
     'else echo "argc: only --argc-eval is available under graphrun" >&2; return 1; fi; }'
 )
+
+
+# Runs a tool script that has no argc dispatch of its own (Loki's tools never have
+# one: Loki builds it in). The script is sourced with its own path as $0 and the
+# command line as "$@"; a script that ends with argc's eval line runs its function
+# there, any other gets the function called afterwards.
+_ARGC_DISPATCH = (
+    '. "$0"\nif [ -e "$GRAPHRUN_ARGC_MARK" ]; then exit "$?"; fi\neval "$GRAPHRUN_ARGC_EVAL"\n'
+)
+
+
+def _argc_built(path: Path) -> bool:
+    """Whether ``argc --argc-build`` made this script (it then parses its arguments)."""
+    try:
+        return "# ARGC-BUILD {" in path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -849,24 +875,48 @@ class BashTool:
         if isinstance(bound, str):
             return _error(f"tool '{self.spec.name}': {bound}", self.spec.source, started)
         cli, eval_text = bound
-        argv = ["bash", str(self.path)]
+        built = _argc_built(self.path)
+        # A script argc has built parses its own command line; any other script is
+        # sourced by a dispatcher that then calls the function, as Loki's build does.
+        argv = ["bash", str(self.path)] if built else ["bash", "-c", _ARGC_DISPATCH, str(self.path)]
         if self.command.function is not None:
             argv.append(self.command.function)
         env = _tool_env(
-            self.ctx, self.spec.name, self.command.function if self.agent_tool else None
+            self.ctx,
+            self.spec.name,
+            self.command.function if self.agent_tool else None,
+            needs=[e.name for e in self.command.envs] + _named_keys(self.path),
         )
-        env["GRAPHRUN_ARGC_EVAL"] = eval_text
+        function = self.command.function or "main"
+        fd, mark = tempfile.mkstemp(prefix="graphrun-argc-", suffix=".called")
+        os.close(fd)
+        os.unlink(mark)  # the dispatch creates it right before calling the function
+        env["GRAPHRUN_ARGC_MARK"] = mark
+        env.update(_raw_json(parsed))
+        env["GRAPHRUN_ARGC_EVAL"] = f'printf "" > "$GRAPHRUN_ARGC_MARK"\n{eval_text}'
         env["BASH_FUNC_argc%%"] = _ARGC_SHIM
-        return _run_process(
-            argv + cli,
-            name=self.spec.name,
-            source=self.spec.source,
-            env=env,
-            cwd=self.ctx.agent_dir,
-            cancel=cancel,
-            timeout=timeout,
-            started=started,
-        )
+        try:
+            result = _run_process(
+                argv + cli,
+                name=self.spec.name,
+                source=self.spec.source,
+                env=env,
+                cwd=self.ctx.agent_dir,
+                cancel=cancel,
+                timeout=timeout,
+                started=started,
+            )
+            called = os.path.exists(mark)
+        finally:
+            Path(mark).unlink(missing_ok=True)
+        if not built and not result.is_error and not called:
+            return _error(
+                f"tool '{self.spec.name}': {self.path.name} ended without calling its "
+                f"function '{function}' (does the script exit before its end?)",
+                self.spec.source,
+                started,
+            )
+        return result
 
 
 class Toolbox:
@@ -901,7 +951,9 @@ class Toolbox:
         if tool is None:
             available = ", ".join(self._tools) or "none"
             return ToolResult(f"unknown tool '{name}' (available: {available})", True, 0.0, "")
-        return tool.call(arguments, cancel=cancel, timeout=timeout or self.timeout)
+        result = tool.call(arguments, cancel=cancel, timeout=timeout or self.timeout)
+        output = redaction.redact(result.output)  # a key a tool found goes nowhere
+        return result if output is result.output else replace(result, output=output)
 
 
 # --------------------------------------------------------------------------- #
@@ -930,6 +982,7 @@ def _context(agent_dir: Path, config_dir: Path | None, *, agent: bool) -> _RunCo
         cache_root=_cache_root(config_dir),
         agent_name=agent_dir.name,
         python=_python_for(agent_dir),
+        config_dir=config_dir,
     )
 
 
@@ -1033,13 +1086,16 @@ def _resolve(
     errors: list[str] = []
     mcp_tools: dict[str, list[Tool]] | None = None  # server -> tools, listed on demand
 
-    def server_tools(server: str) -> list[Tool]:
+    def get_hub() -> McpHub:
         nonlocal hub
         if hub is None:
             from graphrun.actors.mcp import default_hub
 
             hub = default_hub(config_dir)
-        return list(hub.tools(server))
+        return hub
+
+    def server_tools(server: str) -> list[Tool]:
+        return list(get_hub().tools(server))
 
     def configured() -> Mapping[str, object]:
         if hub is not None:
@@ -1065,7 +1121,38 @@ def _resolve(
             return
         selected[tool.spec.name] = tool
 
+    from graphrun.actors.mcp import meta_server
+
+    if start_mcp and mcp_servers:
+        # Start every server this whitelist lists tools of at once, not one by one.
+        wanted = [e[4:] for e in whitelist if e.startswith("mcp:") and e[4:] in mcp_servers]
+        wanted += [m for m in (meta_server(e, mcp_servers) for e in whitelist) if m]
+        if any(
+            not e.startswith("mcp:") and e not in local and not meta_server(e, mcp_servers)
+            for e in whitelist
+        ):
+            wanted += list(mcp_servers)
+        if len(set(wanted)) > 1:
+            try:
+                get_hub().start(wanted)
+            except GraphrunError:
+                pass  # each server's own error is reported below
     for entry in whitelist:
+        meta = meta_server(entry, mcp_servers) if entry not in local else None
+        if meta is not None:
+            # Loki's mcp_search_/mcp_describe_/mcp_invoke_<server>: nothing starts yet.
+            try:
+                configured()[meta]  # a missing server raises KeyError
+                if start_mcp:
+                    from graphrun.actors.mcp import meta_tools
+
+                    get_hub().tools(meta)  # started with the agent, as Loki does
+                    select(meta_tools(get_hub(), meta)[entry])
+            except KeyError:
+                errors.append(f"MCP server '{meta}' is not configured in mcp.json")
+            except GraphrunError as exc:
+                errors.append(str(exc))
+            continue
         if entry.startswith("mcp:"):
             server = entry[4:]
             if server not in mcp_servers:
@@ -1182,5 +1269,5 @@ def load_toolbox(
         start_mcp=True,
     )
     if errors:
-        raise ToolError("; ".join(errors))
+        raise ToolError("; ".join(dict.fromkeys(errors)))
     return Toolbox(tools, timeout=timeout)

@@ -10,14 +10,12 @@ target is met, 1 when one is missed.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,17 +43,11 @@ def parse_args(doc: str | None, argv: list[str] | None = None) -> argparse.Names
 
 
 def timed(fn: Callable[[], object]) -> float:
-    """Seconds one call of ``fn`` takes (garbage collection off while it runs)."""
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-    finally:
-        if enabled:
-            gc.enable()
+    """Seconds one call of ``fn`` takes (the process as it is: no collector or
+    scheduler settings changed, for either side of a comparison)."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def best_of(fn: Callable[[], object], repeat: int) -> float:
@@ -100,36 +92,6 @@ def isolated_env(tmp: Path, **extra: str) -> dict[str, str]:
         env.pop(key, None)
     env.update(extra)
     return env
-
-
-@contextlib.contextmanager
-def one_cpu() -> Iterator[bool]:
-    """Confine this thread (and threads it starts) to one CPU under SCHED_BATCH, as
-    the CLI does for a run (``actors.base.confine_to_one_cpu``); yields whether it could.
-
-    A pykka ``ask`` between threads on different CPUs costs several times more
-    than on one; the runtime's work is sequential, so one CPU loses nothing.
-    """
-    from graphrun.actors.base import batch_scheduling
-
-    getter = getattr(os, "sched_getaffinity", None)
-    setter = getattr(os, "sched_setaffinity", None)
-    if getter is None or setter is None:
-        yield False
-        return
-    before = getter(0)
-    policy = os.sched_getscheduler(0)
-    try:
-        setter(0, {min(before)})
-    except OSError:
-        yield False
-        return
-    batch_scheduling()
-    try:
-        yield True
-    finally:
-        setter(0, before)
-        os.sched_setscheduler(0, policy, os.sched_param(0))
 
 
 @dataclass

@@ -57,7 +57,10 @@ CLI_EVENTS_PER_S_TARGET = 20_000.0
 SCRIPT_RATIO_TARGET = 1.15
 SHOW_SECONDS_TARGET = 0.5
 SHOW_LINEAR_TARGET = 2.2
-STORAGE_RATIO_TARGET = 2.0
+# Bodies are the hashed JSON text (readable by SQL, never compressed), and each
+# visit's kilobyte is in two events (the script's output and the node's update):
+# about 2x is the floor; the target is 3x the data produced.
+STORAGE_RATIO_TARGET = 3.0
 HELP_RATIO_TARGET = 8.0
 HEAVY_MODULES = ("httpx", "jsonschema", "sqlite_utils", "numpy", "hnswlib", "rank_bm25")
 
@@ -135,12 +138,13 @@ def run_loop(db: Path, agent_dir: Path, visits: int, *, durability: str = "norma
 def cached_run(events: int) -> tuple[Path, str]:
     """A database holding one recorded loop run of about ``events`` events."""
     from graphrun.eventstore import events as events_module
+    from graphrun.eventstore import migrations
     from graphrun.runtime import decider
 
     key = hashlib.sha256()
     for part in (LOOP_GRAPH, LOOP_SCRIPT, str(events)):
         key.update(part.encode())
-    for module in (events_module, decider):
+    for module in (events_module, decider, migrations):  # the file format too
         key.update(Path(module.__file__ or "").read_bytes())
     cache = Path(
         os.environ.get("GRAPHRUN_BENCH_CACHE") or Path(tempfile.gettempdir()) / "graphrun-bench"
@@ -188,11 +192,11 @@ def bench_replay(
 
     def bare() -> None:
         rows = conn.execute(
-            "SELECT body FROM events WHERE id > ? AND id < ? ORDER BY id",
+            "SELECT CAST(body AS BLOB) FROM events WHERE id > ? AND id < ? ORDER BY id",
             (run_no << 32, (run_no + 1) << 32),
         ).fetchall()
-        decode, unpack = codec.decode, codec.unpack_body
-        fold([decode(b if isinstance(b, str) else unpack(b)) for (b,) in rows])
+        decode = codec.decode
+        fold([decode(b) for (b,) in rows])
 
     def replay() -> None:
         result = replay_events(store.read(run_id))
@@ -255,16 +259,9 @@ def bench_script(report: Report, tmp: Path, visits: int, rounds: int) -> None:
     state = json.dumps({"i": 1, "n": visits + 10}, sort_keys=True, separators=(",", ":"))
     env = dict(os.environ, GRAPH_STATE=state)
 
-    # As the CLI does (cli/__init__.py): the runtime pinned to one CPU, processes it
-    # starts free. The bare loop spawns the same way, so both see the same machine.
-    from graphrun.actors.base import all_cpus, confine_to_one_cpu, settle_heap
-
-    confine_to_one_cpu()
-
     def bare() -> None:
-        with all_cpus():
-            for _ in range(visits):
-                subprocess.run(["bash", str(script)], env=env, cwd=agent_dir, capture_output=True)
+        for _ in range(visits):
+            subprocess.run(["bash", str(script)], env=env, cwd=agent_dir, capture_output=True)
 
     from graphrun.eventstore.store import SqliteStore
     from graphrun.runtime.loader import load_graph
@@ -274,7 +271,6 @@ def bench_script(report: Report, tmp: Path, visits: int, rounds: int) -> None:
     # timing (opening a database is not part of a script node's cost).
     store = SqliteStore(tmp / "script-loop.db")
     loaded = load_graph(agent_dir)
-    settle_heap()  # as the CLI does before driving a run (cli/run.py)
 
     def loop() -> None:
         run_id = start_run(store, loaded, overrides={"n": visits})

@@ -10,6 +10,10 @@
    is skipped, loudly.
 3. Replay of the recorded map run through the CLI: >= 20,000 events/s.
 
+A bare asyncio + httpx loop making the same calls is measured in the same run too:
+what the machine can do at all, so a loaded machine shows as a slow baseline rather
+than as a slow engine.
+
 The server runs in its own process (asyncio, keep-alive), so it shares no GIL with
 the engine under test. No process tuning of any kind. Usage:
 ``python bench/parallel_bench.py [--items N] [--concurrency C] [--json]``; exits 1
@@ -148,6 +152,40 @@ def bench_graphrun(url: str, tmp: Path, items: int, concurrency: int) -> tuple[f
     return elapsed, db, run_id
 
 
+def bench_bare(url: str, items: int, concurrency: int) -> float:
+    """Seconds for the same calls from a bare asyncio + httpx loop, no engine, no log:
+    what this machine can do at all, measured in the same run (the baseline)."""
+    import httpx
+
+    async def main() -> float:
+        shards = 8
+        clients = [
+            httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=100)
+            )
+            for _ in range(shards)
+        ]
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(i: int) -> str:
+            async with gate:
+                response = await clients[i % shards].post(
+                    f"{url}/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": f"item {i}"}]},
+                    headers={"authorization": "Bearer bench"},
+                )
+                return str(response.json()["choices"][0]["message"]["content"])
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(items)))
+        elapsed = time.perf_counter() - started
+        for client in clients:
+            await client.aclose()
+        return elapsed
+
+    return asyncio.run(main())
+
+
 def bench_langgraph(url: str, tmp: Path, items: int, concurrency: int) -> float | None:
     """Seconds for the same calls through LangGraph's Send with AsyncSqliteSaver."""
     try:
@@ -237,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     with Server() as url, tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        bare = min(bench_bare(url, args.items, args.concurrency) for _ in range(2))
         seconds, db, run_id = bench_graphrun(url, tmp, args.items, args.concurrency)
+        report["bare_httpx_s"] = round(bare, 3)
+        report["ratio_to_bare"] = round(seconds / bare, 2)
         report["graphrun_s"] = round(seconds, 3)
         report["ideal_s"] = round(ideal, 3)
         report["ratio_to_ideal"] = round(seconds / ideal, 2)
@@ -260,8 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         lg_s = report.get("langgraph_s", float("nan"))
         lines = [
             f"map of {args.items} llm calls (50 ms each) at concurrency {args.concurrency}:",
+            f"  bare httpx {report['bare_httpx_s']:.3f} s (asyncio, no engine, no log)",
             f"  graphrun   {report['graphrun_s']:.3f} s = {report['ratio_to_ideal']}x the "
-            f"ideal {ideal:.2f} s (target <= {IDEAL_RATIO_TARGET}x)",
+            f"ideal {ideal:.2f} s (target <= {IDEAL_RATIO_TARGET}x), "
+            f"{report['ratio_to_bare']}x the bare loop",
             f"  langgraph  {lg_s:.3f} s (Send + AsyncSqliteSaver): graphrun "
             f"{report.get('speedup_vs_langgraph', '?')}x faster (target >= {LANGGRAPH_TARGET}x)",
             f"  replay     {report['replay_events_per_s']} events/s over {events} events "

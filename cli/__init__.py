@@ -44,9 +44,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 # Commands that drive runs: the runtime is pinned to one CPU for them (actors.base).
-_RUNNING_COMMANDS = {"run", "resume", "approve", "answer", "fork", "replay"}
-
-
 class LazyGroup(click.Group):
     """Loads a command's module only when that command is used."""
 
@@ -83,10 +80,6 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> Any:
     """Console entry point."""
     try:
-        if argv is None and len(sys.argv) > 1 and sys.argv[1] in _RUNNING_COMMANDS:
-            from graphrun.actors.base import confine_to_one_cpu
-
-            confine_to_one_cpu()
         return cli.main(args=argv, prog_name="graphrun", standalone_mode=False)
     except GraphrunError as exc:
         click.echo(f"error: {exc}", err=True)

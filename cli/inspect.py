@@ -212,7 +212,17 @@ def audit_cmd(run_id: str, verify: bool, as_json: bool, db: str | None) -> None:
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
-    report = audit_tree(store, run_id, verify=verify)
+    if verify:
+        # The chain first, from the stored bytes alone: a damaged log is reported
+        # by seq, not by whichever reader trips over it first.
+        checks = verify_tree(store, run_id)
+        if all(item["ok"] for item in checks):
+            report = audit_tree(store, run_id, verify=False)
+        else:
+            report = {"run_id": run_id, "decisions": []}
+        report["verify"] = checks
+    else:
+        report = audit_tree(store, run_id, verify=False)
     if as_json:
         click.echo(json.dumps(report, ensure_ascii=False, default=str))
     else:
@@ -244,6 +254,36 @@ def audit_cmd(run_id: str, verify: bool, as_json: bool, db: str | None) -> None:
                 )
     if verify and not all(item["ok"] for item in report["verify"]):
         raise SystemExit(1)
+
+
+def verify_tree(store: Any, run_id: str) -> list[dict[str, Any]]:
+    """The chain check of a run and of every run under it (each: ``run_id``, ``ok``,
+    ``events``, first bad ``seq``, ``reason``)."""
+    from graphrun.eventstore.errors import CorruptStoreError
+
+    todo, seen, checks = [run_id], {run_id}, []
+    while todo:
+        rid = todo.pop(0)
+        problem = store.verify(rid)
+        try:
+            events = store.run(rid).last_seq
+            children = [r.run_id for r in store.runs(parent=rid)]
+        except CorruptStoreError:
+            events, children = None, []
+        checks.append(
+            {
+                "run_id": rid,
+                "ok": problem is None,
+                "events": events,
+                "seq": problem.seq if problem else None,
+                "reason": problem.reason if problem else None,
+            }
+        )
+        for child in children:
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return checks
 
 
 def _answer_cell(decision: dict[str, Any]) -> str:

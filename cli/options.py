@@ -35,7 +35,34 @@ def open_store(db: str | None, *, create: bool = False) -> Any:
     return SqliteStore(db_path(db), create=create, durability=durability)
 
 
+LATEST = "@last"
+"""Names the run started last (child runs aside) wherever a RUN_ID is taken."""
+
+
 def resolve_run(store: Any, run_id: str) -> str:
+    """A full run id from RUN_ID: an id, a unique prefix of one, or ``@last``."""
+    if run_id.strip().lower() == LATEST:
+        return latest_run(store)
     if store.has_run(run_id):
         return run_id
     return str(store.resolve_run_id(run_id))
+
+
+def latest_run(store: Any) -> str:
+    """The run created last in ``store`` that is not a child run (ids sort by time of
+    creation, so a fork is newer than its source; an imported run keeps its id)."""
+    from graphrun.eventstore.errors import UnknownRunError
+
+    conn = getattr(store, "conn", None)
+    if conn is not None:  # SQLite: ask the runs table
+        row = conn.execute(
+            "SELECT run_id FROM runs WHERE parent_run_id IS NULL ORDER BY run_id DESC LIMIT 1"
+        ).fetchone()
+    else:  # any other store: through the Store protocol
+        ids = [r.run_id for r in store.runs(limit=100_000) if r.parent_run_id is None]
+        row = (max(ids),) if ids else None
+    if row is None:
+        raise UnknownRunError(
+            f"{LATEST}: there is no run in {store.path}", hint="start one with graphrun run"
+        )
+    return str(row[0])

@@ -128,8 +128,8 @@ def render_waiting(outcome: Any, db: str | None) -> None:
     for line in w.question.strip().splitlines() or [""]:
         click.echo(f"  {line}", err=True)
     if w.kind == "approval":
-        options = ", ".join(w.options)
-        click.echo(f"  options: {options} (or any other text, a free-form answer)", err=True)
+        options = ", ".join(f"{i}. {option}" for i, option in enumerate(w.options, 1))
+        click.echo(f"  options: {options} (a free-form answer: --other TEXT)", err=True)
     if w.default is not None:
         click.echo(f"  default (an empty answer): {w.default}", err=True)
     if w.approvers:

@@ -12,7 +12,13 @@ from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 @click.command("validate")
 @click.argument("agent")
 @click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
-@click.option("--config-dir", metavar="DIR", help="Config directory.")
+@click.option(
+    "--config-dir",
+    "--loki-dir",
+    "config_dir",
+    metavar="DIR",
+    help="Config directory (a Loki configuration directory works as it is).",
+)
 @click.option(
     "--strict", is_flag=True, help="Unknown fields are errors (by default, warnings Loki ignores)."
 )
@@ -26,20 +32,14 @@ def validate_cmd(
     warning (Loki ignores it), an error with --strict.
     """
     from graphrun.cli.render import print_diagnostics
-    from graphrun.runtime.agents import load_agent
     from graphrun.runtime.config import agents_dir as resolve_agents
     from graphrun.runtime.config import config_dir as resolve_config
     from graphrun.runtime.config import resolve_agent
-    from graphrun.runtime.errors import GraphValidationError
-    from graphrun.runtime.validate import Check, validate
+    from graphrun.runtime.validate import validate_all
 
     cfg = resolve_config(config_dir)
     agents = resolve_agents(agents_dir, config=cfg)
-    try:
-        loaded = load_agent(resolve_agent(agent, agents), config_dir=cfg)
-        found = validate(Check(loaded, agents_dir=agents, config_dir=cfg))
-    except GraphValidationError as exc:
-        found = exc.diagnostics
+    found = validate_all(resolve_agent(agent, agents), agents_dir=agents, config_dir=cfg)
     if strict:
         import dataclasses
 
@@ -73,10 +73,22 @@ def validate_cmd(
     is_flag=True,
     help="With --graph: perform changed requests for real and record a new run.",
 )
+@click.option(
+    "--config-dir",
+    "--loki-dir",
+    "config_dir",
+    metavar="DIR",
+    help="Config directory for --graph and --live (clients, tools, MCP servers).",
+)
 @json_option
 @db_option
 def replay_cmd(
-    run_id: str, graph_path: str | None, live: bool, as_json: bool, db: str | None
+    run_id: str,
+    graph_path: str | None,
+    live: bool,
+    config_dir: str | None,
+    as_json: bool,
+    db: str | None,
 ) -> None:
     """Re-drive RUN_ID through today's decider with every effect served from the log.
 
@@ -85,6 +97,10 @@ def replay_cmd(
     """
     from graphrun.runtime.replay_cli import replay_command
 
+    if config_dir:  # what every later lookup of the config directory reads
+        import os
+
+        os.environ["GRAPHRUN_CONFIG_DIR"] = config_dir
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     code = replay_command(store, run_id, graph_path=graph_path, live=live, as_json=as_json, db=db)

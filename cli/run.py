@@ -6,7 +6,6 @@ from typing import Any
 
 import click
 
-from graphrun.actors.base import settle_heap
 from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 
 
@@ -35,10 +34,43 @@ def _parse_set(values: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _answers(values: tuple[str, ...]) -> dict[str, list[str]]:
-    """``--answer NODE=VALUE``s by node, in the order given (a second visit takes the next)."""
+class AnswerOrderCommand(click.Command):
+    """A command that keeps its raw arguments, so that ``--answer`` and ``--other``
+    values for one node are used in the order they were given."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["graphrun.args"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def _flag_order() -> list[str]:
+    """``"--answer"`` / ``"--other"`` in the order they appear on the command line."""
+    ctx = click.get_current_context(silent=True)
+    args = ctx.meta.get("graphrun.args", []) if ctx is not None else []
+    order = []
+    for arg in args:
+        if arg == "--":
+            break
+        for flag in ("--answer", "--other"):
+            if arg == flag or arg.startswith(flag + "="):
+                order.append(flag)
+    return order
+
+
+def _answers(values: tuple[str, ...], others: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """``--answer NODE=VALUE`` and ``--other NODE=TEXT`` (free-form) answers by node,
+    in the order given on the command line (a second visit takes the next)."""
+    from graphrun.actors.human import FreeForm
+
+    plain = _parse_pairs(values, "--answer")
+    free = [(node, FreeForm(text)) for node, text in _parse_pairs(others, "--other")]
+    order = _flag_order()
+    if order.count("--answer") != len(plain) or order.count("--other") != len(free):
+        order = ["--answer"] * len(plain) + ["--other"] * len(free)
+    queues = {"--answer": iter(plain), "--other": iter(free)}
     answers: dict[str, list[str]] = {}
-    for node, text in _parse_pairs(values, "--answer"):
+    for flag in order:
+        node, text = next(queues[flag])
         answers.setdefault(node, []).append(text)
     return answers
 
@@ -46,6 +78,7 @@ def _answers(values: tuple[str, ...]) -> dict[str, list[str]]:
 def _options(
     *,
     answers: tuple[str, ...],
+    others: tuple[str, ...] = (),
     as_user: str | None,
     agents_dir: str | None,
     config_dir: str | None,
@@ -70,7 +103,7 @@ def _options(
         agents_dir = recorded["agents_dir"]
     cfg = resolve_config(config_dir)
     options = RunOptions(
-        answers=_answers(answers),
+        answers=_answers(answers, others),
         as_user=as_user,
         interactive=is_interactive(),
         agents_dir=resolve_agents(agents_dir, config=cfg),
@@ -80,8 +113,27 @@ def _options(
     if llm_replay:
         from graphrun.runtime.recorded import load_llm_calls
 
+        _check_replay_source(llm_replay)
+
         options.llm_replay = load_llm_calls(llm_replay, store)
     return options
+
+
+def _check_replay_source(source: str) -> None:
+    """``--llm-replay`` names a run of the database or a file, which must exist."""
+    from pathlib import Path
+
+    from graphrun.runtime.errors import UsageError
+
+    path = Path(source)
+    if path.is_dir():
+        raise UsageError(f"--llm-replay {source}: is a directory, not an exported run file")
+    looks_like_file = path.suffix in (".jsonl", ".json") or "/" in source or "\\" in source
+    if looks_like_file and not path.exists():
+        raise UsageError(
+            f"--llm-replay {source}: no such file",
+            hint="give an exported run file (graphrun export RUN -o FILE) or a run id",
+        )
 
 
 def common_run_options(fn: Any) -> Any:
@@ -92,7 +144,16 @@ def common_run_options(fn: Any) -> Any:
                 "answers",
                 multiple=True,
                 metavar="NODE=VALUE",
-                help="Answer for an input/approval node (repeatable, used in order).",
+                help="Answer for an input node, or an approval's option or its number "
+                "(repeatable, used in order).",
+            ),
+            click.option(
+                "--other",
+                "others",
+                multiple=True,
+                metavar="NODE=TEXT",
+                help="Free-form answer for an approval node, routed to on_other "
+                "(repeatable, used in order with --answer).",
             ),
             click.option(
                 "--as",
@@ -129,11 +190,9 @@ def common_run_options(fn: Any) -> Any:
 
 
 def _drive(driver: Any) -> Any:
-    """Drive a run as every command here does: the heap settled first (see
-    :func:`graphrun.actors.base.settle_heap`), then the run to its end or a wait."""
+    """Drive a run as every command here does: to its end or a wait."""
     from graphrun.runtime.supervisor import drive
 
-    settle_heap()
     return drive(driver)
 
 
@@ -141,10 +200,13 @@ def finish(outcome: Any, *, as_json: bool, db: str | None) -> None:
     """Print a run's outcome and exit with its code."""
     from graphrun.cli.render import render_outcome
 
+    if outcome.status == "completed" and not as_json:
+        # Failed and waiting runs name themselves in their message; say this one's id too.
+        click.echo(f"▸ run {outcome.run_id} completed", err=True)
     raise SystemExit(render_outcome(outcome, as_json=as_json, db=db))
 
 
-@click.command("run")
+@click.command("run", cls=AnswerOrderCommand)
 @click.argument("agent")
 @click.argument("prompt", required=False, default="")
 @click.option(
@@ -160,6 +222,7 @@ def run_cmd(
     prompt: str,
     sets: tuple[str, ...],
     answers: tuple[str, ...],
+    others: tuple[str, ...],
     as_user: str | None,
     agents_dir: str | None,
     config_dir: str | None,
@@ -184,6 +247,7 @@ def run_cmd(
     store = open_store(db, create=True)
     options = _options(
         answers=answers,
+        others=others,
         as_user=as_user,
         agents_dir=agents_dir,
         config_dir=config_dir,
@@ -196,9 +260,11 @@ def run_cmd(
         print_diagnostics(
             check_graph(loaded, agents_dir=options.agents_dir, config_dir=options.config_dir)
         )
+    from graphrun.runtime.answers import check_flag_answers
     from graphrun.runtime.preflight import check_answers, preflight
 
     check_answers(loaded, options.answers)
+    check_flag_answers(loaded.graph.nodes, options.answers)
     preflight(loaded, options)
     if any(n.type == "rag" for n in loaded.graph.nodes.values()):
         from graphrun.runtime.rag_node import prepare_knowledge_bases
@@ -218,12 +284,13 @@ def run_cmd(
     finish(outcome, as_json=as_json, db=db)
 
 
-@click.command("resume")
+@click.command("resume", cls=AnswerOrderCommand)
 @click.argument("run_id")
 @common_run_options
 def resume_cmd(
     run_id: str,
     answers: tuple[str, ...],
+    others: tuple[str, ...],
     as_user: str | None,
     agents_dir: str | None,
     config_dir: str | None,
@@ -243,11 +310,13 @@ def resume_cmd(
     configure_logging()
     store = open_store(db)
     run_id = resolve_run(store, run_id)
+    store.require_intact(run_id)  # never extend a log that does not verify
     state = fold(store.read(run_id))
     if state.terminal:
         raise AnswerError(f"run {run_id} has already {state.status}; there is nothing to resume")
     options = _options(
         answers=answers,
+        others=others,
         as_user=as_user,
         agents_dir=agents_dir,
         config_dir=config_dir,
@@ -256,8 +325,26 @@ def resume_cmd(
         quiet=as_json,
         recorded=recorded_config(store, run_id),
     )
+    _check_continuation(store, run_id, options, resuming=True)
     outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)
+
+
+def _check_continuation(store: Any, run_id: str, options: Any, *, resuming: bool) -> None:
+    """What ``run`` checks before it starts, for a run continued from its log: the
+    answers given (less those the log already holds, on resume) and the model keys."""
+    from graphrun.eventstore.fold import fold
+    from graphrun.runtime.answers import check_flag_answers, pending_answers
+    from graphrun.runtime.preflight import check_answers, preflight
+    from graphrun.runtime.supervisor import graph_of
+
+    events = store.read(run_id)
+    loaded = graph_of(fold(events))
+    if resuming:
+        options.answers = pending_answers(events, options.answers)
+    check_answers(loaded, options.answers)
+    check_flag_answers(loaded.graph.nodes, options.answers)
+    preflight(loaded, options)
 
 
 def _answer_and_resume(
@@ -271,6 +358,7 @@ def _answer_and_resume(
     db: str | None,
     config_dir: str | None,
     agents_dir: str | None,
+    other: bool = False,
 ) -> None:
     from graphrun.runtime.answers import submit_answer
     from graphrun.runtime.narrate import configure_logging
@@ -280,7 +368,7 @@ def _answer_and_resume(
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     received = submit_answer(
-        store, run_id, text, kind=kind, as_user=as_user, node=node, channel=channel
+        store, run_id, text, kind=kind, as_user=as_user, node=node, channel=channel, other=other
     )
     if received.run_id != run_id:
         click.echo(f"▸ run {run_id} waits on its child run {received.run_id}", err=True)
@@ -314,7 +402,12 @@ def _answer_and_resume(
 
 @click.command("approve")
 @click.argument("run_id")
-@click.argument("choice")
+@click.argument("choice", required=False)
+@click.option(
+    "--other",
+    metavar="TEXT",
+    help="A free-form answer instead of a CHOICE (routed to on_other).",
+)
 @click.option("--as", "as_user", required=True, metavar="USER", help="Who approves.")
 @click.option("--node", metavar="NODE", help="The approval node (when it matters).")
 @click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
@@ -323,7 +416,8 @@ def _answer_and_resume(
 @db_option
 def approve_cmd(
     run_id: str,
-    choice: str,
+    choice: str | None,
+    other: str | None,
     as_user: str,
     node: str | None,
     agents_dir: str | None,
@@ -333,11 +427,33 @@ def approve_cmd(
 ) -> None:
     """Answer the approval node RUN_ID waits at with CHOICE, then continue the run.
 
-    A CHOICE that is not one of the options is a free-form answer (routes to
-    on_other). The answer is recorded with --as, the OS user and the host.
+    CHOICE is one of the node's options or its number (1, 2, ... as the terminal
+    menu shows them); anything else is refused and nothing is recorded. A
+    free-form answer goes with --other TEXT instead (routed to on_other). The
+    answer is recorded with --as, the OS user and the host.
     """
+    from graphrun.runtime.errors import UsageError
+
+    if (choice is None) == (other is None):
+        raise UsageError(
+            "approve takes a CHOICE or --other TEXT (one of them)",
+            hint=f"graphrun approve {run_id} <option|number> --as USER, "
+            f'or graphrun approve {run_id} --other "TEXT" --as USER',
+        )
+    text = choice if choice is not None else other
+    assert text is not None
     _answer_and_resume(
-        "approval", "approve", run_id, choice, as_user, node, as_json, db, config_dir, agents_dir
+        "approval",
+        "approve",
+        run_id,
+        text,
+        as_user,
+        node,
+        as_json,
+        db,
+        config_dir,
+        agents_dir,
+        other=other is not None,
     )
 
 
@@ -360,7 +476,12 @@ def answer_cmd(
     as_json: bool,
     db: str | None,
 ) -> None:
-    """Answer the input node RUN_ID waits at with TEXT, then continue the run."""
+    """Answer the input node RUN_ID waits at with TEXT, then continue the run.
+
+    TEXT must satisfy the node's validation (an empty TEXT takes the node's
+    default, if it has one); an answer that does not is refused, nothing is
+    recorded and the run keeps waiting.
+    """
     _answer_and_resume(
         "input", "answer", run_id, text, as_user, node, as_json, db, config_dir, agents_dir
     )
@@ -381,7 +502,7 @@ def cancel_cmd(run_id: str, as_user: str | None, reason: str, db: str | None) ->
     click.echo(f"▸ run {run_id} cancelled", err=True)
 
 
-@click.command("fork")
+@click.command("fork", cls=AnswerOrderCommand)
 @click.argument("run_id")
 @click.option(
     "--at",
@@ -396,6 +517,7 @@ def fork_cmd(
     run_id: str,
     at_seq: int,
     answers: tuple[str, ...],
+    others: tuple[str, ...],
     as_user: str | None,
     agents_dir: str | None,
     config_dir: str | None,
@@ -415,10 +537,9 @@ def fork_cmd(
     configure_logging()
     store = open_store(db)
     run_id = resolve_run(store, run_id)
-    new_id = fork_run(store, run_id, at_seq, by=as_user)
-    click.echo(f"▸ forked {run_id} at seq {at_seq} as {new_id}", err=True)
     options = _options(
         answers=answers,
+        others=others,
         as_user=as_user,
         agents_dir=agents_dir,
         config_dir=config_dir,
@@ -427,5 +548,8 @@ def fork_cmd(
         quiet=as_json,
         recorded=recorded_config(store, run_id),
     )
+    _check_continuation(store, run_id, options, resuming=False)
+    new_id = fork_run(store, run_id, at_seq, by=as_user)
+    click.echo(f"▸ forked {run_id} at seq {at_seq} as {new_id}", err=True)
     outcome = _drive(Driver(store, new_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)

@@ -13,19 +13,47 @@ from graphrun.cli.options import db_option, open_store, resolve_run
 @click.command("export")
 @click.argument("run_id")
 @click.option("-o", "--output", metavar="FILE", help="Write here instead of stdout.")
+@click.option(
+    "--with-origin",
+    is_flag=True,
+    help="Keep host names, OS accounts, process ids and absolute paths in the events.",
+)
 @db_option
-def export_cmd(run_id: str, output: str | None, db: str | None) -> None:
-    """Write RUN_ID and its child runs to a JSON-lines file (format: graphrun-export v1)."""
+def export_cmd(run_id: str, output: str | None, with_origin: bool, db: str | None) -> None:
+    """Write RUN_ID and its child runs to a JSON-lines file (format: graphrun-export v1).
+
+    Paths in the events are made relative to the file's folder (to the working
+    directory when writing to stdout); host names, OS accounts and process ids are
+    left out unless --with-origin. Names given with --as are kept.
+    """
     from graphrun.runtime.transfer import write_export
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            count = write_export(store, run_id, fh, relative_to=Path(output).parent)
+        from graphrun.runtime.errors import UsageError
+
+        target = Path(output)
+        if target.is_dir():
+            raise UsageError(f"-o {output}: is a directory", hint="give a file name")
+        try:
+            # A missing folder is created, like the file itself.
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"-o {output}: cannot create {target.parent}: {exc.strerror}"
+            ) from None
+        try:
+            fh = open(output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
+        except OSError as exc:
+            raise UsageError(f"-o {output}: cannot write: {exc.strerror}") from None
+        with fh:
+            count = write_export(
+                store, run_id, fh, relative_to=Path(output).parent, with_origin=with_origin
+            )
         click.echo(f"▸ exported {count} events of run {run_id} to {output}", err=True)
     else:
-        write_export(store, run_id, sys.stdout)
+        write_export(store, run_id, sys.stdout, with_origin=with_origin)
 
 
 @click.command("import")

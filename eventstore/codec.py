@@ -1,22 +1,23 @@
 """The one encoder and decoder of events, canonical bytes and the hash chain.
 
 Canonical encoding: msgspec JSON with object keys sorted, so the same event always
-encodes to the same bytes. Each stored event carries ``prev_hash`` and
-``hash = "sha256:" + sha256(prev_hash + b"\\n" + canonical_bytes)``; the first
-event of a run chains from :data:`GENESIS`. :func:`verify_chain` recomputes it.
+encodes to the same bytes, and those bytes are what a store keeps. Each stored event
+carries ``hash = "sha256:" + sha256(prev_hash + b"\\n" + stored_bytes)`` (the algorithm
+is part of the value); the first event of a run chains from :data:`GENESIS`.
+:func:`verify_chain` recomputes it over the bytes as stored, never re-encoding them,
+so a log written by a newer graphrun (with fields this one does not know) verifies.
 """
 
 from __future__ import annotations
 
 import hashlib
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from graphrun.eventstore.events import Event, RunStarted
+from graphrun.eventstore.events import Event
 
 HASH_ALGORITHM = "sha256"
 GENESIS = "sha256:" + "0" * 64
@@ -54,72 +55,9 @@ def from_builtins(value: dict[str, Any]) -> Event:
     return msgspec.convert(value, Event)
 
 
-#: Bodies at least this long are stored zlib-compressed when that saves space
-#: (below it a body gains little and zlib's set-up would cost more than the write).
-COMPRESS_FROM = 1024
-
-
-def pack_body(body: bytes, compress: bool = True) -> str | bytes:
-    """What the store keeps for canonical bytes ``body``: the JSON text, or, for a
-    large body that compresses by a tenth or more, its zlib bytes."""
-    if compress and len(body) >= COMPRESS_FROM:
-        # A window no larger than the body: zlib's set-up cost grows with it.
-        wbits = 13 if len(body) <= 8192 else 15
-        squeeze = zlib.compressobj(6, zlib.DEFLATED, wbits, wbits - 8)
-        packed = squeeze.compress(body) + squeeze.flush()
-        if len(packed) <= len(body) * 0.9:
-            return packed
-    return body.decode("utf-8")
-
-
 def unpack_body(stored: str | bytes) -> bytes:
-    """The canonical bytes of a stored body (raises ``zlib.error`` if damaged).
-
-    Bytes are compressed unless they are plain JSON (a hand-edited row)."""
-    if isinstance(stored, str):
-        return stored.encode("utf-8")
-    if stored[:1] == b"{":
-        return stored
-    return zlib.decompress(stored)
-
-
-#: Kept as plain JSON whatever their size, so SQL can read the human decisions.
-PLAIN_TYPES = frozenset({"HumanInputRequested", "HumanInputReceived"})
-
-
-def storable(event: Event, canonical: bytes) -> bytes:
-    """The bytes the store keeps for a stamped event: its canonical bytes without
-    ``run_id``, ``seq`` and ``ts`` (the row's key and ``ts`` column hold those),
-    except a ``RunStarted``, kept whole so the log alone names its run."""
-    if isinstance(event, RunStarted):
-        return canonical
-    return _encoder.encode(msgspec.structs.replace(event, run_id="", seq=0, ts=0.0))
-
-
-def event_from_row(stored: str | bytes, run_id: str, seq: int, ts: float) -> Event:
-    """The event a stored row holds (a whole stored body is taken as it is)."""
-    event = _decoder.decode(stored if isinstance(stored, str) else unpack_body(stored))
-    if event.run_id:
-        return event
-    return msgspec.structs.replace(event, run_id=run_id, seq=seq, ts=ts)
-
-
-def canonical_from_row(stored: str | bytes, run_id: str, seq: int, ts: float) -> bytes:
-    """The canonical bytes (the ones the chain hashes) of a stored row.
-
-    A row that does not unpack or decode gives its stored bytes: they will not
-    hash to the stored hash, and verification names the row."""
-    try:
-        raw = unpack_body(stored)
-    except zlib.error:
-        return stored if isinstance(stored, bytes) else stored.encode("utf-8")
-    try:
-        event = _decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return raw
-    if event.run_id:
-        return raw
-    return _encoder.encode(msgspec.structs.replace(event, run_id=run_id, seq=seq, ts=ts))
+    """The bytes of a stored body as SQLite hands it back (text or a BLOB)."""
+    return stored.encode("utf-8") if isinstance(stored, str) else bytes(stored)
 
 
 def chain_hash(prev_hash: str, body: bytes) -> str:
@@ -150,11 +88,48 @@ class ChainProblem:
     reason: str
 
 
-def verify_chain(rows: Iterable[tuple[int, bytes, str, str]]) -> ChainProblem | None:
+class _Envelope(msgspec.Struct):
+    """The part of a stored body verification reads (any event type, any fields)."""
+
+    type: str = ""
+    run_id: str = ""
+    seq: int = 0
+
+
+_envelope = msgspec.json.Decoder(_Envelope)
+
+
+def body_problem(body: bytes, run_id: str | None, seq: int) -> str | None:
+    """Why a stored body (whose hash matched) is not a readable event of ``run_id``
+    at ``seq``, or ``None``. Reads the bytes as they are, never re-encodes them."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"event does not decode: not valid UTF-8 (byte {exc.start})"
+    try:
+        envelope = _envelope.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return f"event does not decode: {exc}"
+    if run_id is not None and envelope.run_id != run_id:
+        return f"event body says run {envelope.run_id!r}"
+    if envelope.seq != seq:
+        return f"event body says seq {envelope.seq}"
+    try:
+        _decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return f"event does not decode with this graphrun: {exc}"
+    return None
+
+
+def verify_chain(
+    rows: Iterable[tuple[int, bytes, str, str]], run_id: str | None = None
+) -> ChainProblem | None:
     """Check stored ``(seq, body, prev_hash, hash)`` rows of one run, in seq order.
 
-    Returns the first problem (gap, broken link, wrong hash, undecodable body), or
-    ``None`` when every event verifies.
+    Each hash must be ``sha256:`` over the previous hash and the body's exact
+    stored bytes; unknown fields a newer graphrun wrote verify like any other.
+    Returns the first problem (gap, broken link, unknown hash algorithm, wrong
+    hash, a body that is not UTF-8 JSON of this run and seq), or ``None``.
     """
     expected_prev = GENESIS
     expected_seq = 1
@@ -163,14 +138,13 @@ def verify_chain(rows: Iterable[tuple[int, bytes, str, str]]) -> ChainProblem | 
             return ChainProblem(expected_seq, f"missing event (next stored seq is {seq})")
         if prev_hash != expected_prev:
             return ChainProblem(seq, "prev_hash does not match the previous event's hash")
+        if not isinstance(stored_hash, str) or not stored_hash.startswith(HASH_ALGORITHM + ":"):
+            return ChainProblem(seq, f"unknown hash algorithm in {str(stored_hash)[:20]!r}")
         if chain_hash(prev_hash, body) != stored_hash:
             return ChainProblem(seq, "hash does not match the event's content (modified?)")
-        try:
-            event = decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return ChainProblem(seq, f"event does not decode: {exc}")
-        if event.seq != seq:
-            return ChainProblem(seq, f"event body says seq {event.seq}")
+        problem = body_problem(body, run_id, seq)
+        if problem is not None:
+            return ChainProblem(seq, problem)
         expected_prev = stored_hash
         expected_seq += 1
     return None

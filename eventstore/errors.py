@@ -10,9 +10,14 @@ exits with the class's ``exit_code``.
     GraphrunError (exit 2)
     ├── StoreError
     │   ├── CorruptStoreError         not a graphrun database, or damaged
+    │   │   └── BrokenLogError        a run's log does not verify (names the seq)
     │   ├── UnknownRunError           no run with that id
     │   ├── ConcurrentAppendError     another writer extended the run first
-    │   └── LeaseHeldError            another live process holds the run
+    │   ├── LeaseHeldError            another live process holds the run
+    │   ├── StoreFullError            the disk is full
+    │   ├── StoreReadOnlyError        the database cannot be written
+    │   ├── StoreIOError              the disk reported an I/O error
+    │   └── StoreLockedError          another process kept the database locked
     ├── (runtime/errors.py adds the graph, template, run and replay errors)
     └── ...
 """
@@ -58,3 +63,27 @@ class ConcurrentAppendError(StoreError):
 
 class LeaseHeldError(StoreError):
     """Another live process is extending the run."""
+
+
+class BrokenLogError(CorruptStoreError):
+    """A run's stored events do not verify; nothing may be appended to it."""
+
+    def __init__(self, message: str, *, seq: int, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.seq = seq
+
+
+class StoreFullError(StoreError):
+    """The disk (or file system quota) is full."""
+
+
+class StoreReadOnlyError(StoreError):
+    """The database file or its folder cannot be written."""
+
+
+class StoreIOError(StoreError):
+    """The operating system reported an I/O error on the database."""
+
+
+class StoreLockedError(StoreError):
+    """Another process kept the database locked past the wait."""

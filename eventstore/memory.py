@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from dataclasses import replace as _replace_lease
 
 import msgspec
 
@@ -28,7 +29,14 @@ from graphrun.eventstore.errors import (
 from graphrun.eventstore.events import Event
 from graphrun.eventstore.ids import Clock
 from graphrun.eventstore.projections import RunRow, apply_run_row, rebuild_rows
-from graphrun.eventstore.store import LEASE_SECONDS, Lease
+from graphrun.eventstore.store import (
+    LEASE_SECONDS,
+    Lease,
+    Store,
+    _process_started,
+    broken_log,
+    holder_alive,
+)
 
 
 @dataclass
@@ -64,6 +72,7 @@ class MemoryStore:
         self.backend = backend or MemoryBackend()
         self.clock = clock or Clock()
         self.pid = os.getpid() if pid is None else pid
+        self.started = _process_started() if pid is None else 0.0
         self.owner = f"{socket.gethostname()}:{self.pid}:{uuid.uuid4().hex[:8]}"
         # What this store last saw of each run, like SqliteStore's cache: a stale
         # view means another writer got there first.
@@ -101,6 +110,12 @@ class MemoryStore:
             stored: list[tuple[int, bytes, str, str]] = []
             for event in events:
                 seq += 1
+                if event.run_id == run_id and event.seq and event.seq != seq:
+                    raise ConcurrentAppendError(
+                        f"run {run_id} is at seq {seq - 1} here, not {event.seq - 1} "
+                        "as its writer thought",
+                        hint="only one process may extend a run at a time",
+                    )
                 event = msgspec.structs.replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
                 body = codec.encode(event)
                 digest = codec.chain_hash(prev, body)
@@ -114,9 +129,7 @@ class MemoryStore:
             self._seen[run_id] = seq
             lease = b.leases.get(run_id)
             if lease is not None and lease.owner == self.owner:
-                b.leases[run_id] = Lease(
-                    run_id, lease.owner, lease.pid, lease.host, now + LEASE_SECONDS
-                )
+                b.leases[run_id] = _replace_lease(lease, expires_at=now + LEASE_SECONDS)
             return stamped
 
     # -- reading -------------------------------------------------------------------
@@ -130,17 +143,18 @@ class MemoryStore:
             rows = list(self.backend.events.get(run_id, ()))
         if not rows and not self.has_run(run_id):
             raise self.unknown_run(run_id)
-        try:
-            return [
-                codec.decode(body)
-                for seq, body, _p, _h in rows
-                if seq > after and (upto is None or seq <= upto)
-            ]
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise CorruptStoreError(
-                f"run {run_id}: an event does not decode ({exc})",
-                hint=f"graphrun audit {run_id} --verify names the damaged event",
-            ) from None
+        out: list[Event] = []
+        for seq, body, _p, _h in rows:
+            if seq <= after or (upto is not None and seq > upto):
+                continue
+            try:
+                out.append(codec.decode(body))
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise CorruptStoreError(
+                    f"run {run_id}: event seq {seq} in {self.path} does not decode ({exc})",
+                    hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+                ) from None
+        return out
 
     def raw_rows(self, run_id: str) -> Iterator[tuple[int, bytes, str, str]]:
         """Stored ``(seq, body, prev_hash, hash)`` rows, for verification."""
@@ -151,7 +165,16 @@ class MemoryStore:
     def verify(self, run_id: str) -> codec.ChainProblem | None:
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
-        return codec.verify_chain(self.raw_rows(run_id))
+        rows = list(self.raw_rows(run_id))
+        if not rows:
+            return codec.ChainProblem(1, "the run has no events")
+        return codec.verify_chain(rows, run_id)
+
+    def require_intact(self, run_id: str) -> None:
+        """Raise :class:`BrokenLogError` unless the run's log verifies."""
+        problem = self.verify(run_id)
+        if problem is not None:
+            raise broken_log(run_id, problem)
 
     def run(self, run_id: str) -> RunRow:
         row = self.backend.runs.get(run_id)
@@ -190,22 +213,24 @@ class MemoryStore:
         """Rebuild the ``runs`` projection from the stored events; returns rows."""
         b = self.backend
         with b.lock:
-            ordered = [
-                (codec.decode(body), digest)
-                for run_id in sorted(b.events)
-                for _seq, body, _p, digest in b.events[run_id]
-            ]
+            try:
+                ordered = [
+                    (codec.decode(body), digest)
+                    for run_id in sorted(b.events)
+                    for _seq, body, _p, digest in b.events[run_id]
+                ]
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise CorruptStoreError(
+                    f"{self.path}: an event does not decode ({exc}); the runs were not rebuilt",
+                    hint="`graphrun audit RUN --verify` names the damaged event",
+                ) from None
             b.runs = dict(rebuild_rows(ordered))
             return len(b.runs)
 
     # -- leases --------------------------------------------------------------------
 
     def _holder_dead(self, lease: Lease) -> bool:
-        if lease.host != socket.gethostname():
-            return False
-        from graphrun.eventstore.store import _pid_alive
-
-        return not _pid_alive(lease.pid)
+        return not holder_alive(lease)
 
     def acquire_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None:
         """Take the run for this store, or raise :class:`LeaseHeldError`."""
@@ -224,7 +249,12 @@ class MemoryStore:
                     f"in {found.expires_at - now:.0f}s if that process is gone",
                 )
             self.backend.leases[run_id] = Lease(
-                run_id, self.owner, self.pid, socket.gethostname(), now + seconds
+                run_id,
+                self.owner,
+                self.pid,
+                socket.gethostname(),
+                now + seconds,
+                self.started,
             )
         # Another holder may have appended while this store did not hold the run.
         self._seen.pop(run_id, None)
@@ -233,8 +263,8 @@ class MemoryStore:
         with self.backend.lock:
             lease = self.backend.leases.get(run_id)
             if lease is not None and lease.owner == self.owner:
-                self.backend.leases[run_id] = Lease(
-                    run_id, lease.owner, lease.pid, lease.host, self.clock.now() + seconds
+                self.backend.leases[run_id] = _replace_lease(
+                    lease, expires_at=self.clock.now() + seconds
                 )
 
     def release_lease(self, run_id: str) -> None:
@@ -270,6 +300,10 @@ class MemoryStore:
                     rows[i] = (s, body, prev, digest)
                     return
         raise KeyError(seq)
+
+
+def _conforms(store: MemoryStore) -> Store:
+    return store  # mypy checks that MemoryStore has every method of Store
 
 
 __all__ = ["MemoryBackend", "MemoryStore"]

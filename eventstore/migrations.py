@@ -1,228 +1,349 @@
-"""Schema changes of the event database, one function each, applied in order.
+"""The schema of the event database, and how older databases reach it.
 
-The fast path never imports sqlite-utils: :data:`SCHEMA_USER_VERSION` is kept in
-``PRAGMA user_version`` and the store only runs :func:`migrate` when it is behind.
+Schema 4 (this one)::
+
+    events     id = run_no << 32 | seq (the key and the lock), body (the event's
+               canonical JSON text, exactly the bytes hashed), hash
+               ("sha256:<hex>" over the previous hash and the body), and, derived
+               from the hashed body, the virtual columns run_id, seq, ts, type, node_id
+    run_heads  what a run's events say about it beyond its last event (status,
+               parent, output, ...), written in the transaction of the event that
+               changes it; run_no numbers the run in this file
+    runs       a view: run_heads plus the step columns read from events
+               (updated_at, last_seq, last_hash, current_node), so it is always true
+    run_events a view: events with their run id and seq
+    leases     which process extends a run, until when
+
+Creating the schema and every migration run in one transaction (``BEGIN
+IMMEDIATE``): a process killed at any point leaves the file as it was, and a
+second process opening a new file waits for the first to finish and then finds
+the schema there. ``PRAGMA user_version`` says which schema a file has (the fast
+path reads it and nothing else); ``PRAGMA application_id`` marks it as graphrun's,
+set in the same transaction.
+
+Older files: schema 1 and 2 (written through sqlite-utils' migrations, bodies
+canonical JSON text, hashes ``sha256:<hex>``) are copied row for row; schema 3
+(bodies without the envelope, large ones zlib-compressed, hashes as 32 raw
+bytes) has each body rebuilt as the canonical bytes its hash was computed over.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
 
 from graphrun.eventstore import codec
+from graphrun.eventstore.errors import CorruptStoreError
+from graphrun.eventstore.projections import HEAD_COLUMNS, RUNS_VIEW_SQL
 
 #: ``PRAGMA application_id`` of a graphrun database ("grn1").
 APPLICATION_ID = 0x67726E31
-#: ``PRAGMA user_version`` once every migration below has run.
-SCHEMA_USER_VERSION = 3
+#: ``PRAGMA user_version`` of the schema this code writes.
+SCHEMA_USER_VERSION = 4
+
+_SEQ_BITS = 32
+
+#: Tables an older graphrun may have left (a file with only these is graphrun's).
+_OWN_TABLES = frozenset(
+    {
+        "_sqlite_migrations",
+        "events",
+        "events_v2",
+        "events_v3",
+        "runs",
+        "run_heads",
+        "leases",
+        "leases_v3",
+        "meta",
+    }
+)
 
 
-def _migrations() -> Any:
-    from sqlite_utils import Migrations
+def _derived(field: str) -> str:
+    return f"(CASE WHEN json_valid(body) THEN body ->> '$.{field}' END)"
 
-    migrations = Migrations("graphrun")
 
-    @migrations()
-    def m001_events_runs_leases(db: Any) -> None:
-        db.execute(
-            """
-            CREATE TABLE IF NOT EXISTS events (
-                run_id    TEXT    NOT NULL,
-                seq       INTEGER NOT NULL,
-                ts        REAL    NOT NULL,
-                type      TEXT    NOT NULL,
-                node_id   TEXT,
-                body      TEXT    NOT NULL,
-                prev_hash TEXT    NOT NULL,
-                hash      TEXT    NOT NULL,
-                PRIMARY KEY (run_id, seq)
-            ) WITHOUT ROWID
-            """
-        )
-        db.execute(
-            """
-            CREATE TABLE IF NOT EXISTS runs (
-                run_id        TEXT PRIMARY KEY,
-                graph_name    TEXT NOT NULL,
-                status        TEXT NOT NULL,
-                parent_run_id TEXT,
-                started_at    REAL NOT NULL,
-                updated_at    REAL NOT NULL,
-                last_seq      INTEGER NOT NULL,
-                last_hash     TEXT NOT NULL,
-                started_by    TEXT,
-                agent_dir     TEXT,
-                current_node  TEXT,
-                waiting_node  TEXT,
-                output        TEXT,
-                error         TEXT
-            )
-            """
-        )
-        db.execute("CREATE INDEX IF NOT EXISTS runs_status ON runs(status)")
-        db.execute("CREATE INDEX IF NOT EXISTS runs_parent ON runs(parent_run_id)")
-        db.execute(
-            """
-            CREATE TABLE IF NOT EXISTS leases (
-                run_id     TEXT PRIMARY KEY,
-                owner      TEXT NOT NULL,
-                pid        INTEGER NOT NULL,
-                host       TEXT NOT NULL,
-                expires_at REAL NOT NULL
-            )
-            """
-        )
-        db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('event_schema_version', '1')")
+EVENTS_SQL = f"""
+CREATE TABLE events (
+    id      INTEGER PRIMARY KEY,
+    body    TEXT    NOT NULL,
+    hash    TEXT    NOT NULL,
+    run_id  TEXT    AS {_derived("run_id")} VIRTUAL,
+    seq     INTEGER AS (id & 4294967295) VIRTUAL,
+    ts      REAL    AS {_derived("ts")} VIRTUAL,
+    type    TEXT    AS {_derived("type")} VIRTUAL,
+    node_id TEXT    AS {_derived("node_id")} VIRTUAL
+)
+"""
 
-    @migrations()
-    def m002_events_rowid_table(db: Any) -> None:
-        """``events`` as a rowid table with a unique ``(run_id, seq)`` index.
+RUN_HEADS_SQL = """
+CREATE TABLE run_heads (
+    run_id        TEXT PRIMARY KEY,
+    run_no        INTEGER NOT NULL UNIQUE,
+    graph_name    TEXT NOT NULL,
+    status        TEXT NOT NULL,
+    parent_run_id TEXT,
+    started_at    REAL NOT NULL,
+    started_by    TEXT,
+    agent_dir     TEXT,
+    waiting_node  TEXT,
+    output        TEXT,
+    error         TEXT
+)
+"""
 
-        In a WITHOUT ROWID table a row over ~1/4 page spills to overflow pages, so
-        an event carrying a 1 KB script output took ~4 KB on disk; rowid tables
-        keep rows up to a page inline. The unique index is still the lock.
-        """
-        db.execute(
-            """
-            CREATE TABLE events_v2 (
-                id        INTEGER PRIMARY KEY,
-                run_id    TEXT    NOT NULL,
-                seq       INTEGER NOT NULL,
-                ts        REAL    NOT NULL,
-                type      TEXT    NOT NULL,
-                node_id   TEXT,
-                body      TEXT    NOT NULL,
-                prev_hash TEXT    NOT NULL,
-                hash      TEXT    NOT NULL,
-                UNIQUE (run_id, seq)
-            )
-            """
-        )
-        db.execute(
-            "INSERT INTO events_v2 (run_id, seq, ts, type, node_id, body, prev_hash, hash) "
-            "SELECT run_id, seq, ts, type, node_id, body, prev_hash, hash FROM events "
-            "ORDER BY run_id, seq"
-        )
-        db.execute("DROP TABLE events")
-        db.execute("ALTER TABLE events_v2 RENAME TO events")
+LEASES_SQL = """
+CREATE TABLE leases (
+    run_id     TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    pid        INTEGER NOT NULL,
+    host       TEXT NOT NULL,
+    started    REAL NOT NULL DEFAULT 0,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID
+"""
 
-    @migrations()
-    def m003_events_keyed_by_run_number(db: Any) -> None:
-        """``events`` keyed by ``run_no << 32 | seq``, bodies packed, hashes raw.
+RUN_EVENTS_SQL = """
+CREATE VIEW run_events AS
+SELECT run_id, seq, id, ts, type, node_id, body, hash FROM events
+"""
 
-        The integer key is the lock and the per-run range in one, so the
-        ``(run_id, seq)`` index and the ``run_id`` column go; ``prev_hash`` is the
-        previous row's hash and is no longer stored; bodies leave out the
-        envelope the row already holds (``run_id``, ``seq``, ``ts``), large ones
-        are kept zlib-compressed, and hashes are 32 bytes. Hashes are unchanged:
-        they are over the canonical JSON of the whole event, rebuilt exactly
-        from the row (a row that cannot be is kept whole).
-        """
-        conn = db.conn
-        conn.execute("ALTER TABLE runs ADD COLUMN run_no INTEGER")
-        conn.execute(
-            """
-            CREATE TABLE events_v3 (
-                id      INTEGER PRIMARY KEY,
-                ts      REAL    NOT NULL,
-                type    TEXT    NOT NULL,
-                node_id TEXT,
-                body    BLOB    NOT NULL,
-                hash    BLOB    NOT NULL
-            )
-            """
-        )
+
+# -- the steps -------------------------------------------------------------------------
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    """The tables and views of schema 4 (old tables, if any, were set aside)."""
+    conn.execute("DROP TABLE IF EXISTS _sqlite_migrations")
+    conn.execute(EVENTS_SQL)
+    conn.execute(RUN_HEADS_SQL)
+    conn.execute("CREATE INDEX run_heads_status ON run_heads(status)")
+    conn.execute("CREATE INDEX run_heads_parent ON run_heads(parent_run_id)")
+    conn.execute(LEASES_SQL)
+    conn.execute(RUNS_VIEW_SQL)
+    conn.execute(RUN_EVENTS_SQL)
+
+
+def set_aside_old_tables(conn: sqlite3.Connection) -> None:
+    """Rename an older schema's tables to ``old_*`` and drop its views and indexes."""
+    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'").fetchall():
+        conn.execute(f'DROP VIEW "{name}"')
+    for name in ("events", "runs", "leases"):
+        conn.execute(f'ALTER TABLE "{name}" RENAME TO "old_{name}"')
+    for (name,) in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+    ).fetchall():
+        if not name.startswith("idx__sqlite_migrations"):
+            conn.execute(f'DROP INDEX "{name}"')
+
+
+def copy_runs(conn: sqlite3.Connection) -> None:
+    """``run_heads`` from the old ``runs`` rows, numbered as the old file numbered
+    them (schema 3), else by the order their events were first written."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(old_runs)")}
+    if "run_no" in columns:
+        numbered = conn.execute("SELECT run_id, run_no FROM old_runs").fetchall()
+        top = max((n for _r, n in numbered if n is not None), default=0)
         numbers: dict[str, int] = {}
-        for (run_id,) in conn.execute(
-            "SELECT run_id FROM events GROUP BY run_id ORDER BY min(rowid)"
-        ).fetchall():
-            numbers[run_id] = len(numbers) + 1
-        rows = conn.execute(
-            "SELECT run_id, seq, ts, type, node_id, body, hash FROM events ORDER BY run_id, seq"
+        for run_id, number in numbered:
+            if number is None:
+                top += 1
+                number = top
+            numbers[run_id] = number
+    else:
+        numbers = {}
+        order = conn.execute(
+            "SELECT run_id FROM old_events GROUP BY run_id ORDER BY min(ts), run_id"
         )
+        for (run_id,) in order.fetchall():
+            numbers[run_id] = len(numbers) + 1
+        for (run_id,) in conn.execute("SELECT run_id FROM old_runs ORDER BY started_at"):
+            numbers.setdefault(run_id, len(numbers) + 1)
+    wanted = [c for c in HEAD_COLUMNS if c != "run_id"]
+    rows = conn.execute(f"SELECT run_id, {', '.join(wanted)} FROM old_runs").fetchall()
+    conn.executemany(
+        f"INSERT INTO run_heads (run_id, run_no, {', '.join(wanted)}) "
+        f"VALUES (?, ?, {', '.join('?' for _ in wanted)})",
+        [(row[0], numbers[row[0]], *row[1:]) for row in rows],
+    )
+
+
+def copy_events(conn: sqlite3.Connection) -> None:
+    """Every old event as schema 4 stores it, with its hash unchanged."""
+    numbers = dict(conn.execute("SELECT run_id, run_no FROM run_heads").fetchall())
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(old_events)")}
+    insert = "INSERT INTO events (id, body, hash) VALUES (?, ?, ?)"
+    if "run_id" in columns:  # schema 1 and 2: the body is the hashed bytes already
+        rows = conn.execute("SELECT run_id, seq, body, hash FROM old_events ORDER BY run_id, seq")
         conn.executemany(
-            "INSERT INTO events_v3 (id, ts, type, node_id, body, hash) VALUES (?, ?, ?, ?, ?, ?)",
+            insert,
             (
-                (
-                    numbers[run_id] << 32 | seq,
-                    ts,
-                    type_,
-                    node_id,
-                    _repack(body, run_id, seq, ts),
-                    _raw_hash(digest),
-                )
-                for run_id, seq, ts, type_, node_id, body, digest in rows
+                (numbers[run_id] << _SEQ_BITS | seq, body, digest)
+                for run_id, seq, body, digest in rows
+                if run_id in numbers
             ),
         )
-        conn.executemany(
-            "UPDATE runs SET run_no = ? WHERE run_id = ?",
-            [(number, run_id) for run_id, number in numbers.items()],
-        )
-        conn.execute("DROP TABLE events")
-        conn.execute("ALTER TABLE events_v3 RENAME TO events")
-        # Small tables in as few pages as they need: ``meta`` was never read, and
-        # a WITHOUT ROWID ``leases`` needs no separate index for its key.
-        conn.execute("DROP TABLE IF EXISTS meta")
-        conn.execute(
-            """
-            CREATE TABLE leases_v3 (
-                run_id     TEXT PRIMARY KEY,
-                owner      TEXT NOT NULL,
-                pid        INTEGER NOT NULL,
-                host       TEXT NOT NULL,
-                expires_at REAL NOT NULL
-            ) WITHOUT ROWID
-            """
-        )
-        conn.execute("INSERT INTO leases_v3 SELECT * FROM leases")
-        conn.execute("DROP TABLE leases")
-        conn.execute("ALTER TABLE leases_v3 RENAME TO leases")
-        # For people (and tests) reading the log with SQL: events by run id and seq.
-        conn.execute(
-            """
-            CREATE VIEW run_events AS
-            SELECT runs.run_id AS run_id, events.id & 4294967295 AS seq, events.id AS id,
-                   events.ts AS ts, events.type AS type, events.node_id AS node_id,
-                   events.body AS body, events.hash AS hash
-            FROM events JOIN runs ON runs.run_no = events.id >> 32
-            """
-        )
-
-    return migrations
+        return
+    names = {number: run_id for run_id, number in numbers.items()}
+    rows = conn.execute("SELECT id, ts, body, hash FROM old_events ORDER BY id")
+    conn.executemany(
+        insert,
+        (
+            (
+                key,
+                _as_text(_v3_canonical(stored, names.get(key >> _SEQ_BITS, ""), key, ts)),
+                _v3_hash(digest),
+            )
+            for key, ts, stored, digest in rows
+        ),
+    )
 
 
-def _repack(body: str | bytes, run_id: str, seq: int, ts: float) -> str | bytes:
-    """A v2 body in the v3 form, or kept whole (and packed) when it could not be
-    rebuilt byte for byte from the v3 form (a damaged or hand-edited row)."""
-    raw = body.encode("utf-8") if isinstance(body, str) else body
+def copy_leases(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "INSERT INTO leases (run_id, owner, pid, host, expires_at) "
+        "SELECT run_id, owner, pid, host, expires_at FROM old_leases"
+    )
+
+
+def drop_old_tables(conn: sqlite3.Connection) -> None:
+    for name in ("old_events", "old_runs", "old_leases", "meta", "_sqlite_migrations"):
+        conn.execute(f'DROP TABLE IF EXISTS "{name}"')
+
+
+#: What brings a file at schema N (the key) to schema 4, step by step; every
+#: step of one file runs in one transaction.
+Step = Callable[[sqlite3.Connection], None]
+_FROM_OLDER: list[Step] = [
+    set_aside_old_tables,
+    create_schema,
+    copy_runs,
+    copy_events,
+    copy_leases,
+    drop_old_tables,
+]
+STEPS: dict[int, list[Step]] = {0: [create_schema], 1: _FROM_OLDER, 2: _FROM_OLDER, 3: _FROM_OLDER}
+
+
+# -- schema 3 bodies -------------------------------------------------------------------
+
+
+def _v3_canonical(stored: str | bytes, run_id: str, key: int, ts: float) -> bytes:
+    """The bytes a schema-3 row's hash was computed over: its body, decompressed,
+    with the envelope (run id, seq, time) the row held put back. A row that does
+    not rebuild is kept as stored (verification then names it)."""
+    if isinstance(stored, str):
+        raw = stored.encode("utf-8")
+    elif stored[:1] == b"{":
+        raw = bytes(stored)
+    else:
+        try:
+            raw = zlib.decompress(stored)
+        except zlib.error:
+            return bytes(stored)
     try:
         event = codec.decode(raw)
-        kept = codec.storable(event, raw)
-        if codec.canonical_from_row(kept, run_id, seq, ts) != raw or event.run_id != run_id:
-            kept = raw
-    except Exception:  # undecodable: keep it as it is, verification will name it
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return raw
+    if event.run_id:
+        return raw
+    seq = key & ((1 << _SEQ_BITS) - 1)
+    return codec.encode(msgspec.structs.replace(event, run_id=run_id, seq=seq, ts=ts))
+
+
+def _v3_hash(digest: bytes | str) -> str:
+    if isinstance(digest, bytes) and len(digest) == 32:
+        return f"{codec.HASH_ALGORITHM}:{digest.hex()}"
+    return digest if isinstance(digest, str) else digest.hex()
+
+
+def _as_text(body: bytes) -> str | bytes:
+    """Text when it is UTF-8 (what SQL reads); damaged bytes kept as they are."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
         return body
-    return codec.pack_body(kept, type(event).__name__ not in codec.PLAIN_TYPES)
 
 
-def _raw_hash(digest: str) -> bytes | str:
-    """``sha256:<hex>`` as 32 bytes; anything else (a damaged row) kept as text."""
-    prefix, _, hexdigest = digest.partition(":")
-    if prefix == "sha256" and len(hexdigest) == 64:
+# -- opening a file --------------------------------------------------------------------
+
+
+def _version(conn: sqlite3.Connection, path: Path) -> int | None:
+    """The file's schema, ``None`` when it is current; raises for a file that is
+    not graphrun's or is newer than this code."""
+    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if app_id == APPLICATION_ID and version == SCHEMA_USER_VERSION:
+        return None
+    if app_id == APPLICATION_ID and version > SCHEMA_USER_VERSION:
+        raise CorruptStoreError(
+            f"{path} was written by a newer graphrun (schema {version}, "
+            f"this one knows {SCHEMA_USER_VERSION})",
+            hint="upgrade graphrun",
+        )
+    if app_id not in (0, APPLICATION_ID):
+        raise CorruptStoreError(f"{path} belongs to another application")
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    # An older graphrun stopped before it created anything but sqlite-utils' table:
+    # a new file.
+    fresh = tables <= {"_sqlite_migrations"}
+    if app_id == 0 and (tables - _OWN_TABLES or not (fresh or "events" in tables)):
+        raise CorruptStoreError(
+            f"{path} is an SQLite database of something else "
+            f"(tables: {', '.join(sorted(tables)[:5])})",
+            hint="point --db at a graphrun event database",
+        )
+    if app_id == 0 and "_sqlite_migrations" in tables and version == 0:
+        # Written by an older graphrun that was stopped before it marked the file.
+        (version,) = conn.execute(
+            "SELECT count(*) FROM _sqlite_migrations WHERE migration_set = 'graphrun'"
+        ).fetchone()
+    if version not in STEPS or (version == 0 and not fresh):
+        raise CorruptStoreError(
+            f"{path} has an unknown graphrun schema ({version})",
+            hint="point --db at a graphrun event database",
+        )
+    return int(version)
+
+
+def _wal(conn: sqlite3.Connection, deadline: float) -> None:
+    """WAL mode; another process switching the same new file makes this wait."""
+    while True:
         try:
-            return bytes.fromhex(hexdigest)
-        except ValueError:
-            pass
-    return digest
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
-def migrate(conn: sqlite3.Connection) -> None:
-    """Bring the database up to :data:`SCHEMA_USER_VERSION`."""
-    from sqlite_utils import Database
+def prepare(conn: sqlite3.Connection, path: Path, *, timeout: float = 10.0) -> None:
+    """Make ``conn``'s file a current graphrun database (WAL mode), or raise
+    :class:`CorruptStoreError` leaving a file that is not one untouched."""
+    deadline = time.monotonic() + timeout
+    if _version(conn, path) is None:
+        _wal(conn, deadline)
+        return
+    _wal(conn, deadline)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _version(conn, path)  # another process may have got here first
+        if version is not None:
+            for step in STEPS[version]:
+                step(conn)
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_USER_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
-    db = Database(conn)
-    _migrations().apply(db)
-    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-    conn.execute(f"PRAGMA user_version = {SCHEMA_USER_VERSION}")
-    conn.commit()
+
+__all__ = ["APPLICATION_ID", "SCHEMA_USER_VERSION", "STEPS", "prepare"]

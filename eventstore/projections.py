@@ -53,6 +53,37 @@ class RunRow(msgspec.Struct, frozen=True):
 COLUMNS = tuple(RunRow.__struct_fields__)
 _replace = msgspec.structs.replace
 
+#: The columns of a ``runs`` row its last event decides (read from ``events``);
+#: the others are the run's head, kept in ``run_heads``.
+STEP_COLUMNS = ("updated_at", "last_seq", "last_hash", "current_node")
+HEAD_COLUMNS = tuple(c for c in COLUMNS if c not in STEP_COLUMNS)
+
+_RANGE = "{t}.id > h.run_no << 32 AND {t}.id < (h.run_no + 1) << 32"
+
+#: ``runs``: each run's head with the step columns its events give, so the view is
+#: true after every commit without a write per step.
+RUNS_VIEW_SQL = f"""
+CREATE VIEW runs AS
+SELECT {", ".join(f"h.{c}" if c not in STEP_COLUMNS else c for c in COLUMNS)}, h.run_no
+FROM (
+    SELECT h.*,
+           coalesce(last.ts, h.started_at) AS updated_at,
+           coalesce(last.seq, 0) AS last_seq,
+           coalesce(last.hash, '') AS last_hash,
+           (SELECT n.node_id FROM events AS n
+            WHERE {_RANGE.format(t="n")} AND n.type = 'NodeEntered'
+            ORDER BY n.id DESC LIMIT 1) AS current_node
+    FROM run_heads AS h
+    LEFT JOIN events AS last
+      ON last.id = (SELECT max(e.id) FROM events AS e WHERE {_RANGE.format(t="e")})
+) AS h
+"""
+
+
+def entered_node(event: Event) -> str | None:
+    """The node an event makes the run's ``current_node`` (the view's rule)."""
+    return event.node_id if isinstance(event, NodeEntered) else None
+
 
 #: The events that change a ``runs`` row beyond its step columns (``updated_at``,
 #: ``last_seq``, ``last_hash``, and ``current_node``, which ``NodeEntered`` sets).

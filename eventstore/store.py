@@ -1,100 +1,101 @@
-"""The SQLite event store: append-only ``events``, the ``runs`` projection, ``leases``.
+"""The ``Store`` protocol, and the SQLite event store.
+
+The SQLite file (schema in ``migrations.py``):
 
 * ``events`` is keyed by one integer, ``id = run_no << 32 | seq``, where
-  ``run_no`` is the run's number in this file (``runs.run_no``). The key is the
-  lock: appending a seq that already exists raises :class:`ConcurrentAppendError`.
-  A run's events are one range of the table, with no secondary index to keep.
-* Each row keeps the canonical JSON body (TEXT), or the same bytes compressed
-  with zlib (BLOB) when the body is large and compresses, and the event's chain
-  hash as 32 raw bytes; ``prev_hash`` is the previous row's hash.
-* A node step's events are appended in one transaction; the ``runs`` row is
-  written in it only when the run starts, waits, is answered or ends (a run's
-  current node, last seq, hash and time are read from its last events). Appends
-  go through the raw ``sqlite3`` connection (sqlite-utils only runs migrations).
+  ``run_no`` is the run's number in this file (``run_heads.run_no``). The key is
+  the lock: appending a seq that already exists raises
+  :class:`ConcurrentAppendError`. A run's events are one range of the table.
+* Each row keeps the event's canonical JSON as TEXT (``json_extract`` reads
+  every field) and its chain hash ``sha256:<hex>`` over the previous hash and
+  exactly those bytes; ``run_id``, ``seq``, ``ts``, ``type`` and ``node_id`` are
+  virtual columns derived from the hashed body, so nothing people query sits
+  outside the chain and nothing is stored twice.
+* ``runs`` is a view: ``run_heads`` (written in the transaction of an event that
+  changes a run's head: start, waiting, answered, the end) plus the step columns
+  read from ``events``. A node step's commit writes its events alone, in one
+  statement. Appends go through the raw ``sqlite3`` connection.
 * WAL with ``synchronous=NORMAL`` by default (a killed process loses nothing
   committed); ``durability="full"`` or ``append(..., sync=True)`` fsyncs.
-* A run is leased by one process at a time; a lease whose holder is dead (same
-  host, pid gone) or expired can be taken over.
+* A run is leased by one process at a time; a lease can be taken over once it
+  expired, or when its holder (same host, same pid *and* process start time) is
+  gone. No signal is sent to find out.
+* SQLite's failures become one-line :class:`StoreError` subclasses naming the
+  file and what to do (disk full, read-only, I/O error, locked, damaged).
 """
 
 from __future__ import annotations
 
 import functools
-import gc
-import operator
 import os
 import socket
 import sqlite3
 import threading
 import uuid
-import zlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import msgspec
+import psutil
 
-from graphrun.eventstore import codec
+from graphrun.eventstore import codec, redaction
 from graphrun.eventstore.errors import (
+    BrokenLogError,
     ConcurrentAppendError,
     CorruptStoreError,
     LeaseHeldError,
     StoreError,
+    StoreFullError,
+    StoreIOError,
+    StoreLockedError,
+    StoreReadOnlyError,
     UnknownRunError,
 )
-from graphrun.eventstore.events import Event, NodeEntered
+from graphrun.eventstore.events import Event
 from graphrun.eventstore.ids import Clock
-from graphrun.eventstore.migrations import APPLICATION_ID, SCHEMA_USER_VERSION, migrate
+from graphrun.eventstore.migrations import prepare
 from graphrun.eventstore.projections import (
     COLUMNS,
+    HEAD_COLUMNS,
     HEAD_EVENT_TYPES,
     RunRow,
     apply_run_row,
+    entered_node,
     rebuild_rows,
 )
 
 LEASE_SECONDS = 30.0
+#: How long a command waits for another process's write lock before giving up.
+BUSY_SECONDS = 10.0
 
-_INSERT_EVENT = "INSERT INTO events (id, ts, type, node_id, body, hash) VALUES (?, ?, ?, ?, ?, ?)"
-_UPSERT_RUN = (
-    f"INSERT INTO runs ({', '.join(COLUMNS)}, run_no) "
-    f"VALUES ({', '.join('?' for _ in COLUMNS)}, ?) "
-    f"ON CONFLICT (run_id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[1:])
-)
 _SEQ_BITS = 32
 _SEQ_MASK = (1 << _SEQ_BITS) - 1
-_HASH_PREFIX = codec.HASH_ALGORITHM + ":"
-
-
-# What every step changes in a run's row. They are not written per step: they
-# are the run's last event (its seq, hash and time) and its last NodeEntered, so
-# the store reads them from ``events`` (see _with_step) and a step's commit
-# writes the events page alone. The row is written when anything else changes
-# (start, waiting, answered, the end).
-_STEP_COLUMNS = ("updated_at", "last_seq", "last_hash", "current_node")
-_head = operator.itemgetter(*(i for i, c in enumerate(COLUMNS) if c not in _STEP_COLUMNS))
-_astuple = msgspec.structs.astuple
-_SELECT_RUN = f"SELECT {', '.join(COLUMNS)}, run_no FROM runs"
-_LAST_EVENT = "SELECT id, ts, hash FROM events WHERE id > ? AND id < ? ORDER BY id DESC LIMIT 1"
-_LAST_ENTERED = (
-    "SELECT node_id FROM events WHERE id > ? AND id < ? AND type = 'NodeEntered' "
-    "ORDER BY id DESC LIMIT 1"
+_INSERT_EVENT = "INSERT INTO events (id, body, hash) VALUES (?, ?, ?)"
+_UPSERT_HEAD = (
+    f"INSERT INTO run_heads ({', '.join(HEAD_COLUMNS)}, run_no) "
+    f"VALUES ({', '.join('?' for _ in HEAD_COLUMNS)}, ?) "
+    f"ON CONFLICT (run_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in HEAD_COLUMNS[1:])
 )
+_SELECT_RUN = f"SELECT {', '.join(COLUMNS)}, run_no FROM runs"
+_head_of = msgspec.structs.astuple
+_HEAD_INDEX = tuple(COLUMNS.index(c) for c in HEAD_COLUMNS)
+_RENEW_IN_APPEND = "UPDATE leases SET expires_at = ? WHERE run_id = ? AND owner = ?"
+
+#: A stored row as read for verification: seq, body bytes, hash (as stored).
+_Stored = tuple[int, bytes, Any]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @functools.lru_cache(maxsize=64)
 def _insert_many(rows: int) -> str:
     """One INSERT of ``rows`` events."""
-    return (
-        _INSERT_EVENT.partition(" VALUES ")[0]
-        + " VALUES "
-        + ", ".join(["(?, ?, ?, ?, ?, ?)"] * rows)
-    )
-
-
-_RENEW_IN_APPEND = "UPDATE leases SET expires_at = ? WHERE run_id = ? AND owner = ?"
+    return _INSERT_EVENT.partition(" VALUES ")[0] + " VALUES " + ", ".join(["(?, ?, ?)"] * rows)
 
 
 @dataclass(frozen=True)
@@ -104,40 +105,166 @@ class Lease:
     pid: int
     host: str
     expires_at: float
+    #: When the holding process started (with ``pid``, who holds it; 0 = unknown).
+    started: float = 0.0
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+@functools.cache
+def _process_started() -> float:
+    return float(psutil.Process().create_time())
+
+
+def holder_alive(lease: Lease) -> bool:
+    """Whether the process holding ``lease`` may still be running.
+
+    Another host's process cannot be seen: its lease holds until it expires. On
+    this host the holder is gone when no process has its pid, when that pid
+    belongs to a process started at another time (the pid was reused), or when
+    it is a zombie. Nothing is sent to the process."""
+    if lease.host != socket.gethostname():
         return True
-    return True
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a log is decoded.
-
-    Decoding builds many containers and no cycles; collections triggered by the
-    allocation count would walk them again and again (a 20,000-event ``show``
-    sometimes took 1.2x the time per event of a 10,000-event one)."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
     try:
-        yield
-    finally:
-        gc.enable()
+        process = psutil.Process(lease.pid)
+        if lease.started and abs(process.create_time() - lease.started) > 0.005:
+            return False
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # access denied: it exists
+        return True
 
 
-def _format_hash(raw: bytes | str) -> str:
-    """A stored hash (32 raw bytes) as ``sha256:<hex>``."""
-    if isinstance(raw, str):  # a hand-edited row
-        return raw
-    return _HASH_PREFIX + raw.hex()
+class Store(Protocol):
+    """What the runtime uses of an event store (SQLite, memory, PostgreSQL).
+
+    Every implementation passes ``tests/conformance/store_contract.py`` and raises
+    the same errors: :class:`UnknownRunError`, :class:`ConcurrentAppendError`,
+    :class:`LeaseHeldError`, :class:`CorruptStoreError` (and
+    :class:`BrokenLogError` from :meth:`require_intact`), ``ValueError`` for a
+    run that does not start with ``RunStarted``.
+    """
+
+    @property
+    def path(self) -> str | Path: ...
+
+    @property
+    def owner(self) -> str: ...
+
+    def close(self) -> None: ...
+
+    def append(
+        self, run_id: str, events: Sequence[Event], *, sync: bool = False
+    ) -> list[Event]: ...
+
+    def has_run(self, run_id: str) -> bool: ...
+
+    def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]: ...
+
+    def raw_rows(self, run_id: str) -> Iterator[tuple[int, bytes, str, str]]: ...
+
+    def verify(self, run_id: str) -> codec.ChainProblem | None: ...
+
+    def require_intact(self, run_id: str) -> None: ...
+
+    def run(self, run_id: str) -> RunRow: ...
+
+    def runs(
+        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+    ) -> list[RunRow]: ...
+
+    def resolve_run_id(self, prefix: str) -> str: ...
+
+    def unknown_run(self, run_id: str) -> UnknownRunError: ...
+
+    def rebuild_runs(self) -> int: ...
+
+    def acquire_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None: ...
+
+    def renew_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None: ...
+
+    def release_lease(self, run_id: str) -> None: ...
+
+    def lease(self, run_id: str) -> Lease | None: ...
+
+    def is_live(self, run_id: str) -> bool: ...
+
+    def leased(self, run_id: str) -> AbstractContextManager[None]: ...
+
+
+def broken_log(run_id: str, problem: codec.ChainProblem) -> BrokenLogError:
+    """The error for a run whose log does not verify (shared by every store)."""
+    return BrokenLogError(
+        f"run {run_id} does not verify at seq {problem.seq}: {problem.reason}",
+        seq=problem.seq,
+        hint=f"nothing was appended; `graphrun audit {run_id} --verify` checks the run",
+    )
+
+
+def storage_error(
+    path: Path, exc: sqlite3.Error, doing: str, busy_seconds: float = BUSY_SECONDS
+) -> StoreError:
+    """A one-line error for what SQLite reported while ``doing`` something."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    detail = " ".join(str(exc).split())  # one line, even when it quotes damaged SQL
+    if len(detail) > 160:
+        detail = detail[:157] + "..."
+    if code == 13 or "database or disk is full" in detail:
+        return StoreFullError(
+            f"the disk holding {path} is full ({doing})",
+            hint="free some space; a run that stopped continues with `graphrun resume RUN`",
+        )
+    if code == 8 or "readonly" in detail:
+        return StoreReadOnlyError(
+            f"{path} cannot be written ({doing}: {detail})",
+            hint="check the permissions of the file and its folder, or pass --db",
+        )
+    if code == 10 or "disk I/O error" in detail:
+        return StoreIOError(
+            f"I/O error on {path} ({doing}: {detail})",
+            hint="check the disk and its free space; a run that stopped continues with "
+            "`graphrun resume RUN`",
+        )
+    if code in (5, 6) or "locked" in detail:
+        return StoreLockedError(
+            f"{path} stayed locked by another process for over {busy_seconds:g}s ({doing})",
+            hint="retry once the other graphrun commands on this database have finished",
+        )
+    if code == 26 or "not a database" in detail:
+        return CorruptStoreError(
+            f"{path} is not a usable graphrun database: {detail}",
+            hint="point --db at a graphrun event database",
+        )
+    if code == 11 or "malformed" in detail:
+        return CorruptStoreError(
+            f"{path} is damaged ({detail}) while {doing}",
+            hint="`graphrun audit RUN --verify` names the first damaged event; "
+            "restore the file from a backup",
+        )
+    if code == 14:
+        return StoreError(
+            f"cannot open the event database {path}: {detail}",
+            hint="check that its folder exists and can be written, or pass --db",
+        )
+    return StoreError(f"{path}: {detail} ({doing})")
+
+
+def _guarded(doing: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Turn SQLite's errors in a store method into one-line store errors."""
+
+    def wrap(method: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(method)
+        def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return method(*args, **kwargs)
+            except sqlite3.Error as exc:
+                store = args[0]
+                assert isinstance(store, SqliteStore)
+                store.rollback()
+                raise storage_error(store.path, exc, doing, store.busy_seconds) from None
+
+        return guarded
+
+    return wrap
 
 
 class SqliteStore:
@@ -150,8 +277,10 @@ class SqliteStore:
         durability: str = "normal",
         create: bool = True,
         clock: Clock | None = None,
+        busy_seconds: float = BUSY_SECONDS,
     ) -> None:
         self.path = Path(path)
+        self.busy_seconds = busy_seconds
         self.clock = clock or Clock()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._lock = threading.RLock()
@@ -167,52 +296,36 @@ class SqliteStore:
                 f"no event database at {self.path}",
                 hint="run something first, or pass --db / set GRAPHRUN_DB",
             )
-        if create:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if create:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create the folder of the event database {self.path}: {exc.strerror}",
+                hint="pass --db or set GRAPHRUN_DB to a writable place",
+            ) from None
         try:
             self.conn = sqlite3.connect(
-                str(self.path), isolation_level=None, check_same_thread=False, timeout=10.0
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_seconds
             )
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the event database {self.path}: {exc}") from None
+            raise storage_error(self.path, exc, "opening it") from None
         try:
-            self._check_and_migrate()
-            self.conn.execute("PRAGMA journal_mode=WAL")
+            prepare(self.conn, self.path, timeout=busy_seconds)
             sync = "FULL" if durability == "full" else "NORMAL"
             self.conn.execute(f"PRAGMA synchronous={sync}")
-        except sqlite3.DatabaseError as exc:
+        except CorruptStoreError:
             self.conn.close()
-            raise CorruptStoreError(
-                f"{self.path} is not a usable graphrun database: {exc}",
-                hint="point --db at a graphrun event database",
-            ) from None
+            raise
+        except sqlite3.Error as exc:
+            self.conn.close()
+            if isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
+                raise CorruptStoreError(
+                    f"{self.path} is not a usable graphrun database: {exc}",
+                    hint="point --db at a graphrun event database",
+                ) from None
+            raise storage_error(self.path, exc, "opening it", busy_seconds) from None
         self.durability = durability
-
-    # -- opening -------------------------------------------------------------------
-
-    def _check_and_migrate(self) -> None:
-        app_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
-        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
-        if app_id == APPLICATION_ID and version == SCHEMA_USER_VERSION:
-            return
-        if app_id == APPLICATION_ID and version > SCHEMA_USER_VERSION:
-            raise CorruptStoreError(
-                f"{self.path} was written by a newer graphrun (schema {version}, "
-                f"this one knows {SCHEMA_USER_VERSION})",
-                hint="upgrade graphrun",
-            )
-        if app_id not in (0, APPLICATION_ID):
-            raise CorruptStoreError(f"{self.path} belongs to another application")
-        tables = {
-            row[0] for row in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-        }
-        if app_id == 0 and tables - {"_sqlite_migrations"}:
-            raise CorruptStoreError(
-                f"{self.path} is an SQLite database of something else "
-                f"(tables: {', '.join(sorted(tables)[:5])})",
-                hint="point --db at a graphrun event database",
-            )
-        migrate(self.conn)
 
     def close(self) -> None:
         with self._lock:
@@ -224,6 +337,14 @@ class SqliteStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def rollback(self) -> None:
+        """End a transaction an error left open (SQLite may have ended it already)."""
+        try:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
     # -- appending -----------------------------------------------------------------
 
     def _row(self, run_id: str) -> RunRow | None:
@@ -231,29 +352,15 @@ class SqliteStore:
         if row is None:
             found = self.conn.execute(_SELECT_RUN + " WHERE run_id = ?", (run_id,)).fetchone()
             if found is not None:
-                row = self._with_step(found)
+                row = self._to_row(found)
         return row
 
-    def _with_step(self, found: tuple[Any, ...]) -> RunRow:
-        """A ``runs`` row (with its ``run_no`` last) completed from the run's events."""
-        row = RunRow(*found[:-1])
-        run_no = found[-1]
-        if run_no is None:
-            return row
-        self._run_nos.setdefault(row.run_id, run_no)
-        lo, hi = run_no << _SEQ_BITS, (run_no + 1) << _SEQ_BITS
-        last = self.conn.execute(_LAST_EVENT, (lo, hi)).fetchone()
-        if last is None:
-            return row
-        entered = self.conn.execute(_LAST_ENTERED, (lo, hi)).fetchone()
-        return msgspec.structs.replace(
-            row,
-            last_seq=last[0] & _SEQ_MASK,
-            updated_at=last[1],
-            last_hash=_format_hash(last[2]),
-            current_node=entered[0] if entered else None,
-        )
+    def _to_row(self, found: tuple[Any, ...]) -> RunRow:
+        """A ``runs`` view row (with its ``run_no`` last)."""
+        self._run_nos.setdefault(found[0], found[-1])
+        return RunRow(*found[:-1])
 
+    @_guarded("appending to the log")
     def append(self, run_id: str, events: Sequence[Event], *, sync: bool = False) -> list[Event]:
         """Append events to a run in one transaction; returns them stamped.
 
@@ -270,13 +377,10 @@ class SqliteStore:
             prev = row.last_hash if row else codec.GENESIS
             now = self.clock.now()
             stamped: list[Event] = []
-            params: list[tuple[Any, ...]] = []
+            params: list[tuple[int, str, str]] = []
             replace = msgspec.structs.replace
             encode = codec.encode
-            chain_digest = codec.chain_digest
-            pack = codec.pack_body
-            storable = codec.storable
-            plain = codec.PLAIN_TYPES
+            chain_hash = codec.chain_hash
             head_types = HEAD_EVENT_TYPES
             # Most events only move the row's step columns (set once, below);
             # only the few that change its head are folded into it one by one.
@@ -292,18 +396,17 @@ class SqliteStore:
                             hint="only one process may extend a run at a time",
                         )
                     event = replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
-                canonical = encode(event)
-                cls = type(event)
-                kind = cls.__name__
-                stored = pack(storable(event, canonical), kind not in plain)
-                raw = chain_digest(prev, canonical)
-                prev = _HASH_PREFIX + raw.hex()
-                params.append((seq, event.ts, kind, getattr(event, "node_id", None), stored, raw))
-                if cls in head_types or row is None:
+                body = encode(event)
+                red = redaction.redact_event(event, body)  # keys are never recorded
+                if red is not event:
+                    event, body = red, encode(red)
+                prev = chain_hash(prev, body)
+                params.append((seq, body.decode("utf-8"), prev))
+                if type(event) in head_types or row is None:
                     row = apply_run_row(row, event, prev)
                     head_touched = True
-                elif cls is NodeEntered:
-                    entered = event.node_id  # type: ignore[attr-defined]
+                else:
+                    entered = entered_node(event) or entered
                 stamped.append(event)
             assert row is not None
             row = replace(
@@ -315,7 +418,7 @@ class SqliteStore:
             )
             conn = self.conn
             head_changed = head_touched and (
-                before is None or _head(_astuple(before)) != _head(_astuple(row))
+                before is None or self._head(before) != self._head(row)
             )
             renew_at = self._renew_at.get(run_id)
             renew = renew_at is not None and now >= renew_at
@@ -328,8 +431,8 @@ class SqliteStore:
                     # commits as one transaction (no BEGIN/COMMIT round trips).
                     base = run_no << _SEQ_BITS
                     flat: list[Any] = []
-                    for p in params:
-                        flat += (base + p[0], *p[1:])
+                    for key, body_text, digest in params:
+                        flat += (base + key, body_text, digest)
                     conn.execute(_insert_many(len(params)), flat)
                 else:
                     conn.execute("BEGIN IMMEDIATE")
@@ -337,9 +440,11 @@ class SqliteStore:
                         if run_no is None:
                             run_no = self._run_no(run_id, new=before is None)
                         base = run_no << _SEQ_BITS
-                        conn.executemany(_INSERT_EVENT, [(base + p[0], *p[1:]) for p in params])
+                        conn.executemany(
+                            _INSERT_EVENT, [(base + key, b, h) for key, b, h in params]
+                        )
                         if head_changed:
-                            conn.execute(_UPSERT_RUN, (*_astuple(row), run_no))
+                            conn.execute(_UPSERT_HEAD, (*self._head(row), run_no))
                         if renew:
                             # Renewing every step would rewrite the leases page every
                             # commit; a third of the lease time is often enough.
@@ -349,7 +454,7 @@ class SqliteStore:
                             self._renew_at[run_id] = now + LEASE_SECONDS / 3
                         conn.execute("COMMIT")
                     except BaseException:
-                        conn.execute("ROLLBACK")
+                        self.rollback()
                         raise
             except sqlite3.IntegrityError:
                 self._rows.pop(run_id, None)
@@ -357,12 +462,23 @@ class SqliteStore:
                     f"run {run_id} was extended by another writer (seq {params[0][0]} taken)",
                     hint="only one process may extend a run at a time",
                 ) from None
+            except sqlite3.Error:
+                self._rows.pop(run_id, None)
+                raise
             finally:
                 if sync and self.durability != "full":
-                    conn.execute("PRAGMA synchronous=NORMAL")
+                    try:
+                        conn.execute("PRAGMA synchronous=NORMAL")
+                    except sqlite3.Error:
+                        pass
             self._run_nos[run_id] = run_no
             self._rows[run_id] = row
             return stamped
+
+    @staticmethod
+    def _head(row: RunRow) -> tuple[Any, ...]:
+        values = _head_of(row)
+        return tuple(values[i] for i in _HEAD_INDEX)
 
     def _run_no(self, run_id: str, *, new: bool = False) -> int:
         """The run's number in this file; a new run gets the next one (in a write
@@ -370,12 +486,15 @@ class SqliteStore:
         run_no = self._run_nos.get(run_id)
         if run_no is not None:
             return run_no
-        found = self.conn.execute("SELECT run_no FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        if found is not None and found[0] is not None:
+        found = self.conn.execute(
+            "SELECT run_no FROM run_heads WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        if found is not None:
             run_no = int(found[0])
         elif new:
-            top = self.conn.execute("SELECT max(id) FROM events").fetchone()[0]
-            run_no = (top >> _SEQ_BITS if top is not None else 0) + 1
+            (top_head,) = self.conn.execute("SELECT max(run_no) FROM run_heads").fetchone()
+            (top_event,) = self.conn.execute("SELECT max(id) FROM events").fetchone()
+            run_no = max(top_head or 0, (top_event or 0) >> _SEQ_BITS) + 1
         else:
             raise self.unknown_run(run_id)
         self._run_nos[run_id] = run_no
@@ -388,51 +507,124 @@ class SqliteStore:
 
     # -- reading -------------------------------------------------------------------
 
+    @_guarded("reading the runs")
     def has_run(self, run_id: str) -> bool:
         with self._lock:
-            cur = self.conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,))
+            if run_id in self._rows:
+                return True
+            cur = self.conn.execute("SELECT 1 FROM run_heads WHERE run_id = ?", (run_id,))
             return cur.fetchone() is not None
 
+    @_guarded("reading a run's events")
     def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
         """The events of a run in seq order (``after < seq <= upto``)."""
         with self._lock:
             lo, hi = self._range(run_id, after, upto)
             rows = self.conn.execute(
-                "SELECT id, ts, body FROM events WHERE id > ? AND id <= ? ORDER BY id", (lo, hi)
-            ).fetchall()
-        from_row = codec.event_from_row
-        try:
-            with _collector_paused():
-                return [from_row(body, run_id, key & _SEQ_MASK, ts) for key, ts, body in rows]
-        except (msgspec.DecodeError, msgspec.ValidationError, zlib.error) as exc:
-            raise CorruptStoreError(
-                f"run {run_id}: an event in the database does not decode ({exc})",
-                hint=f"graphrun audit {run_id} --verify names the damaged event",
-            ) from None
-
-    def raw_rows(self, run_id: str) -> Iterator[tuple[int, bytes, str, str]]:
-        """Stored ``(seq, body, prev_hash, hash)`` rows, for verification.
-
-        ``body`` is the canonical bytes (decompressed); ``prev_hash`` is the
-        previous row's hash, as the chain defines it."""
-        with self._lock:
-            lo, hi = self._range(run_id)
-            rows = self.conn.execute(
-                "SELECT id, ts, body, hash FROM events WHERE id > ? AND id <= ? ORDER BY id",
+                "SELECT id, CAST(body AS BLOB) FROM events WHERE id > ? AND id <= ? ORDER BY id",
                 (lo, hi),
             ).fetchall()
+        decode = codec.decode
+        try:
+            return [decode(body) for _key, body in rows]
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+        for key, body in rows:
+            try:
+                decode(body)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise CorruptStoreError(
+                    f"run {run_id}: event seq {key & _SEQ_MASK} in {self.path} does not "
+                    f"decode ({exc})",
+                    hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+                ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def raw_rows(self, run_id: str) -> Iterator[tuple[int, bytes, str, str]]:
+        """Stored ``(seq, body, prev_hash, hash)`` rows, for verification and export.
+
+        ``body`` is the exact stored bytes; ``prev_hash`` is the previous row's
+        hash, as the chain defines it."""
+        rows, failure = self._stored_rows(run_id)
+        if failure is not None:
+            raise storage_error(self.path, failure, f"reading run {run_id}")
+        yield from self._chained(rows)
+
+    @_guarded("reading a run's events")
+    def _stored_rows(self, run_id: str) -> tuple[list[_Stored], sqlite3.Error | None]:
+        """The run's stored rows up to the first one SQLite cannot read, and the
+        error that stopped the reading (``None`` when every row was read)."""
+        rows: list[_Stored] = []
+        with self._lock:
+            lo, hi = self._range(run_id)
+            try:
+                cursor = self.conn.execute(
+                    "SELECT id, CAST(body AS BLOB), hash FROM events "
+                    "WHERE id > ? AND id <= ? ORDER BY id",
+                    (lo, hi),
+                )
+                for key, body, digest in cursor:
+                    rows.append((key & _SEQ_MASK, body, digest))
+            except sqlite3.DatabaseError as exc:
+                return rows, exc
+        return rows, None
+
+    @staticmethod
+    def _chained(rows: list[_Stored]) -> Iterator[tuple[int, bytes, str, str]]:
         prev = codec.GENESIS
-        for key, ts, stored, raw_hash in rows:
-            seq = key & _SEQ_MASK
-            digest = _format_hash(raw_hash)
-            yield seq, codec.canonical_from_row(stored, run_id, seq, ts), prev, digest
+        for seq, body, digest in rows:
+            yield seq, body, prev, digest
             prev = digest
 
     def verify(self, run_id: str) -> codec.ChainProblem | None:
+        """The first place the run's stored log does not verify, or ``None``:
+        a gap, a wrong hash, a body that is not UTF-8 JSON of this run and seq, or
+        a row SQLite cannot read (a damaged page)."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
-        return codec.verify_chain(self.raw_rows(run_id))
+        rows, failure = self._stored_rows(run_id)
+        problem = codec.verify_chain(self._chained(rows), run_id)
+        if problem is not None:
+            return problem
+        if failure is not None:
+            seq = rows[-1][0] + 1 if rows else 1
+            detail = " ".join(str(failure).split())[:160]
+            return codec.ChainProblem(seq, f"its database page cannot be read ({detail})")
+        if not rows:
+            return codec.ChainProblem(1, "the run has no events")
+        return self._head_problem(run_id, rows)
 
+    @_guarded("reading the runs")
+    def _head_problem(self, run_id: str, rows: list[_Stored]) -> codec.ChainProblem | None:
+        """Whether the run's ``run_heads`` row is what its (verified) events say."""
+        events = [codec.decode(body) for _seq, body, _digest in rows]
+        try:
+            expected = rebuild_rows((e, "") for e in events)[run_id]
+        except ValueError as exc:  # a chain that verifies, of a log no run could write
+            return codec.ChainProblem(1, str(exc))
+        with self._lock:
+            found = self.conn.execute(
+                f"SELECT {', '.join(HEAD_COLUMNS)} FROM run_heads WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        if found is None or tuple(found) == self._head(expected):
+            return None
+        differ = [
+            c for c, a, b in zip(HEAD_COLUMNS, found, self._head(expected), strict=True) if a != b
+        ]
+        return codec.ChainProblem(
+            len(rows),
+            f"the runs table's {', '.join(differ)} for this run do not match its events "
+            "(edited outside graphrun?)",
+        )
+
+    def require_intact(self, run_id: str) -> None:
+        """Raise :class:`BrokenLogError` unless the run's log verifies (call it
+        before extending a run another process wrote)."""
+        problem = self.verify(run_id)
+        if problem is not None:
+            raise broken_log(run_id, problem)
+
+    @_guarded("reading the runs")
     def run(self, run_id: str) -> RunRow:
         with self._lock:
             row = self._row(run_id)
@@ -440,6 +632,7 @@ class SqliteStore:
             raise self.unknown_run(run_id)
         return row
 
+    @_guarded("reading the runs")
     def runs(
         self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
     ) -> list[RunRow]:
@@ -457,13 +650,14 @@ class SqliteStore:
         sql += " ORDER BY started_at DESC, run_id DESC LIMIT ?"
         args.append(limit)
         with self._lock:
-            return [self._with_step(r) for r in self.conn.execute(sql, args).fetchall()]
+            return [self._to_row(r) for r in self.conn.execute(sql, args).fetchall()]
 
+    @_guarded("reading the runs")
     def resolve_run_id(self, prefix: str) -> str:
         """A full run id from a unique prefix (like git's short hashes)."""
         with self._lock:
             rows = self.conn.execute(
-                "SELECT run_id FROM runs WHERE run_id >= ? AND run_id < ? LIMIT 3",
+                "SELECT run_id FROM run_heads WHERE run_id >= ? AND run_id < ? LIMIT 3",
                 (prefix, prefix + "\uffff"),
             ).fetchall()
         if len(rows) == 1:
@@ -477,27 +671,33 @@ class SqliteStore:
             f"no run {run_id!r} in {self.path}", hint="`graphrun runs` lists the runs"
         )
 
+    @_guarded("rebuilding the runs table")
     def rebuild_runs(self) -> int:
-        """Drop and rebuild the ``runs`` projection from ``events``; returns rows."""
+        """Rebuild ``run_heads`` from ``events``, keeping each run's number; returns rows."""
         with self._lock:
-            rows = self.conn.execute("SELECT id, ts, body, hash FROM events ORDER BY id").fetchall()
+            rows = self.conn.execute(
+                "SELECT id, CAST(body AS BLOB), hash FROM events ORDER BY id"
+            ).fetchall()
             run_nos: dict[str, int] = {}
-            names: dict[int, str] = {}  # run_no -> run id, from each run's RunStarted
 
             def stored() -> Iterator[tuple[Event, str]]:
-                for key, ts, body, raw_hash in rows:
-                    run_no = key >> _SEQ_BITS
-                    event = codec.event_from_row(body, names.get(run_no, ""), key & _SEQ_MASK, ts)
-                    names.setdefault(run_no, event.run_id)
-                    run_nos.setdefault(event.run_id, run_no)
-                    yield event, _format_hash(raw_hash)
+                for key, body, digest in rows:
+                    event = codec.decode(body)
+                    run_nos.setdefault(event.run_id, key >> _SEQ_BITS)
+                    yield event, digest
 
-            rebuilt = rebuild_rows(stored())
+            try:
+                rebuilt = rebuild_rows(stored())
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise CorruptStoreError(
+                    f"{self.path}: an event does not decode ({exc}); the runs were not rebuilt",
+                    hint="`graphrun audit RUN --verify` names the damaged event",
+                ) from None
             self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.execute("DELETE FROM runs")
+            self.conn.execute("DELETE FROM run_heads")
             self.conn.executemany(
-                _UPSERT_RUN,
-                [(*_astuple(r), run_nos[r.run_id]) for r in rebuilt.values()],
+                _UPSERT_HEAD,
+                [(*self._head(r), run_nos[r.run_id]) for r in rebuilt.values()],
             )
             self.conn.execute("COMMIT")
             self._rows.clear()
@@ -505,6 +705,7 @@ class SqliteStore:
 
     # -- leases --------------------------------------------------------------------
 
+    @_guarded("taking the run's lease")
     def acquire_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None:
         """Take the run for this process, or raise :class:`LeaseHeldError`."""
         host = socket.gethostname()
@@ -512,32 +713,32 @@ class SqliteStore:
         with self._lock:
             self.conn.execute("BEGIN IMMEDIATE")
             try:
-                found = self.conn.execute(
-                    "SELECT owner, pid, host, expires_at FROM leases WHERE run_id = ?",
-                    (run_id,),
-                ).fetchone()
-                if found is not None and found[0] != self.owner:
-                    _owner, pid, lease_host, expires_at = found
-                    holder_dead = lease_host == host and not _pid_alive(pid)
-                    if expires_at > now and not holder_dead:
-                        raise LeaseHeldError(
-                            f"run {run_id} is being extended by process {pid} on {lease_host}",
-                            hint="wait for it to finish or stop it; the lease expires "
-                            f"in {expires_at - now:.0f}s if that process is gone",
-                        )
+                found = self._lease(run_id)
+                if (
+                    found is not None
+                    and found.owner != self.owner
+                    and found.expires_at > now
+                    and holder_alive(found)
+                ):
+                    raise LeaseHeldError(
+                        f"run {run_id} is being extended by process {found.pid} on {found.host}",
+                        hint="wait for it to finish or stop it; the lease expires "
+                        f"in {found.expires_at - now:.0f}s if that process is gone",
+                    )
                 self.conn.execute(
-                    "INSERT OR REPLACE INTO leases (run_id, owner, pid, host, expires_at) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (run_id, self.owner, os.getpid(), host, now + seconds),
+                    "INSERT OR REPLACE INTO leases (run_id, owner, pid, host, started, "
+                    "expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    (run_id, self.owner, os.getpid(), host, _process_started(), now + seconds),
                 )
                 self.conn.execute("COMMIT")
             except BaseException:
-                self.conn.execute("ROLLBACK")
+                self.rollback()
                 raise
             self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
         # Another process may have appended while we did not hold the run.
         self._rows.pop(run_id, None)
 
+    @_guarded("renewing the run's lease")
     def renew_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None:
         with self._lock:
             now = self.clock.now()
@@ -548,6 +749,7 @@ class SqliteStore:
             if run_id in self._renew_at:
                 self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
 
+    @_guarded("releasing the run's lease")
     def release_lease(self, run_id: str) -> None:
         with self._lock:
             self._renew_at.pop(run_id, None)
@@ -555,20 +757,24 @@ class SqliteStore:
                 "DELETE FROM leases WHERE run_id = ? AND owner = ?", (run_id, self.owner)
             )
 
+    def _lease(self, run_id: str) -> Lease | None:
+        found = self.conn.execute(
+            "SELECT run_id, owner, pid, host, expires_at, started FROM leases WHERE run_id = ?",
+            (run_id,),
+        ).fetchone()
+        return Lease(*found) if found else None
+
+    @_guarded("reading the run's lease")
     def lease(self, run_id: str) -> Lease | None:
         with self._lock:
-            found = self.conn.execute(
-                "SELECT run_id, owner, pid, host, expires_at FROM leases WHERE run_id = ?",
-                (run_id,),
-            ).fetchone()
-        return Lease(*found) if found else None
+            return self._lease(run_id)
 
     def is_live(self, run_id: str) -> bool:
         """Whether some live process holds the run's lease."""
         lease = self.lease(run_id)
         if lease is None or lease.expires_at < self.clock.now():
             return False
-        return not (lease.host == socket.gethostname() and not _pid_alive(lease.pid))
+        return holder_alive(lease)
 
     @contextmanager
     def leased(self, run_id: str) -> Iterator[None]:
@@ -577,3 +783,7 @@ class SqliteStore:
             yield
         finally:
             self.release_lease(run_id)
+
+
+def _conforms(store: SqliteStore) -> Store:
+    return store  # mypy checks that SqliteStore has every method of Store

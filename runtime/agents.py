@@ -8,8 +8,9 @@ resolved when the agent is loaded — ``{{__now__}}`` included — and the resol
 graph text is what ``RunStarted`` records, so a replay sees exactly what ran.
 
 Supported as Loki does: ``model``, ``temperature``, ``top_p``, ``instructions``
-with Loki's special variables (``{{__tools__}}`` lists global, MCP and agent tools;
-it starts the MCP servers only when the instructions use it) and the agent's
+with Loki's special variables (``{{__tools__}}`` lists global and agent tools and
+each MCP server's meta-functions ``mcp_search_``/``mcp_describe_``/``mcp_invoke_<server>``,
+which is how Loki offers MCP servers to its agents) and the agent's
 ``variables`` (defaults, then ``$<NAME>_VARIABLES`` as JSON), ``dynamic_instructions``
 (the ``_instructions`` function of tools.py / tools.sh), ``global_tools``,
 ``mcp_servers``, ``conversation_starters``, ``description``. Other fields are
@@ -22,6 +23,7 @@ import json
 import locale
 import os
 import platform
+import re
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -103,41 +105,26 @@ def _warn_once(key: str, message: str) -> None:
 def _tool_names(
     agent_dir: Path, global_tools: list[str], mcp_servers: list[str], config_dir: Path | None
 ) -> list[str]:
+    from graphrun.actors.mcp import META_PREFIXES
     from graphrun.actors.tools import discover_tools
 
     names = sorted(discover_tools(agent_dir, global_tools=global_tools, config_dir=config_dir))
-    return names + [f"mcp:{server}" for server in mcp_servers]
+    # As Loki offers them to its agents: three meta-functions per server.
+    return names + [f"{prefix}_{server}" for server in mcp_servers for prefix in META_PREFIXES]
 
 
 def _tools_text(
     agent_dir: Path, global_tools: list[str], mcp_servers: list[str], config_dir: Path | None
 ) -> str:
-    """Loki's ``{{__tools__}}``: every enabled tool (global, MCP, agent) with its description.
-
-    Listing an MCP server's tools starts the server, so this runs only when the
-    instructions ask for ``{{__tools__}}``.
-    """
-    from graphrun.actors.mcp import load_mcp_config
-    from graphrun.actors.tools import discover_tools, load_toolbox
+    """Loki's ``{{__tools__}}``: every enabled tool (global, agent, and each MCP
+    server's three meta-functions) with its description. Nothing is started."""
+    from graphrun.actors.mcp import McpHub, meta_tools
+    from graphrun.actors.tools import discover_tools
 
     specs = dict(discover_tools(agent_dir, global_tools=global_tools, config_dir=config_dir))
-    # A server missing from mcp.json is left to validation, which says where it is named.
-    configured = load_mcp_config(config_dir) if mcp_servers else {}
-    mcp_servers = [server for server in mcp_servers if server in configured]
-    if mcp_servers:
-        try:
-            box = load_toolbox(
-                agent_dir,
-                [f"mcp:{server}" for server in mcp_servers],
-                global_tools=global_tools,
-                mcp_servers=mcp_servers,
-                config_dir=config_dir,
-            )
-        except GraphrunError as exc:
-            raise GraphLoadError(
-                f"agent '{agent_dir.name}': cannot list the tools for {{{{__tools__}}}}: {exc}"
-            ) from None
-        specs.update({spec.name: spec for spec in box.specs})
+    hub = McpHub({})  # the specs only: nothing is called through it
+    for server in mcp_servers:
+        specs.update({name: tool.spec for name, tool in meta_tools(hub, server).items()})
     return "\n".join(f"- {name}: {spec.description}" for name, spec in sorted(specs.items()))
 
 
@@ -169,21 +156,30 @@ def builtin_variables(
 
 
 def agent_variables(name: str, config: dict[str, Any]) -> dict[str, Any]:
-    """The agent's ``variables``: defaults, overridden by ``$<NAME>_VARIABLES`` (JSON)."""
+    """The agent's ``variables``: defaults, overridden by ``$<NAME>_VARIABLES`` — a
+    JSON object of values, or (Loki's form) a JSON array of declarations that
+    replaces the declared ones."""
     values: dict[str, Any] = {}
     declared = config.get("variables") or []
-    for var in declared:
-        if isinstance(var, dict) and "name" in var and var.get("default") is not None:
-            values[var["name"]] = var["default"]
     env_name = f"{name.upper().replace('-', '_')}_VARIABLES"
     raw = os.environ.get(env_name)
+    override: Any = None
     if raw:
         try:
             override = json.loads(raw)
         except ValueError:
             raise GraphLoadError(f"${env_name} must be a JSON object") from None
-        if not isinstance(override, dict):
+        declarations = isinstance(override, list) and all(
+            isinstance(v, dict) and isinstance(v.get("name"), str) for v in override
+        )
+        if not isinstance(override, dict) and not declarations:
             raise GraphLoadError(f"${env_name} must be a JSON object")
+        if isinstance(override, list):
+            declared = override
+    for var in declared:
+        if isinstance(var, dict) and "name" in var and var.get("default") is not None:
+            values[var["name"]] = var["default"]
+    if isinstance(override, dict):
         values.update(override)
     missing = [
         var["name"]
@@ -362,6 +358,10 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
     for key in ("model", "temperature", "top_p"):
         if config.get(key) is not None:
             graph[key] = config[key]
+    if "model" not in graph:
+        model = default_model(name, config_dir)
+        if model:
+            graph["model"] = model
     if config.get("conversation_starters"):
         graph["conversation_starters"] = list(config["conversation_starters"])
     text = yaml.safe_dump(graph, sort_keys=False, allow_unicode=True, width=100)
@@ -396,6 +396,58 @@ def _keep_variables(template: str, variables: dict[str, Any]) -> str:
     return _EXPR.sub(keep, template)
 
 
+def default_model(agent: str, config_dir: Path | None) -> str | None:
+    """The model of an agent that names none, as Loki chooses it: ``$<AGENT>_MODEL``,
+    else the config directory's ``config.yaml`` ``model:``."""
+    from graphrun.actors.lokienv import env_name
+
+    model = os.environ.get(f"{env_name(agent)}_MODEL")
+    if model:
+        return model
+    if config_dir is None or not (Path(config_dir) / "config.yaml").is_file():
+        return None
+    from graphrun.actors.llmconfig import load_llm_config
+
+    try:
+        return load_llm_config(config_dir).default_model
+    except GraphrunError:
+        return None  # validation reports a broken config.yaml where a model is needed
+
+
+def _with_default_model(loaded: LoadedGraph, config_dir: Path | None) -> LoadedGraph:
+    """Loki's default-model chain for a graph agent: llm nodes without a model, in a
+    graph without one, use :func:`default_model`. The model is written into the graph
+    text (at its end, so no line moves), so the run records it and replays it."""
+    from graphrun.runtime.graph import LlmNode
+
+    graph = loaded.graph
+    needs = any(isinstance(n, LlmNode) and not n.model for n in graph.nodes.values())
+    if graph.model or not needs:
+        return loaded
+    if re.search(r"^model\s*:", loaded.source, re.MULTILINE):
+        return loaded  # an explicit empty model: validation says so
+    agent = loaded.agent_dir.name if loaded.path.name == "graph.yaml" else graph.name
+    model = default_model(agent, config_dir)
+    if not model:
+        return loaded
+    text = loaded.source
+    if text and not text.endswith("\n"):
+        text += "\n"
+    text += (
+        f"model: {json.dumps(model)}  # Loki's default model (${_env_var(agent)} or config.yaml)\n"
+    )
+    import dataclasses
+
+    reloaded = load_text(text, path=loaded.path, agent_dir=loaded.agent_dir)
+    return dataclasses.replace(reloaded, seed_state=loaded.seed_state)
+
+
+def _env_var(agent: str) -> str:
+    from graphrun.actors.lokienv import env_name
+
+    return f"{env_name(agent)}_MODEL"
+
+
 def load_agent(target: Path, *, config_dir: Path | None) -> LoadedGraph:
     """A graph agent's graph, or the graph an LLM-loop agent runs as."""
     if target.is_dir() and (target / "config.yaml").exists():
@@ -405,4 +457,4 @@ def load_agent(target: Path, *, config_dir: Path | None) -> LoadedGraph:
                 hint="an agent is either a graph agent or an LLM-loop agent: remove one",
             )
         return loop_agent_graph(target, config_dir=config_dir)
-    return load_graph(target)
+    return _with_default_model(load_graph(target), config_dir)

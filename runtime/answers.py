@@ -5,12 +5,20 @@ still waits at the very request the person saw when the command started: two
 people racing to approve get exactly one recorded answer, and the other is told
 who answered first. Every refusal happens before anything is written, so a
 refused answer leaves the log as it was.
+
+An approval's answer must be one of its options (or the option's 1-based number,
+as the terminal menu shows them) unless it is given as free-form text
+(``--other``); an input's answer must satisfy the node's ``validation``. The same
+rules hold for ``--answer NODE=VALUE`` on ``run``, ``resume`` and ``fork``
+(:func:`check_flag_answers`), and ``resume --answer`` leaves out the answers the
+log already holds (:func:`pending_answers`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from graphrun.actors.human import identity
 from graphrun.actors.human_actor import check_approver
@@ -20,7 +28,7 @@ from graphrun.eventstore.fold import RunState, fold
 from graphrun.eventstore.store import SqliteStore
 from graphrun.runtime.errors import AnswerError
 
-__all__ = ["submit_answer"]
+__all__ = ["check_flag_answers", "pending_answers", "submit_answer"]
 
 _VERB = {"approval": "approve", "input": "answer"}
 
@@ -34,6 +42,7 @@ def submit_answer(
     as_user: str | None,
     node: str | None = None,
     channel: str,
+    other: bool = False,
     wait_for_lease: float = 5.0,
 ) -> HumanInputReceived:
     """Record a person's answer to the ``kind`` node the run waits at.
@@ -50,6 +59,7 @@ def submit_answer(
         as_user: The claimed identity (``--as``).
         node: The node to answer, when given (``--node``).
         channel: How the answer came (``"approve"`` / ``"answer"``).
+        other: ``text`` is an approval's free-form answer (``--other``), not a choice.
         wait_for_lease: How long to wait for another process to let go of the run.
 
     Returns:
@@ -59,15 +69,22 @@ def submit_answer(
         AnswerError: The run waits for nothing, has ended, waits elsewhere or
             for another kind of answer, or the node was already answered.
         AnswerRefused: ``as_user`` is not among the node's approvers.
+        InvalidAnswer: ``text`` is not an option (nor its number) of the approval,
+            or fails the input's ``validation``.
         LeaseHeldError: Another process kept the run for longer than
             ``wait_for_lease`` seconds.
     """
     ident = identity(as_user)
-    run_id = _waiting_run(store, run_id, node)
+    store.require_intact(run_id)  # never extend a log that does not verify
+    waiting = _waiting_run(store, run_id, node)
+    if waiting != run_id:
+        store.require_intact(waiting)
+    run_id = waiting
     events = store.read(run_id)
     request = _request(events, run_id, kind=kind, node=node)
     how = f"pass --as NAME with one of them to graphrun {_VERB[kind]}"
     check_approver(request.approvers, ident.by, request.node_id, how=how)
+    text = _checked(events, request, text, other=other)
     deadline = time.monotonic() + wait_for_lease
     while True:
         try:
@@ -98,6 +115,136 @@ def submit_answer(
         raise
     assert isinstance(stamped, HumanInputReceived)
     return stamped
+
+
+def _checked(
+    events: Sequence[Event], request: HumanInputRequested, text: str, *, other: bool
+) -> str:
+    """The answer as it will be recorded, or InvalidAnswer (nothing recorded)."""
+    from graphrun.actors.human import check_free_form, check_input, pick_option
+
+    if request.kind == "approval":
+        if other:
+            return check_free_form(text, request.options, request.node_id)
+        return pick_option(text, request.options, request.node_id)
+    node = _graph_nodes(events).get(request.node_id)
+    validation = getattr(node, "validation", None)
+    check_input(text, validation, has_default=request.default is not None, node_id=request.node_id)
+    return text
+
+
+def _graph_nodes(events: Sequence[Event]) -> dict[str, Any]:
+    from graphrun.runtime.supervisor import graph_of
+
+    return dict(graph_of(fold(events)).graph.nodes)
+
+
+def check_flag_answers(nodes: Mapping[str, Any], answers: Mapping[str, Sequence[str]]) -> None:
+    """Check ``--answer`` / ``--other`` values against the graph before anything runs.
+
+    An input node's answers must satisfy its ``validation``; an approval node's
+    choices must name an option (or its number) when the options are not
+    templated (templated options are checked when the node is reached, and a
+    refused answer there leaves the run waiting). Nodes the graph does not have
+    are left alone (they may belong to a child run).
+
+    Raises:
+        InvalidAnswer: The first answer that would be refused, with its flag.
+    """
+    from graphrun.actors.human import (
+        FreeForm,
+        InvalidAnswer,
+        check_free_form,
+        check_input,
+        pick_option,
+    )
+
+    for node_id, given in answers.items():
+        node = nodes.get(node_id)
+        kind = getattr(node, "type", None)
+        for text in given:
+            flag = "--other" if isinstance(text, FreeForm) else "--answer"
+            try:
+                if kind == "input":
+                    has_default = getattr(node, "default", None) is not None
+                    check_input(text, node.validation, has_default=has_default, node_id=node_id)
+                elif kind == "approval":
+                    options = list(node.options or [])
+                    if any("{{" in option for option in options):
+                        continue
+                    if isinstance(text, FreeForm):
+                        check_free_form(str(text), options, node_id)
+                    elif flag == "--answer":
+                        pick_option(text, options, node_id)
+            except InvalidAnswer as exc:
+                exc.message = f"{flag} {node_id}={text}: {exc.message}"
+                exc.args = (exc.message,)
+                raise
+
+
+def pending_answers(events: Sequence[Event], answers: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The ``resume --answer`` values still to be used, per node.
+
+    A list that starts with every answer the log already holds for a node (the
+    flags the run was started with, given again) has those left out. A list that
+    shares no first answer with the log is taken as the answers to come. Anything
+    else is ambiguous and refused, as is a list made of recorded answers only while
+    the run waits at that node: the message says which answer is still needed.
+
+    Raises:
+        UsageError: The list is ambiguous.
+    """
+    from graphrun.actors.human import FreeForm
+    from graphrun.runtime.errors import UsageError
+
+    state = fold(events)
+    waiting = state.waiting
+    recorded: dict[str, list[HumanInputReceived]] = {}
+    for event in events:
+        if isinstance(event, HumanInputReceived):
+            recorded.setdefault(event.node_id, []).append(event)
+    out: dict[str, list[str]] = {}
+    for node_id, given in answers.items():
+        held = recorded.get(node_id, [])
+        same = 0
+        for text, was in zip(given, held, strict=False):
+            if not _same_answer(text, was, free=isinstance(text, FreeForm)):
+                break
+            same += 1
+        waits_here = waiting is not None and waiting.node_id == node_id
+        if not held or same == 0:
+            out[node_id] = list(given)
+            continue
+        if same == len(held) and (len(given) > same or not waits_here):
+            out[node_id] = list(given[same:])
+            continue
+        flags = " ".join(f"--answer {node_id}={a.answer}" for a in held)
+        visits = len(held)
+        if waits_here and same == len(held):
+            why = f"all of them are for earlier visits; visit {visits + 1} still needs an answer"
+        else:
+            why = "some but not all of them match, so it is unclear which visit each is for"
+        raise UsageError(
+            f"--answer {node_id}=…: the log already holds {visits} answer(s) for node "
+            f"'{node_id}' ({', '.join(repr(a.answer) for a in held)}); {why}",
+            hint=f"pass the recorded answers, then the new ones: {flags} --answer {node_id}=VALUE",
+        )
+    return out
+
+
+def _same_answer(given: str, recorded: HumanInputReceived, *, free: bool) -> bool:
+    """Whether ``given`` is the answer ``recorded`` holds (an option may be given by
+    its number or in another case)."""
+    from graphrun.actors.human import InvalidAnswer, pick_option
+
+    if given == recorded.answer:
+        return True
+    if free or not recorded.options:
+        return False
+    try:
+        return pick_option(given, recorded.options, recorded.node_id) == recorded.answer
+    except InvalidAnswer:
+        return False
 
 
 def _waiting_run(store: SqliteStore, run_id: str, node: str | None) -> str:

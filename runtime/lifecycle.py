@@ -14,6 +14,7 @@ from graphrun.runtime.supervisor import whoami
 
 def cancel_run(store: SqliteStore, run_id: str, *, reason: str, by: str | None = None) -> list[str]:
     """Cancel a run and, recursively, its still-running children. Returns the ids cancelled."""
+    store.require_intact(run_id)  # never extend a log that does not verify
     state = fold(store.read(run_id))
     if state.terminal:
         raise AnswerError(f"run {run_id} has already {state.status}")
@@ -45,6 +46,7 @@ def fork_run(store: SqliteStore, run_id: str, at_seq: int, *, by: str | None = N
     from graphrun.runtime.replay import Replayer
     from graphrun.runtime.supervisor import graph_of
 
+    store.require_intact(run_id)  # a fork copies only a log that verifies
     last = store.run(run_id).last_seq
     if not 1 <= at_seq <= last:
         raise UsageError(f"--at {at_seq} is outside run {run_id} (it has events 1..{last})")

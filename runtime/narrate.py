@@ -79,6 +79,7 @@ class Narrator:
         self.started_ts: float | None = None
         self.graph_name = ""
         self.events: list[Event] = []
+        self.resumed_at: str | None = None
         # settings.log_state_snapshots (default true): state size/keys at debug, full at trace.
         self.snapshots = True
         # On a terminal, a node whose effect takes time shows a spinner and its elapsed time.
@@ -92,8 +93,16 @@ class Narrator:
         print(text, file=self.stream, flush=True)
 
     def __call__(self, events: Iterable[Event], state: RunState) -> None:
-        for event in events:
+        batch = list(events)
+        for i, event in enumerate(batch):
             self.events.append(event)
+            if isinstance(event, RunResumed):
+                # ``state`` is the state after the whole batch: the node the run
+                # resumed at is the first one the events after the resume name
+                # (the answered node after approve/answer).
+                self.resumed_at = next(
+                    (e.node_id for e in batch[i + 1 :] if getattr(e, "node_id", None)), None
+                )
             self.narrate(event, state)
 
     def narrate(self, event: Event, state: RunState) -> None:
@@ -110,7 +119,7 @@ class Narrator:
             case RunResumed():
                 self.started_ts = self.started_ts or event.ts
                 self.graph_name = state.graph_name
-                where = state.current or state.routed_to or "start"
+                where = self.resumed_at or state.current or state.routed_to or "start"
                 self.line(f"▸ graph: {state.graph_name} resumed (at: {where})")
             case NodeEntered():
                 self.line(f"▸ {event.node_id} ({event.node_type})")

@@ -27,6 +27,211 @@ def _close_objects(node: Any) -> None:
             _close_objects(value)
 
 
+#: What an editor shows on hover: the description of each definition (key ``None``)
+#: and of each property, by definition. Node fields every node type has are in
+#: ``_NODE_COMMON``; a node type's own entry wins. The text is the user's manual in
+#: brief (docs/graph-yaml.md has the whole of it); a test checks that every property
+#: of the generated schema has one.
+_NODE_COMMON: dict[str, str] = {
+    "type": "The node type: agent, script, approval, input, llm, rag, end or map.",
+    "id": "The node's id. Optional: it defaults to the key under `nodes:`; when given it "
+    "must equal that key.",
+    "description": "Free-form prose about the node, for people; not used at run time.",
+    "next": "The default next node. A list of two or more ids fans out: the targets run "
+    "together in the next super-step; `[]` ends this branch.",
+    "state_updates": "Map of state key -> template, applied after the node's body "
+    '(lenient: a missing key renders as ""). A value that is exactly one '
+    "`{{expression}}` keeps its JSON type. Scoped here only: {{output}} (agent, llm, rag, "
+    "map), {{choice}} (approval), {{input}} (input).",
+    "fallback": "Where to route when the node fails (tolerant fail). Without it a "
+    "failure continues to `next`, with the error in state as `_error`.",
+    "timeout": "The node's wall-clock cap, in seconds.",
+    "output_schema": "A JSON Schema for the node's output. The output is parsed (or "
+    "extracted) as JSON; an object's top-level keys merge into state; {{output}} is the "
+    "parsed value.",
+}
+
+_DESCRIPTIONS: dict[str, dict[str | None, str]] = {
+    "Graph": {
+        None: "A graph agent: agent-level config plus a directed graph of typed nodes "
+        "(Loki's graph.yaml).",
+        "name": "The agent's name (required).",
+        "version": 'Graph schema version: only "1.0" is accepted.',
+        "description": "Plain prose describing what the workflow does.",
+        "start": "The id of the first node to run (required).",
+        "nodes": "The nodes, by id. Each has a `type` and that type's fields.",
+        "model": "Default model for llm nodes that set none, as provider:model "
+        "(e.g. openai:gpt-4o-mini, anthropic:claude-sonnet-4-6).",
+        "temperature": "Default sampling temperature for llm nodes.",
+        "top_p": "Default sampling top-p for llm nodes.",
+        "reasoning_effort": "Default reasoning effort for llm nodes on models that take "
+        "one (e.g. low, medium, high).",
+        "global_tools": "Global tools (from the config dir's functions/tools) that llm "
+        "nodes may whitelist in `tools:`.",
+        "mcp_servers": "MCP servers (from functions/mcp.json) whose tools llm nodes may "
+        "whitelist, one by one or as mcp:<server>.",
+        "conversation_starters": "Suggested prompts (for listings; not used by a run).",
+        "settings": "Run-wide limits and switches.",
+        "initial_state": "State seeded before the first node; {{initial_prompt}} is always "
+        "the run's prompt. `--set KEY=VALUE` wins over it.",
+        "reducers": "How writes to a state key from parallel branches combine: append, "
+        "extend, concat, sum, max, min, merge or overwrite (the default: last in node-id "
+        "order wins).",
+        "variables": "Agent variables (Loki's shape): each reaches scripts and tools as "
+        "LLM_AGENT_VAR_<NAME>; a variable without a default must be given.",
+        "skills_enabled": "Loki's skills switch (accepted; graphrun has no skills, "
+        "validate warns).",
+        "enabled_skills": "Loki's skill allow-list (accepted; not implemented).",
+        "inject_skill_instructions": "Loki's skill hint switch (accepted; not implemented).",
+        "skill_instructions": "Loki's skill hint text (accepted; not implemented).",
+    },
+    "Settings": {
+        None: "Run-wide limits and switches.",
+        "max_loop_iterations": "Per-node visit cap (default 100): a node entered more "
+        "often fails the run.",
+        "log_state_snapshots": "Log the state's size and keys before each node "
+        "(GRAPHRUN_LOG=debug; the full state at trace). Default true.",
+        "validate_before_run": "Run the validator before each run (default true).",
+        "timeout": "Wall-clock cap on the whole run, in seconds; time waiting for a "
+        "person does not count. Unset: none.",
+        "max_concurrency": "How many nodes of one super-step run at once (default 8).",
+        "max_tokens": "Budget: the most LLM tokens the run may use.",
+        "max_cost": "Budget: the most the run's LLM calls may cost, in USD.",
+    },
+    "AgentNode": {
+        None: "Spawns a child agent (graph or LLM loop) and waits for its final text.",
+        "agent": "The child agent's name in the agents directory (required).",
+        "prompt": "The child's prompt (its {{initial_prompt}}); templated, strict.",
+        "timeout": "Wall-clock cap on the child run, in seconds (default 300); exceeding "
+        "it fails the graph.",
+        "next": "Where to go when the child finishes (required).",
+        "state_updates": "Map of state key -> template; {{output}} is the child's final "
+        "text (or its parsed value with output_schema).",
+        "output_schema": "A JSON Schema: the child's final text is extracted to a value; "
+        "an object's keys merge into state. No schema hint is sent to the child.",
+    },
+    "ScriptNode": {
+        None: "Runs scripts/<file> (.sh with bash, .py with python3, .ts with npx tsx); "
+        "its stdout JSON object merges into state.",
+        "script": "The script's path, relative to the agent directory (required).",
+        "timeout": "Wall-clock cap in seconds (default 30); the process group is killed.",
+        "next": "The default route; a `_next` key in the script's output overrides it.",
+        "fallback": "Where to route when the script exits non-zero, times out or prints "
+        "no JSON object.",
+    },
+    "ApprovalNode": {
+        None: "Asks a person to pick one of the options (or answer in their own words) "
+        "and routes on the answer.",
+        "question": "The question; templated, strict.",
+        "options": "The options shown, in order (answers may give an option's 1-based number).",
+        "routes": "Map of option -> node id: where each option routes.",
+        "on_other": "Where a free-form answer (one that is no option) routes; required. "
+        "Its text is {{choice}}.",
+        "approvers": "graphrun extension: only these identities (--as) may answer.",
+        "next": "Ignored: approval nodes route with routes and on_other.",
+        "state_updates": "Map of state key -> template; {{choice}} is the picked option "
+        "or the free-form text.",
+    },
+    "InputNode": {
+        None: "Asks a person for a line of free text.",
+        "question": "The question; templated, strict.",
+        "default": "Taken when the answer is empty; templated. Not validated.",
+        "validation": "A length rule `len(input) <op> <integer>` with <op> one of >, >=, "
+        "<, <=, ==. An answer that fails it is refused and the run keeps waiting.",
+        "next": "Where to go with the answer (required; of a list only the first entry is used).",
+        "state_updates": "Map of state key -> template; {{input}} is the answer (or the default).",
+    },
+    "LlmNode": {
+        None: "One LLM call with an optional bounded tool loop, in a fresh context.",
+        "prompt": "The user message; templated, strict (required).",
+        "instructions": "The system prompt; templated, strict.",
+        "tools": "The tools this node may call, and only these: global tools, agent "
+        "tools, MCP functions or mcp:<server>. Unset or []: none.",
+        "model": "provider:model for this node (default: the graph's model).",
+        "temperature": "Sampling temperature (default: the graph's; unset: not sent).",
+        "top_p": "Sampling top-p (default: the graph's; unset: not sent).",
+        "reasoning_effort": "Reasoning effort for models that take one.",
+        "max_attempts": "Attempts on transient errors (timeouts, rate limits, 429, 5xx, "
+        "refused connections); default 1.",
+        "max_iterations": "Cap on tool-loop turns (default 10).",
+        "fallback": "Where to route when the call fails; without it the run continues "
+        'to next with {{output}} = "LLM node failed: ...".',
+        "timeout": "Wall-clock cap on the node in seconds (unset: none).",
+        "output_schema": "A JSON Schema: a hint is added to the prompt, the reply is "
+        "parsed (or extracted) as JSON, an object's keys merge into state.",
+        "state_updates": "Map of state key -> template; {{output}} is the reply text (or "
+        "the parsed value with output_schema).",
+        "skills_enabled": "Loki's skills (accepted; not implemented).",
+        "enabled_skills": "Loki's skills (accepted; not implemented).",
+        "inject_skill_instructions": "Loki's skills (accepted; not implemented).",
+        "skill_instructions": "Loki's skills (accepted; not implemented).",
+    },
+    "RagNode": {
+        None: "Hybrid (vector + keyword) retrieval over the node's knowledge base; the "
+        "result goes to state through state_updates.",
+        "documents": "Knowledge sources: files, folders, URLs, relative to the agent "
+        "directory (required).",
+        "query": "The retrieval query; templated (default {{initial_prompt}}).",
+        "top_k": "How many chunks to retrieve (default: the knowledge base's).",
+        "timeout": "Retrieval timeout in seconds (default 120).",
+        "embedding_model": "Embedding model for the corpus (used when the knowledge base "
+        "is built).",
+        "chunk_size": "Chunk size when the knowledge base is built.",
+        "chunk_overlap": "Overlap between chunks when the knowledge base is built.",
+        "reranker_model": "Reranker applied to the hybrid results.",
+        "batch_size": "Embedding-request batch size.",
+        "extractor_model": "Loki's graph-RAG extractor (accepted; not implemented).",
+        "extractor_prompt": "Loki's graph-RAG prompt (accepted; not implemented).",
+        "graph_hops": "Loki's graph-RAG depth (accepted; not implemented).",
+        "driver": "Loki's knowledge-base storage driver (accepted; not implemented).",
+        "next": "Where to go after retrieval (required).",
+        "state_updates": "Where the result goes: {{output.context}} (the text block) and "
+        "{{output.sources}} (the source list).",
+    },
+    "EndNode": {
+        None: "Ends the run; its output is the run's result.",
+        "output": "The final result; templated against the state after state_updates.",
+        "status": 'graphrun extension: "failed" ends the run as failed with output as '
+        'the error (default "completed").',
+        "next": "Ignored: an end node ends the run.",
+        "state_updates": "Last state changes (lenient; no scoped variables).",
+    },
+    "MapNode": {
+        None: "Runs the `branch` node once per item of a list, concurrently, and collects "
+        "the results in input order.",
+        "over": "Exactly one {{path}} that resolves to a JSON array (required).",
+        "as": "The state key each item is put under inside its branch (required).",
+        "branch": "The id of the llm, agent, rag or script node run per item (required).",
+        "collect_into": "The state key that receives the list of results (required).",
+        "output_key": "Which key of a branch's result is collected (default output).",
+        "max_concurrency": "How many items run at once (default: settings.max_concurrency).",
+        "next": "Where to go once every item is done (required).",
+    },
+    "Variable": {
+        None: "An agent variable.",
+        "name": "The variable's name; scripts and tools see LLM_AGENT_VAR_<NAME>.",
+        "description": "What the variable is for (shown when it is asked for).",
+        "default": "The value used when none is given.",
+    },
+}
+
+
+def _describe(defs: dict[str, Any]) -> None:
+    """Put the descriptions of :data:`_DESCRIPTIONS` into the schema's definitions."""
+    from graphrun.runtime.graph import NODE_TYPES
+
+    node_defs = {cls.__name__ for cls in NODE_TYPES.values()}
+    for name, definition in defs.items():
+        table = _DESCRIPTIONS.get(name, {})
+        if None in table:
+            definition["description"] = table[None]
+        common = _NODE_COMMON if name in node_defs else {}
+        for prop, sub in definition.get("properties", {}).items():
+            text = table.get(prop) or common.get(prop)
+            if text is not None:
+                sub["description"] = text
+
+
 def generate() -> dict[str, Any]:
     import msgspec
 
@@ -44,11 +249,12 @@ def generate() -> dict[str, Any]:
         if "type" not in required:
             required.insert(0, "type")
     graph = defs["Graph"]
-    graph["properties"]["version"] = {"const": "1.0", "description": 'Graph schema version: "1.0".'}
+    graph["properties"]["version"] = {"const": "1.0"}
+    _describe(defs)
     graph["properties"]["nodes"]["additionalProperties"] = {
         "type": "object",
         "required": ["type"],
-        "properties": {"type": {"enum": list(NODE_TYPES)}},
+        "properties": {"type": {"enum": list(NODE_TYPES), "description": _NODE_COMMON["type"]}},
         "allOf": [
             {
                 "if": {"properties": {"type": {"const": tag}}},

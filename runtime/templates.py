@@ -82,6 +82,21 @@ def to_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def unterminated(template: str) -> int | None:
+    """The offset of the first ``{{`` that no ``}}`` closes, or None.
+
+    Such text renders as itself, braces and all, which is never what was meant:
+    ``validate`` reports it.
+    """
+    start = template.find("{{")
+    while start != -1:
+        match = _EXPR.match(template, start)
+        if match is None:
+            return start
+        start = template.find("{{", match.end())
+    return None
+
+
 def expressions(template: str) -> list[str]:
     """The paths a template refers to (for validation)."""
     return [m.group(1) for m in _EXPR.finditer(template)]

@@ -25,6 +25,9 @@ Format ``graphrun-export``, version 1 (documented in ``docs/recorded-runs.md``):
   ``sha256(previous hash + canonical event bytes)``, starting from the genesis
   value for seq 1. Import recomputes every hash and refuses a file whose events
   were edited, reordered or lost; seqs run 1, 2, 3... per run with no gap.
+* Unless exported with ``--with-origin`` (header ``"origin": "omitted"``), the
+  events leave out host names, OS accounts and process ids, and their paths are
+  relative to the file's folder; the hashes are those of the events as written.
 * Compatibility: event types only gain optional fields, so every version-1 file
   keeps loading; ``replays/format-v1.run.jsonl`` is replayed by the test suite
   to prove it. A change that old readers cannot read bumps ``version``.
@@ -73,11 +76,22 @@ def run_tree(store: SqliteStore, run_id: str) -> list[str]:
 
 
 def write_export(
-    store: SqliteStore, run_id: str, fh: TextIO, *, relative_to: Path | None = None
+    store: SqliteStore,
+    run_id: str,
+    fh: TextIO,
+    *,
+    relative_to: Path | None = None,
+    with_origin: bool = False,
 ) -> int:
     """Write a run and its descendants. With ``relative_to`` (the file's folder) the
     header also records each run's agent directory relative to it, so
-    ``graphrun test`` finds the agents wherever the repository is checked out."""
+    ``graphrun test`` finds the agents wherever the repository is checked out.
+
+    Unless ``with_origin``, the events say nothing about the machine they ran on:
+    paths are made relative to ``relative_to`` (else the working directory), and
+    host names, OS accounts and process ids are left out (see :func:`_portable`);
+    the file's hash chain is computed over the events as written. With
+    ``with_origin`` the events are written exactly as stored."""
     import os
 
     runs = run_tree(store, run_id)
@@ -87,6 +101,8 @@ def write_export(
         "event_schema": SCHEMA_VERSION,
         "runs": runs,
     }
+    if not with_origin:
+        header["origin"] = "omitted"
     if relative_to is not None:
         dirs = {}
         for rid in runs:
@@ -99,11 +115,96 @@ def write_export(
         header["sources"] = sources
     fh.write(json.dumps(header) + "\n")
     count = 0
+    base = (relative_to or Path.cwd()).resolve()
     for rid in runs:
+        prev = codec.GENESIS
+        users = _os_users(store, rid) if not with_origin else set()
         for _seq, body, _prev, digest in store.raw_rows(rid):
+            if not with_origin:
+                body = _portable(body, base, users)
+                digest = codec.chain_hash(prev, body)
+                prev = digest
             fh.write('{"hash":"' + digest + '","event":' + body.decode("utf-8") + "}\n")
             count += 1
     return count
+
+
+#: Fields that say where and by which process or account a run ran, by event type.
+_ORIGIN_FIELDS = {
+    "RunStarted": ("host",),
+    "RunResumed": ("host", "pid"),
+    "HumanInputReceived": ("host", "os_user"),
+}
+#: Identity fields that hold the OS account unless a name was given with --as.
+_ACCOUNT_FIELDS = {"RunStarted": "started_by", "RunResumed": "by", "RunCancelled": "by"}
+#: Paths made relative to the export file.
+_PATH_FIELDS = {"RunStarted": ("agent_dir", "graph_path")}
+#: Paths in ``RunStarted.config`` (the configuration a run began with), likewise.
+_CONFIG_PATHS = ("config_dir", "agents_dir", "loki_dir")
+
+
+def _os_users(store: SqliteStore, run_id: str) -> set[str]:
+    """The OS accounts a run records (and this process's): never written to an export."""
+    import getpass
+
+    users = set()
+    try:
+        users.add(getpass.getuser())
+    except Exception:  # no account name in this environment
+        pass
+    for event in store.read(run_id):
+        os_user = getattr(event, "os_user", "")
+        if os_user:
+            users.add(os_user)
+    return users
+
+
+def _portable(body: bytes, base: Path, os_users: set[str]) -> bytes:
+    """An event's canonical bytes without its origin: no host, OS account or pid;
+    paths relative to ``base``. Claimed identities (``--as``) and answers stay."""
+    import os
+
+    data = codec.decode_any(body)
+    kind = data.get("type") if isinstance(data, dict) else None
+    if kind not in _ORIGIN_FIELDS and kind not in _ACCOUNT_FIELDS and kind not in _PATH_FIELDS:
+        return body
+    for name in _ORIGIN_FIELDS.get(kind, ()):
+        data.pop(name, None)
+    account = _ACCOUNT_FIELDS.get(kind)
+    if account is not None and data.get(account) in os_users:
+        data.pop(account)
+
+    def relative(value: Any) -> Any:
+        if isinstance(value, str) and os.path.isabs(value):
+            return Path(os.path.relpath(value, base)).as_posix()
+        return value
+
+    for name in _PATH_FIELDS.get(kind, ()):
+        if data.get(name):
+            data[name] = relative(data[name])
+    config = data.get("config") if kind == "RunStarted" else None
+    if isinstance(config, dict):
+        for name in _CONFIG_PATHS:
+            if config.get(name):
+                config[name] = relative(config[name])
+    return codec.encode_any(data)
+
+
+def _sans_origin(event: Event) -> dict[str, Any]:
+    """An event without the fields an export may leave out or make relative: the
+    same run exported with or without ``--with-origin`` imports as the same run."""
+    data = codec.to_builtins(event)
+    kind = data.get("type", "")
+    for name in (
+        *_ORIGIN_FIELDS.get(kind, ()),
+        *_PATH_FIELDS.get(kind, ()),
+        _ACCOUNT_FIELDS.get(kind, ""),
+    ):
+        data.pop(name, None)
+    config = data.get("config") if kind == "RunStarted" else None
+    if isinstance(config, dict):
+        data["config"] = {k: v for k, v in config.items() if k not in _CONFIG_PATHS}
+    return data
 
 
 #: Script files larger than this are not copied into an export header.
@@ -187,7 +288,8 @@ def read_export(path: Path) -> dict[str, list[Event]]:
             raise ExportFileError(
                 f"{where}: run {event.run_id} jumps to seq {event.seq} after {len(events)}"
             )
-        expected = codec.chain_hash(prev.get(event.run_id, codec.GENESIS), codec.encode(event))
+        # Over the bytes as written: a field this version does not know still verifies.
+        expected = codec.chain_hash(prev.get(event.run_id, codec.GENESIS), bytes(record.event))
         if expected != digest:
             raise ExportFileError(
                 f"{where}: event {event.run_id}#{event.seq} does not match its hash "
@@ -206,7 +308,8 @@ def import_runs(store: SqliteStore, path: Path) -> list[tuple[str, str]]:
         if store.has_run(run_id):
             existing = store.read(run_id)
             same = len(existing) >= len(events) and all(
-                codec.encode(a) == codec.encode(b) for a, b in zip(existing, events, strict=False)
+                codec.encode(a) == codec.encode(b) or _sans_origin(a) == _sans_origin(b)
+                for a, b in zip(existing, events, strict=False)
             )
             if not same:
                 raise ExportFileError(

@@ -346,6 +346,49 @@ def input_validation_grammar(c: Check) -> list[Diagnostic]:
     return out
 
 
+@rule
+def templates_terminated(c: Check) -> list[Diagnostic]:
+    """Every ``{{`` in a node's text is closed by ``}}``."""
+    import msgspec
+
+    from graphrun.runtime.templates import unterminated
+
+    out = []
+
+    def walk(nid: str, path: str, value: Any) -> None:
+        if isinstance(value, str):
+            at = unterminated(value)
+            if at is not None:
+                shown = value[at : at + 30].splitlines()[0]
+                out.append(
+                    c.diag(
+                        "error",
+                        "template-unterminated",
+                        f"unterminated template: {shown!r} has no closing '}}}}'",
+                        path,
+                        node=nid,
+                        hint="close it with }}, e.g. {{key}}",
+                    )
+                )
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(nid, f"{path}[{i}]", item)
+        elif isinstance(value, dict):
+            from graphrun.runtime.loader import _child
+
+            for key, item in value.items():
+                walk(nid, _child(path, key), item)
+
+    for nid, node in c.nodes():
+        fields = msgspec.to_builtins(node)
+        if not isinstance(fields, dict):
+            continue
+        for name, value in fields.items():
+            if name not in ("output_schema", "type", "id"):
+                walk(nid, _npath(nid, name), value)
+    return out
+
+
 # --- script ---------------------------------------------------------------------------
 
 
@@ -533,3 +576,73 @@ def validate(check: Check) -> list[Diagnostic]:
             continue
         found.extend(fn(check))
     return sorted(found, key=lambda d: (d.severity != "error", d.line or 0, d.rule))
+
+
+# Rules that stubbing a broken node (see validate_all) could trip for no real reason.
+_STUB_SENSITIVE = {"unreachable", "no-reachable-end", "static-cycle", "no-end"}
+
+
+def validate_all(
+    target: Path, *, agents_dir: Path | None, config_dir: Path | None
+) -> list[Diagnostic]:
+    """Every error of every phase of an agent at once: YAML and schema errors and,
+    on what parses, the semantic and configuration rules too (``graphrun validate``).
+
+    When the graph has structural errors, each node that has one is replaced by a
+    stub ``end`` node and each broken top-level field is dropped, so the rules still
+    run on the rest; their findings about the stubs are left out.
+    """
+    from graphrun.runtime.agents import load_agent
+    from graphrun.runtime.errors import GraphValidationError
+
+    try:
+        loaded = load_agent(target, config_dir=config_dir)
+    except GraphValidationError as exc:
+        first = list(exc.diagnostics)
+        return _sorted(first + _salvaged(target, first, agents_dir, config_dir))
+    return validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir))
+
+
+def _sorted(found: list[Diagnostic]) -> list[Diagnostic]:
+    unique = list(dict.fromkeys(found))  # ties keep their order: the loader's first
+    return sorted(unique, key=lambda d: (d.severity != "error", d.line or 0))
+
+
+def _salvaged(
+    target: Path, first: list[Diagnostic], agents_dir: Path | None, config_dir: Path | None
+) -> list[Diagnostic]:
+    from graphrun.runtime.loader import LoadedGraph, find_graph_file, parse_yaml, structure
+
+    try:
+        path = find_graph_file(target)
+        text = path.read_text(encoding="utf-8")
+    except Exception:
+        return []
+    data, lines, problems = parse_yaml(text, str(path))
+    if not isinstance(data, dict) or any(p.severity == "error" for p in problems):
+        return []  # nothing to salvage from YAML that does not parse
+    data = dict(data)
+    nodes = dict(data.get("nodes") or {}) if isinstance(data.get("nodes"), dict) else {}
+    stubs = {d.node for d in first if d.node is not None and d.node in nodes}
+    for node_id in stubs:
+        nodes[node_id] = {"type": "end"}
+    data["nodes"] = nodes
+    for d in first:
+        if d.node is None and d.path and d.path.count(".") == 1 and d.path != "$.nodes":
+            data.pop(d.path[2:], None)  # a broken top-level field
+    data.setdefault("name", path.parent.name)
+    data.setdefault("version", "1.0")
+    if "start" not in data and nodes:
+        data["start"] = next(iter(nodes))
+    if "model" not in data:
+        from graphrun.runtime.agents import default_model
+
+        model = default_model(path.parent.name, config_dir)
+        if model:
+            data["model"] = model
+    graph, _more = structure(data, lines, str(path))
+    if graph is None:
+        return []
+    loaded = LoadedGraph(graph, text, path, path.parent, lines)
+    found = validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir))
+    return [d for d in found if d.node not in stubs and not (stubs and d.rule in _STUB_SENSITIVE)]

@@ -20,11 +20,13 @@ from __future__ import annotations
 import email.utils
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from graphrun.actors.secrets import redact_url
+from graphrun.eventstore import redaction
 from graphrun.eventstore.errors import GraphrunError
 
 if TYPE_CHECKING:
@@ -100,6 +102,9 @@ class ChatRequest:
     top_p: float | None = None
     max_tokens: int | None = None
     timeout: float | None = None
+    #: ``low`` / ``medium`` / ``high`` (``minimal`` for gpt-5): sent only to models
+    #: that take it (see :data:`graphrun.actors.providers.openai.MODEL_RULES`).
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)
@@ -279,25 +284,25 @@ class Provider:
     ) -> ChatResponse:
         """Send ``request`` and return the response, or raise :class:`LlmCallError`."""
         url = self.endpoint(resolved.base_url)
+        if request.reasoning_effort is None and resolved.reasoning_effort:
+            request = replace(request, reasoning_effort=resolved.reasoning_effort)
         body = self.build_body(request, resolved.model, resolved.max_output_tokens)
         # Keys sorted: the bytes sent are the request's canonical JSON, which is
         # also what a recording is matched on (servers do not mind the order).
         content = _SORTED.encode(body)
         headers = self.headers(resolved.api_key)
         headers["content-type"] = "application/json"
-        timeout: Any = None
-        if not getattr(client, "replaying", False):  # a recording needs no httpx at all
-            import httpx
+        import httpx
 
-            timeout = httpx.USE_CLIENT_DEFAULT
-            if request.timeout is not None:
-                timeout = httpx.Timeout(request.timeout, connect=min(request.timeout, 10.0))
+        timeout: Any = httpx.USE_CLIENT_DEFAULT
+        if request.timeout is not None:
+            timeout = httpx.Timeout(request.timeout, connect=min(request.timeout, 10.0))
         secret = resolved.api_key
 
         def fail(message: str, **kwargs: Any) -> LlmCallError:
             return LlmCallError(
-                redact(message, secret),
-                url=url,
+                redaction.redact(redact(message, secret)),
+                url=redact_url(url),
                 request_body=body,
                 latency_ms=(time.perf_counter() - start) * 1000.0,
                 **kwargs,
@@ -307,8 +312,6 @@ class Provider:
         try:
             response = client.post(url, content=content, headers=headers, timeout=timeout)
         except Exception as exc:
-            import httpx
-
             if isinstance(exc, httpx.TimeoutException):
                 budget = f" after {request.timeout:g}s" if request.timeout is not None else ""
                 raise fail(f"request to {url} timed out{budget} ({exc})", transient=True) from None
@@ -322,17 +325,14 @@ class Provider:
             raise
         latency_ms = (time.perf_counter() - start) * 1000.0
         status = response.status_code
-        data = getattr(response, "parsed", None)  # a replayed response comes decoded
-        raw_bytes = b""
-        if data is None:
-            raw_bytes = response.content
-            try:
-                data = msgspec.json.decode(raw_bytes) if raw_bytes else {}
-            except msgspec.DecodeError:
-                data = None
+        raw_bytes = response.content
+        try:
+            data = msgspec.json.decode(raw_bytes) if raw_bytes else {}
+        except msgspec.DecodeError:
+            data = None
         raw = ""  # the body as text: only for the key check and for messages
         if secret or not isinstance(data, dict) or status >= 400:
-            raw = (raw_bytes or response.content).decode("utf-8", errors="replace")
+            raw = raw_bytes.decode("utf-8", errors="replace")
         parsed: dict[str, Any] = redact(
             data if isinstance(data, dict) else {"_raw": raw[: _EXCERPT_CHARS * 4]},
             # Walk the body only when the server actually echoed the key back.
@@ -365,6 +365,9 @@ class Provider:
                 text, status=status, transient=is_transient_status(status, text, kind), body=parsed
             )
         text_out, tool_calls, usage = self.parse_body(data)
+        if redaction.secrets():  # a server echoing any configured key: never pass it on
+            text_out = redaction.redact(text_out)
+            tool_calls = [ToolCall(c.id, c.name, redaction.redact(c.arguments)) for c in tool_calls]
         if not text_out.strip() and not tool_calls:
             raise fail(
                 f"HTTP {status} from {url}: {request.model} produced no output",
@@ -379,7 +382,7 @@ class Provider:
             status=status,
             body=parsed,
             request_body=body,
-            url=url,
+            url=redact_url(url),
             latency_ms=latency_ms,
         )
 

@@ -4,16 +4,19 @@ Requests go to ``<base_url>/chat/completions`` where the base URL includes
 ``/v1``, as in the official SDK. The system prompt is the first message; tools
 are ``{"type": "function", "function": {...}}``; the model's tool calls come back
 in ``choices[0].message.tool_calls`` and their results go back as ``role: tool``
-messages. The output limit is sent only when set: as ``max_tokens`` (what every
-OpenAI-compatible server accepts), except to OpenAI's reasoning models (``o1``,
-``o3``, ``o4-mini``, ``gpt-5`` and their dated or sized variants), which reject
-it and take ``max_completion_tokens``.
+messages. What a model accepts comes from one table, :data:`MODEL_RULES`:
+OpenAI's reasoning models (``o1``, ``o3``, ``o4-mini``, ``gpt-5`` and their dated or
+sized variants) get no ``temperature``/``top_p`` (they answer HTTP 400), take the
+output limit as ``max_completion_tokens``, and get ``reasoning_effort`` when they
+take it; every other model gets the limit as ``max_tokens`` (what every
+OpenAI-compatible server accepts).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from graphrun.actors.providers.base import ChatRequest, Provider, ToolCall
@@ -52,13 +55,17 @@ class OpenAIProvider(Provider):
                 }
                 for tool in request.tools
             ]
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
-        if request.top_p is not None:
-            body["top_p"] = request.top_p
+        rule = model_rule(model)
+        if rule.sampling:
+            if request.temperature is not None:
+                body["temperature"] = request.temperature
+            if request.top_p is not None:
+                body["top_p"] = request.top_p
+        if request.reasoning_effort in rule.efforts:  # else the model does not take it
+            body["reasoning_effort"] = request.reasoning_effort
         limit = request.max_tokens if request.max_tokens is not None else max_tokens
         if limit is not None:
-            body["max_completion_tokens" if is_reasoning_model(model) else "max_tokens"] = limit
+            body[rule.limit_field] = limit
         return body
 
     def parse_body(self, body: dict[str, Any]) -> tuple[str, list[ToolCall], dict[str, Any]]:
@@ -98,13 +105,58 @@ class OpenAIProvider(Provider):
         return None
 
 
-_REASONING = re.compile(r"(?:.*/)?(?:o\d+|gpt-5)(?:[-.:].*)?", re.IGNORECASE)
+@dataclass(frozen=True)
+class ModelRule:
+    """What a family of models accepts in a Chat Completions request.
+
+    Attributes:
+        pattern: the model names (the provider's own, maybe ``org/``-prefixed).
+        sampling: ``temperature`` and ``top_p`` are accepted (reasoning models
+            reject them with HTTP 400, so they are left out, never sent).
+        limit_field: the name of the output limit.
+        efforts: the ``reasoning_effort`` values the model takes (empty: none;
+            an effort the model does not take is left out).
+    """
+
+    pattern: re.Pattern[str]
+    sampling: bool = True
+    limit_field: str = "max_tokens"
+    efforts: frozenset[str] = frozenset()
+
+
+def _rule(pattern: str, **kwargs: Any) -> ModelRule:
+    return ModelRule(re.compile(rf"(?:.*/)?(?:{pattern})(?:[-.:].*)?", re.IGNORECASE), **kwargs)
+
+
+_EFFORTS = frozenset({"low", "medium", "high"})
+#: First match wins; a model no rule matches is an ordinary chat model.
+MODEL_RULES: tuple[ModelRule, ...] = (
+    # gpt-5-chat is the non-reasoning chat model of the gpt-5 family.
+    _rule("gpt-5-chat", limit_field="max_completion_tokens"),
+    _rule(
+        "gpt-5",
+        sampling=False,
+        limit_field="max_completion_tokens",
+        efforts=_EFFORTS | {"minimal"},
+    ),
+    # o1-mini and o1-preview predate reasoning_effort.
+    _rule("o1-mini|o1-preview", sampling=False, limit_field="max_completion_tokens"),
+    _rule(r"o\d+", sampling=False, limit_field="max_completion_tokens", efforts=_EFFORTS),
+)
+_DEFAULT_RULE = ModelRule(re.compile(".*"))
+
+
+def model_rule(model: str) -> ModelRule:
+    """The :class:`ModelRule` for ``model`` (see :data:`MODEL_RULES`)."""
+    for rule in MODEL_RULES:
+        if rule.pattern.fullmatch(model):
+            return rule
+    return _DEFAULT_RULE
 
 
 def is_reasoning_model(model: str) -> bool:
-    """Whether ``model`` (the provider's own name, maybe ``org/``-prefixed) is one of
-    OpenAI's reasoning models, which take ``max_completion_tokens``."""
-    return _REASONING.fullmatch(model) is not None
+    """Whether ``model`` is one of OpenAI's reasoning models (no sampling parameters)."""
+    return not model_rule(model).sampling
 
 
 def _wire_message(message: dict[str, Any]) -> dict[str, Any]:

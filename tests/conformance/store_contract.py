@@ -1,5 +1,8 @@
 """The contract every event store keeps, as a test class to subclass.
 
+Every store raises the same errors for the same situations (the in-memory store
+exactly what SQLite raises), so code tested against one behaves the same on another.
+
 A store test module subclasses :class:`StoreContract` and provides ``open_store``
 (a new store on the same storage each call, as a second process would open it),
 ``tamper`` (change one stored body without rehashing) and ``set_lease_pid``.
@@ -14,7 +17,9 @@ import pytest
 
 from graphrun.eventstore import codec
 from graphrun.eventstore.errors import (
+    BrokenLogError,
     ConcurrentAppendError,
+    CorruptStoreError,
     LeaseHeldError,
     UnknownRunError,
 )
@@ -271,6 +276,92 @@ class StoreContract:
         assert done.seq == 5
         assert b.verify("r1") is None
 
+    def test_a_stale_writer_on_the_fast_path(self) -> None:
+        """Step-only appends (no change to the run's head) are refused just the same
+        when another writer got there first, and store nothing."""
+        a = self.open_store()
+        b = self.open_store()
+        a.append("r1", [started()])
+        a.append("r1", step("a", 1, 1, "a"))  # a now knows the run and its tail
+        b.append("r1", step("a", 2, 2, "a"))
+        with pytest.raises(ConcurrentAppendError, match="extended by another writer"):
+            a.append("r1", step("a", 3, 3, None))
+        assert [e.seq for e in b.read("r1")] == list(range(1, 8))
+        assert b.verify("r1") is None
+        assert [e.seq for e in a.append("r1", step("a", 3, 3, None))] == [8, 9, 10]
+        assert a.verify("r1") is None
+
+    def test_an_event_stamped_with_a_stale_seq_is_refused(self) -> None:
+        store = self.open_store()
+        (first,) = store.append("r1", [started()])
+        store.append("r1", step("a", 1, 1, None))
+        stale = NodeEntered(run_id="r1", seq=2, ts=first.ts, node_id="b", node_type="end", visit=1)
+        with pytest.raises(ConcurrentAppendError, match="as its writer thought"):
+            store.append("r1", [stale])
+        assert store.run("r1").last_seq == 4
+
+    def test_racing_appends_from_threads(self) -> None:
+        """Writers on their own stores race for one run: each append lands whole or
+        is refused; the log has every accepted step, gap-free, and verifies."""
+        import threading
+
+        self.open_store().append("r1", [started()])
+        writers, steps = 4, 12
+        refused = [0] * writers
+        failures: list[BaseException] = []
+
+        def write(n: int) -> None:
+            store = self.open_store()
+            done = 0
+            try:
+                while done < steps:
+                    try:
+                        store.append("r1", step(f"w{n}", done + 1, done, None))
+                        done += 1
+                    except ConcurrentAppendError:
+                        refused[n] += 1
+            except BaseException as exc:  # pragma: no cover - reported below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not failures
+        store = self.open_store()
+        events = store.read("r1")
+        assert [e.seq for e in events] == list(range(1, 2 + 3 * writers * steps))
+        # Each step's three events are together: appends never interleave.
+        for at in range(1, len(events), 3):
+            assert len({getattr(e, "node_id", None) for e in events[at : at + 3]}) == 1
+        assert store.verify("r1") is None
+        assert store.run("r1").last_seq == len(events)
+
+    # -- damage --------------------------------------------------------------------------
+
+    def test_an_undecodable_event_is_named_by_seq(self) -> None:
+        store = self.open_store()
+        store.append("r1", [started(), *step("a", 1, 1, None)])
+        self.tamper(store, "r1", 3, b'{"type": "ScriptFinished", "oops"')
+        reader = self.open_store()
+        with pytest.raises(CorruptStoreError, match=r"event seq 3 .*does not decode"):
+            reader.read("r1")
+        assert [e.seq for e in reader.read("r1", upto=2)] == [1, 2]
+        problem = reader.verify("r1")
+        assert problem is not None and problem.seq == 3
+        with pytest.raises(BrokenLogError, match="run r1 does not verify at seq 3") as info:
+            reader.require_intact("r1")
+        assert info.value.seq == 3
+
+    def test_invalid_utf8_is_named_by_seq(self) -> None:
+        store = self.open_store()
+        store.append("r1", [started(), *step("a", 1, 1, None)])
+        body = next(b for s, b, _p, _h in store.raw_rows("r1") if s == 2)
+        self.tamper(store, "r1", 2, body.replace(b'"a"', b'"\xff"', 1))
+        problem = self.open_store().verify("r1")
+        assert problem is not None and problem.seq == 2
+
     # -- leases -------------------------------------------------------------------------
 
     def test_one_lease_holder_at_a_time(self) -> None:
@@ -333,6 +424,28 @@ class StoreContract:
         assert not b.is_live("r1")
         b.acquire_lease("r1")
         assert b.lease("r1").owner == b.owner  # type: ignore[union-attr]
+
+    def test_a_pid_now_used_by_another_process_does_not_hold_a_lease(self) -> None:
+        """The holder is its pid *and* its start time: a live process that got the
+        pid later (here: one started after the holder) does not keep the run."""
+        import subprocess
+        import sys
+        import time
+
+        a = self.open_store()
+        b = self.open_store()
+        a.append("r1", [started()])
+        a.acquire_lease("r1")
+        time.sleep(0.05)
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            self.set_lease_pid(a, "r1", other.pid)
+            assert not b.is_live("r1")
+            b.acquire_lease("r1")
+            assert b.lease("r1").owner == b.owner  # type: ignore[union-attr]
+        finally:
+            other.kill()
+            other.wait()
 
     def test_appending_renews_the_holders_lease(self) -> None:
         clock = FakeClock()

@@ -61,7 +61,10 @@ def test_loop_agent_calls_an_mcp_tool_and_the_log_shows_it(
         """,
     )
     fake_llm.script(
-        tool_calls(("calc_add", {"a": 2, "b": 3}), ("calc_process_info", {})),
+        tool_calls(
+            ("mcp_invoke_calc", {"tool": "add", "arguments": {"a": 2, "b": 3}}),
+            ("mcp_invoke_calc", {"tool": "process_info", "arguments": {}}),
+        ),
         text("2 + 3 = 5"),
     )
 
@@ -71,18 +74,19 @@ def test_loop_agent_calls_an_mcp_tool_and_the_log_shows_it(
     assert res.stdout.strip() == "2 + 3 = 5"
     first = fake_llm.requests[0].body
     offered = sorted(t["function"]["name"] for t in first["tools"])
-    assert offered == ["calc_add", "calc_fail", "calc_process_info"]
-    assert "- calc_add: Add two integers." in first["messages"][0]["content"]
+    # As Loki offers a server to its agents: three meta-functions.
+    assert offered == ["mcp_describe_calc", "mcp_invoke_calc", "mcp_search_calc"]
+    assert "- mcp_search_calc: Find candidate tools by keywords" in first["messages"][0]["content"]
     called = [e for e in events(graphrun, graphrun.last_run()) if e["type"] == "ToolCalled"]
     assert [(e["name"], e["source"]) for e in called] == [
-        ("calc_add", "mcp:calc"),
-        ("calc_process_info", "mcp:calc"),
+        ("mcp_invoke_calc", "mcp:calc"),
+        ("mcp_invoke_calc", "mcp:calc"),
     ]
     assert called[0]["result"] == "5"
     info = json.loads(called[1]["result"])
     assert info["value"] == "from-json"  # the server got mcp.json's env
     assert not any(e.get("is_error") for e in called)
-    assert "▸ tool: calc_add" in res.stderr
+    assert "▸ tool: mcp_invoke_calc" in res.stderr
 
 
 def test_graph_llm_node_with_an_mcp_whitelist_and_offline_replay(

@@ -373,7 +373,9 @@ def test_narration_and_performance_summary(graphrun: Any, agent: Any) -> None:
     result = graphrun("run", str(root), "hi", GRAPHRUN_LOG="info")
     assert result.code == 0
     assert result.stdout == "n=3 prompt=hi\n"
-    narration = [line for line in result.stderr.splitlines() if line.startswith("▸")]
+    lines = result.stderr.splitlines()
+    assert lines[-1] == f"▸ run {graphrun.last_run()} completed"
+    narration = [line for line in lines[:-1] if line.startswith("▸")]
     assert narration[:-1] == [
         "▸ graph: counter (start: step)",
         "▸ step (script)",

@@ -184,3 +184,59 @@ def test_a_closed_stdout_pipe_never_kills_the_run(graphrun, agent, tmp_path: Pat
     rows = graphrun("runs", "--json").json_lines()
     assert [r["status"] for r in rows] == ["completed"]
     assert json.dumps(rows)
+
+
+def test_later_commands_continue_with_the_configuration_the_run_began_with(
+    graphrun, fake_llm, tmp_path: Path
+) -> None:
+    """resume / approve / answer need no --loki-dir: the run recorded it."""
+    from tests.conftest import write_agent
+
+    loki = tmp_path / "loki"
+    loki.mkdir()
+    (loki / "config.yaml").write_text(
+        "clients:\n"
+        "  - type: openai-compatible\n"
+        "    name: local\n"
+        f"    api_base: {fake_llm.url_openai}\n"
+        "    models:\n"
+        "      - name: small\n"
+    )
+    write_agent(
+        loki / "agents" / "gate",
+        """\
+        name: gate
+        version: "1.0"
+        model: local:small
+        start: draft
+        nodes:
+          draft:
+            type: llm
+            prompt: "draft {{initial_prompt}}"
+            state_updates: {draft: "{{output}}"}
+            next: ok
+          ok:
+            type: approval
+            question: "Ship {{draft}}?"
+            options: [ship, hold]
+            routes: {ship: final, hold: done}
+            on_other: done
+          final:
+            type: llm
+            prompt: "polish {{draft}}"
+            state_updates: {draft: "{{output}}"}
+            next: done
+          done:
+            type: end
+            output: "{{draft}}"
+        """,
+    )
+    fake_llm.script(text("v1"), text("v2"))
+    started = graphrun("run", "gate", "notes", "--loki-dir", str(loki))
+    assert started.code == 3, started.stderr
+    assert "--loki-dir" not in started.stderr  # the answer hint is complete without it
+    run_id = graphrun.last_run()
+    approved = graphrun("approve", run_id, "ship", "--as", "alice")
+    assert approved.code == 0, approved.stderr
+    assert approved.stdout.strip() == "v2"
+    assert [r.path for r in fake_llm.requests] == ["/v1/chat/completions"] * 2

@@ -49,7 +49,7 @@ def test_a_paused_run_survives_its_process_and_approve_completes_it(graphrun, ag
 
 def test_answer_resumes_to_the_next_wait_then_to_the_end(graphrun, agent):
     run_id = _waiting_run(graphrun, agent)
-    res = graphrun("approve", run_id, "not yet", "--as", "bob")
+    res = graphrun("approve", run_id, "--other", "not yet", "--as", "bob")
     assert res.code == 3
     assert f"▸ run {run_id} waits at input node 'clarify':" in res.stderr
     assert f"answer with: graphrun answer {run_id} <text> --as <you>" in res.stderr

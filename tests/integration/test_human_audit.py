@@ -14,7 +14,7 @@ from tests.integration.test_human_nodes import events, of_type
 def _decided_run(graphrun: Any, agent: Any) -> str:
     """A run with two decisions: an approval (approve command) and an input (answer)."""
     run_id = _waiting_run(graphrun, agent, GATED)
-    assert graphrun("approve", run_id, "split the release", "--as", "alice").code == 3
+    assert graphrun("approve", run_id, "--other", "split the release", "--as", "alice").code == 3
     res = graphrun("answer", run_id, "ship docs first", "--as", "carol")
     assert res.code == 0, res.stderr
     return run_id

@@ -21,7 +21,7 @@ def test_clarify_loops_back_to_the_gate_then_approve(graphrun):
         str(EXAMPLE),
         "--as",
         "alice",
-        "--answer",
+        "--other",
         f"review={CLARIFY}",
         "--answer",
         "clarify=add upgrade notes for cache.dir -> cache.path",
@@ -64,7 +64,7 @@ def test_waiting_gate_answered_later_by_an_approver_and_hold(graphrun):
     run_id = graphrun.last_run()
     assert f"answer with: graphrun approve {run_id} <approve|reject> --as <alice|bob>" in res.stderr
     assert graphrun("approve", run_id, "approve", "--as", "mallory").code == 2
-    res = graphrun("approve", run_id, "wait for the docs", "--as", "bob")
+    res = graphrun("approve", run_id, "--other", "wait for the docs", "--as", "bob")
     assert res.code == 3
     res = graphrun("answer", run_id, "hold until the docs are out", "--as", "bob")
     assert res.code == 0, res.stderr

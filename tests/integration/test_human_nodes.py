@@ -114,7 +114,7 @@ def test_free_form_answer_goes_to_on_other_with_its_text_in_choice(graphrun, age
     res = graphrun(
         "run",
         str(_agent(agent)),
-        "--answer",
+        "--other",
         "review=needs a changelog entry",
         "--answer",
         "clarify=add the entry",
@@ -130,29 +130,30 @@ def test_free_form_answer_goes_to_on_other_with_its_text_in_choice(graphrun, age
 
 def test_empty_input_takes_the_templated_default_which_is_not_validated(graphrun, agent):
     graph = APPROVAL.replace('validation: "len(input) >= 5"', 'validation: "len(input) > 40"')
-    res = graphrun("run", str(_agent(agent, graph)), "--answer", "review=?", "--answer", "clarify=")
+    res = graphrun("run", str(_agent(agent, graph)), "--other", "review=?", "--answer", "clarify=")
     assert res.code == 0, res.stderr
     assert res.stdout == "noted ? / v2.1 as is\n"
     got = of_type(events(graphrun.db), "HumanInputReceived")
     assert got[1]["answer"] == ""  # recorded as given; the graph took the default
 
 
-def test_failed_validation_fails_the_node_and_the_run(graphrun, agent):
-    res = graphrun("run", str(_agent(agent)), "--answer", "review=hmm", "--answer", "clarify=ok")
-    assert res.code == 1
+def test_an_answer_failing_validation_is_refused_before_the_run_starts(graphrun, agent):
+    res = graphrun("run", str(_agent(agent)), "--other", "review=hmm", "--answer", "clarify=ok")
+    assert res.code == 2
     assert res.stdout == ""
-    message = "node 'clarify': input failed validation 'len(input) >= 5' (got 2 characters)"
-    assert f"error: run {graphrun.last_run()} failed: {message}" in res.stderr
-    evs = events(graphrun.db)
-    assert of_type(evs, "NodeFailed")[0]["node_id"] == "clarify"
-    assert of_type(evs, "RunFailed")[0]["error"] == message
+    assert res.stderr == (
+        "error: --answer clarify=ok: answer to input node 'clarify' fails its validation "
+        "'len(input) >= 5' (got 2 characters) (give an answer that satisfies it; "
+        "the run keeps waiting)\n"
+    )
+    assert not graphrun.db.exists() or events(graphrun.db) == []
 
 
 def test_validation_operators(graphrun, agent):
     cases = [
         ("len(input) == 3", "abc", 0),
-        ("len(input) == 3", "abcd", 1),
-        ("len(input) < 3", "abc", 1),
+        ("len(input) == 3", "abcd", 2),
+        ("len(input) < 3", "abc", 2),
         ("len(input)<=3", "abc", 0),
         ("len(input) > 0", "x", 0),
         ("len(input) > 0", "", 0),  # empty takes the default, not validated
@@ -160,13 +161,13 @@ def test_validation_operators(graphrun, agent):
     for rule, text, code in cases:
         graph = APPROVAL.replace('"len(input) >= 5"', json.dumps(rule))
         ag = _agent(agent, graph)
-        res = graphrun("run", str(ag), "--answer", "review=x", "--answer", f"clarify={text}")
+        res = graphrun("run", str(ag), "--other", "review=x", "--answer", f"clarify={text}")
         assert res.code == code, (rule, text, res.stderr)
 
 
 def test_validation_outside_the_grammar_is_an_invalid_graph(graphrun, agent):
     graph = APPROVAL.replace('"len(input) >= 5"', "\"input != ''\"")
-    res = graphrun("run", str(_agent(agent, graph)), "--answer", "review=x")
+    res = graphrun("run", str(_agent(agent, graph)), "--other", "review=x")
     assert res.code == 2
     assert "len(input) <op> <integer>" in res.stderr
     assert "Traceback" not in res.stderr
@@ -177,7 +178,7 @@ def test_scoped_choice_and_input_do_not_leak_into_later_nodes(graphrun, agent):
         'output: "noted {{decision}} / {{note}}"', 'output: "noted {{choice}} {{input}}"'
     )
     res = graphrun(
-        "run", str(_agent(agent, graph)), "--answer", "review=?", "--answer", "clarify=fine."
+        "run", str(_agent(agent, graph)), "--other", "review=?", "--answer", "clarify=fine."
     )
     assert res.code == 1
     assert "node 'noted': {{choice}} in noted.output: 'choice' is not in state" in res.stderr

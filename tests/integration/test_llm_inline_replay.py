@@ -50,11 +50,11 @@ def _run(store: SqliteStore, root: Any, replay: list[Any] | None) -> tuple[str, 
     driver = Driver(store, run_id, RunOptions(llm_replay=replay))
     record = driver.record_effects
 
-    def spy(events: Any) -> None:
+    def spy(events: Any, branch: str = "") -> None:
         for event in events:
             if isinstance(event, LlmCalled):
                 threads[event.node_id] = threading.current_thread().name
-        record(events)
+        record(events, branch)
 
     driver.record_effects = spy  # type: ignore[method-assign]
     outcome = drive(driver)

@@ -68,17 +68,22 @@ def _rechain(db: sqlite3.Connection, run_id: str) -> None:
 
     prev = codec.GENESIS
     rows = db.execute(
-        "SELECT seq, ts, body FROM run_events WHERE run_id=? ORDER BY seq", (run_id,)
+        "SELECT seq, CAST(body AS BLOB) FROM run_events WHERE run_id=? ORDER BY seq", (run_id,)
     ).fetchall()
-    for seq, ts, body in rows:
-        digest = codec.chain_hash(prev, codec.canonical_from_row(body, run_id, seq, ts))
+    for seq, body in rows:
+        digest = codec.chain_hash(prev, body)
         db.execute(
             "UPDATE events SET hash=? WHERE id = (SELECT id FROM run_events "
             "WHERE run_id=? AND seq=?)",
-            (bytes.fromhex(digest.split(":")[1]), run_id, seq),
+            (digest, run_id, seq),
         )
         prev = digest
-    db.execute("UPDATE runs SET last_hash=? WHERE run_id=?", (prev, run_id))
+    # ... and the runs table says what the edited events say.
+    from graphrun.eventstore.store import SqliteStore
+
+    db.commit()
+    with SqliteStore(db.execute("PRAGMA database_list").fetchone()[2]) as store:
+        store.rebuild_runs()
 
 
 def test_replay_reports_a_changed_decider_outcome(graphrun, shipit) -> None:  # type: ignore[no-untyped-def]
@@ -189,7 +194,7 @@ def test_export_import_into_a_fresh_database_replays_identically(
     graphrun("run", str(shipit), "go", "--answer", "review=approve")
     run_id = last_run(graphrun)
     out = tmp_path / "shipit.run.jsonl"
-    assert graphrun("export", run_id, "-o", str(out)).code == 0
+    assert graphrun("export", run_id, "-o", str(out), "--with-origin").code == 0
     header = json.loads(out.read_text().splitlines()[0])
     assert header["format"] == "graphrun-export" and header["version"] == 1
     assert header["agent_dirs"][run_id] == "shipit"

@@ -1,14 +1,28 @@
-"""A database written by the first schema (events WITHOUT ROWID, user_version 1)
-keeps working: it is migrated on open (through every later schema), and its runs
-list, replay and verify."""
+"""Databases written by older schemas keep working: they are migrated on open (in one
+transaction), and their runs list, replay, verify and export with the hashes they
+were recorded with.
+
+* ``events-schema-v1.db``: the first schema (events WITHOUT ROWID, user_version 1).
+* ``events-schema-v3.db``: bodies without their envelope, large ones zlib BLOBs,
+  hashes as raw bytes; made by importing every file of ``replays/``.
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from pathlib import Path
 
-V1 = Path(__file__).resolve().parents[1] / "data" / "events-schema-v1.db"
+DATA = Path(__file__).resolve().parents[1] / "data"
+REPLAYS = Path(__file__).resolve().parents[2] / "replays"
+V1 = DATA / "events-schema-v1.db"
+V3 = DATA / "events-schema-v3.db"
+
+
+def _stored_columns(db: Path) -> list[str]:
+    with sqlite3.connect(db) as conn:
+        return [r[1] for r in conn.execute("PRAGMA table_xinfo(events)") if r[6] == 0]
 
 
 def test_a_schema_v1_database_is_migrated_and_its_runs_replay(graphrun, tmp_path: Path) -> None:
@@ -18,11 +32,13 @@ def test_a_schema_v1_database_is_migrated_and_its_runs_replay(graphrun, tmp_path
     rows = graphrun("runs", "--json").json_lines()
     assert sorted(r["graph_name"] for r in rows) == ["file-triage", "release-checklist"]
     with sqlite3.connect(graphrun.db) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
         ddl = db.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
         numbers = [n for (n,) in db.execute("SELECT run_no FROM runs ORDER BY run_no")]
+        tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "WITHOUT ROWID" not in ddl
-    assert "prev_hash" not in ddl and "run_id" not in ddl
+    assert _stored_columns(graphrun.db) == ["id", "body", "hash"]
+    assert tables == {"events", "run_heads", "leases"}
     assert numbers == [1, 2]
     for row in rows:
         replay = graphrun("replay", row["run_id"])
@@ -33,6 +49,41 @@ def test_a_schema_v1_database_is_migrated_and_its_runs_replay(graphrun, tmp_path
         "audit", next(r["run_id"] for r in rows if r["graph_name"] == "release-checklist")
     )
     assert "alice" in audit.stdout
+
+
+def test_a_schema_v3_database_with_compressed_bodies_is_migrated(graphrun, tmp_path) -> None:
+    shutil.copy(V3, graphrun.db)
+    with sqlite3.connect(graphrun.db) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        blobs = db.execute("SELECT count(*) FROM events WHERE typeof(body) = 'blob'").fetchone()
+        assert blobs[0] > 0
+        recorded_runs = {r for (r,) in db.execute("SELECT run_id FROM runs")}
+    rows = graphrun("runs", "--json").json_lines()
+    assert {r["run_id"] for r in rows} == recorded_runs
+    with sqlite3.connect(graphrun.db) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+        kinds = {k for (k,) in db.execute("SELECT DISTINCT typeof(body) FROM events")}
+        (usage,) = db.execute(
+            "SELECT json_extract(body, '$.usage') FROM events WHERE type = 'LlmCalled' LIMIT 1"
+        ).fetchone()
+    assert kinds == {"text"}
+    assert json.loads(usage)
+    for row in rows:
+        run_id = row["run_id"]
+        assert graphrun("audit", run_id, "--verify").code == 0
+        replay = graphrun("replay", run_id)
+        assert replay.code == 0, replay.stdout + replay.stderr
+    # Every event keeps the bytes and the hash it was recorded with: an export of the
+    # migrated run has the very event lines of the file it was imported from.
+    for path in REPLAYS.glob("*.run.jsonl"):
+        run_id = json.loads(path.read_text().splitlines()[0])["runs"][0]
+        if run_id not in recorded_runs:  # recorded after the schema-3 file was made
+            continue
+        out = tmp_path / f"{run_id}.jsonl"
+        assert graphrun("export", run_id, "-o", str(out)).code == 0
+        recorded = [ln for ln in path.read_text().splitlines() if ln.startswith('{"hash"')]
+        exported = [ln for ln in out.read_text().splitlines() if ln.startswith('{"hash"')]
+        assert exported[: len(recorded)] == recorded, path.name
 
 
 def test_the_migrated_database_still_refuses_a_second_writer_of_a_seq(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 Tools: ``add`` (a sum), ``process_info`` (this process's pid and one environment
 variable, to check what a server is started with; slow on request) and ``fail`` (always an error).
-Run it as ``python tests/support/mcp_server.py`` (stdio) or with ``--http PORT``.
+Run it as ``python tests/support/mcp_server.py`` (stdio), with ``--http PORT``
+(streamable HTTP) or with ``--sse PORT`` (HTTP+SSE).
 """
 
 from __future__ import annotations
@@ -46,5 +47,7 @@ def fail(message: str) -> str:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--http":  # streamable HTTP on 127.0.0.1:PORT/mcp
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--sse":  # HTTP+SSE on 127.0.0.1:PORT/sse
+        server.run("sse", host="127.0.0.1", port=int(sys.argv[2]))
     else:
         server.run()

@@ -335,30 +335,6 @@ def test_a_slow_server_times_out_within_the_call_budget(fake_llm, factory) -> No
     assert caught.value.transient
 
 
-def test_a_live_call_leaves_nothing_for_the_cyclic_collector(fake_llm, factory) -> None:
-    """httpx.Client.send ties each response to its stream both ways; the factory's
-    client sends without that, so a call's objects are freed as soon as it returns."""
-    import gc
-
-    request = ChatRequest(model="openai:gpt-test", messages=[{"role": "user", "content": "hi"}])
-    fake_llm.script(text("warm"))
-    call(factory, request)  # the first call opens the connection (pool objects live on)
-    gc.collect()
-    fake_llm.script(*(text(f"reply {i}") for i in range(5)))
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        for _ in range(5):
-            assert call(factory, request).text.startswith("reply")
-        gc.collect()
-        left = [type(o).__qualname__ for o in gc.garbage]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-    assert left == []
-
-
 def test_proxies_from_the_environment_still_apply(fake_llm, monkeypatch) -> None:
     # The fake server plays the proxy: a proxied plain-HTTP request reaches it in
     # absolute form, naming a host that does not exist.
@@ -509,8 +485,9 @@ clients:
 def test_openai_compatible_client_needs_no_key_but_needs_api_base(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("clients:\n  - type: openai-compatible\n    name: local\n", encoding="utf-8")
+    config = load_llm_config(tmp_path, env={})  # loads: an error only when used
     with pytest.raises(LlmConfigError) as caught:
-        load_llm_config(tmp_path, env={})
+        config.resolve("local:any")
     assert str(caught.value) == (
         f"{path} ($.clients[0]): client 'local' (openai-compatible) needs api_base "
         "(e.g. api_base: http://localhost:11434/v1)"
@@ -530,12 +507,18 @@ def test_malformed_config_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(LlmConfigError) as caught:
         load_llm_config(tmp_path, env={})
     assert str(caught.value).startswith(f"{path}:3: config file is not valid YAML: ")
-    path.write_text("clients:\n  - type: gemini\n    name: g\n", encoding="utf-8")
+    path.write_text(
+        "clients:\n  - type: bedrock\n    name: b\n  - type: openai\n", encoding="utf-8"
+    )
+    config = load_llm_config(tmp_path, env={"OPENAI_API_KEY": "sk-x"})
+    config.check_ready("openai:gpt-4o")  # an unusable client blocks only its own models
     with pytest.raises(LlmConfigError) as caught:
-        load_llm_config(tmp_path, env={})
+        config.check_ready("b:claude")
     assert str(caught.value) == (
-        f"{path} ($.clients[0]): unsupported client type 'gemini' "
-        "(use one of: anthropic, claude, openai, openai-compatible)"
+        f"{path} ($.clients[0]): client 'b' has type 'bedrock', which graphrun cannot call "
+        "(graphrun speaks the OpenAI and Anthropic wire protocols: use a client of type "
+        "openai, openai-compatible, gemini, azure-openai or claude (an OpenAI-compatible "
+        "proxy such as LiteLLM reaches the others))"
     )
 
 

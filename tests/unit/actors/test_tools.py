@@ -389,6 +389,10 @@ def test_python_tool_environment_and_cwd(agent_dir: Path, config_dir: Path) -> N
     assert report == {
         "cwd": str(agent_dir.resolve()),
         "LLM_AGENT_CACHE_DIR": str(config_dir / "cache" / "notes"),
+        "LLM_AGENT_DATA_DIR": str(agent_dir.resolve()),
+        "LLM_AGENT_RAW_JSON": "{}",
+        "LLM_TOOL_RAW_JSON": "{}",
+        "LLM_PROMPT_UTILS_FILE": str(config_dir / "functions" / "utils" / "prompt-utils.sh"),
         "LLM_AGENT_FUNC": "env_report",
         "LLM_AGENT_NAME": "notes",
         "LLM_AGENT_ROOT_DIR": str(agent_dir.resolve()),

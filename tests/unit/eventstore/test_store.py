@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,11 @@ import pytest
 
 from graphrun.eventstore import codec
 from graphrun.eventstore.errors import CorruptStoreError, StoreError
-from graphrun.eventstore.events import HumanInputReceived
+from graphrun.eventstore.events import LlmCalled, RunCompleted
 from graphrun.eventstore.ids import Clock
 from graphrun.eventstore.memory import MemoryBackend, MemoryStore
 from graphrun.eventstore.store import SqliteStore
-from tests.conformance.store_contract import StoreContract, started, step
+from tests.conformance.store_contract import FakeClock, StoreContract, started, step
 
 
 class TestSqliteStore(StoreContract):
@@ -36,9 +37,9 @@ class TestSqliteStore(StoreContract):
     def tamper(self, store: Any, run_id: str, seq: int, body: bytes) -> None:
         with sqlite3.connect(self.db) as conn:
             conn.execute(
-                "UPDATE events SET body = ? "
+                "UPDATE events SET body = CAST(? AS TEXT) "
                 "WHERE id = (SELECT id FROM run_events WHERE run_id = ? AND seq = ?)",
-                (body.decode(), run_id, seq),
+                (body, run_id, seq),
             )
 
     def set_lease_pid(self, store: Any, run_id: str, pid: int) -> None:
@@ -46,6 +47,54 @@ class TestSqliteStore(StoreContract):
             conn.execute("UPDATE leases SET pid = ? WHERE run_id = ?", (pid, run_id))
 
     # -- SQLite only --------------------------------------------------------------
+
+    def test_racing_appends_from_processes(self) -> None:
+        """Separate processes race for one run on one file: every step lands whole,
+        gap-free, each exactly once, and the log verifies."""
+        import subprocess
+        import sys
+        import textwrap
+
+        self.open_store().append("r1", [started()])
+        script = textwrap.dedent(
+            """
+            import sys
+            from graphrun.eventstore.errors import ConcurrentAppendError
+            from graphrun.eventstore.store import SqliteStore
+            from tests.conformance.store_contract import step
+
+            store, n, done, refused = SqliteStore(sys.argv[1]), sys.argv[2], 0, 0
+            while done < 10:
+                try:
+                    store.append("r1", step(f"p{n}", done + 1, done, None))
+                    done += 1
+                except ConcurrentAppendError:
+                    refused += 1
+            print(refused)
+            """
+        )
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", script, str(self.db), str(n)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for n in range(4)
+        ]
+        for proc in procs:
+            _out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+        store = self.open_store()
+        events = store.read("r1")
+        assert [e.seq for e in events] == list(range(1, 2 + 3 * 4 * 10))
+        visits = sorted(
+            (e.node_id, e.visit)  # type: ignore[attr-defined]
+            for e in events
+            if type(e).__name__ == "NodeEntered"
+        )
+        assert visits == sorted((f"p{n}", v) for n in range(4) for v in range(1, 11))
+        assert store.verify("r1") is None
 
     def test_survives_reopening(self) -> None:
         store = self.open_store()
@@ -76,68 +125,95 @@ class TestSqliteStore(StoreContract):
         events[1] = msgspec.structs.replace(events[1], output={"text": "lorem ipsum " * 250})
         return events
 
-    def test_rows_hold_bodies_without_the_envelope_large_ones_compressed(self) -> None:
+    def test_bodies_are_the_hashed_json_text_and_sql_reads_every_field(self) -> None:
         store = self.open_store()
-        written = store.append("r1", [started(), *self.big_step("a", 1)])
+        prompt = "Summarise this ticket: " + "x" * 3072
+        called = LlmCalled(
+            node_id="ask",
+            visit=1,
+            model="openai:gpt-4o-mini",
+            request={"messages": [{"role": "user", "content": prompt}]},
+            usage={"prompt_tokens": 812, "completion_tokens": 40},
+        )
+        written = store.append("r1", [started(), *self.big_step("a", 1), called])
         rows = store.conn.execute(
-            "SELECT seq, type, body, hash FROM run_events WHERE run_id = 'r1' ORDER BY seq"
+            "SELECT run_id, seq, ts, type, node_id, typeof(body), body, hash FROM events "
+            "ORDER BY id"
         ).fetchall()
-        assert [seq for seq, *_ in rows] == [1, 2, 3, 4]
-        kinds = {kind: body for _seq, kind, body, _hash in rows}
-        assert '"run_id":"r1"' in kinds["RunStarted"]  # kept whole: the log names its run
-        assert '"run_id"' not in kinds["NodeEntered"] and '"seq"' not in kinds["NodeEntered"]
-        assert isinstance(kinds["ScriptFinished"], bytes)  # compressed
-        assert len(kinds["ScriptFinished"]) < 300
-        assert all(isinstance(h, bytes) and len(h) == 32 for *_, h in rows)
-        assert store.read("r1") == written
-        # The chain is over the whole canonical event, however it is stored.
+        assert [(r[0], r[1], r[3], r[4]) for r in rows] == [
+            ("r1", 1, "RunStarted", None),
+            ("r1", 2, "NodeEntered", "a"),
+            ("r1", 3, "ScriptFinished", "a"),
+            ("r1", 4, "NodeCompleted", "a"),
+            ("r1", 5, "LlmCalled", "ask"),
+        ]
+        assert {r[5] for r in rows} == {"text"}
         prev = codec.GENESIS
-        for event in written:
-            prev = codec.chain_hash(prev, codec.encode(event))
+        for event, row in zip(written, rows, strict=True):
+            assert row[2] == event.ts
+            assert row[6].encode() == codec.encode(event)  # the body is the canonical bytes
+            prev = codec.chain_hash(prev, row[6].encode())
+            assert row[7] == prev  # hashed over exactly those bytes, tagged "sha256:"
         assert store.run("r1").last_hash == prev
+        usage = store.conn.execute(
+            "SELECT json_extract(body, '$.usage'), length(json_extract(body, "
+            "'$.request.messages[0].content')) FROM run_events WHERE run_id = 'r1' AND seq = 5"
+        ).fetchone()
+        assert json.loads(usage[0]) == {"prompt_tokens": 812, "completion_tokens": 40}
+        assert usage[1] == len(prompt)
+        assert store.read("r1") == written
         assert store.verify("r1") is None
 
-    def test_human_decisions_stay_plain_json_for_sql(self) -> None:
+    def test_a_newer_versions_optional_field_verifies_and_reads(self) -> None:
+        """A row written by a newer graphrun (a field this one does not know) is kept
+        and verified byte for byte; reading skips the field."""
         store = self.open_store()
         store.append("r1", [started()])
-        long_answer = "yes, because " * 100
-        store.append(
-            "r1",
-            [
-                HumanInputReceived(
-                    node_id="ok", visit=1, question="ship?", answer=long_answer, by="ann"
-                )
-            ],
-        )
-        (by, answer) = store.conn.execute(
-            "SELECT json_extract(body, '$.by'), json_extract(body, '$.answer') "
-            "FROM events WHERE type = 'HumanInputReceived'"
-        ).fetchone()
-        assert (by, answer) == ("ann", long_answer)
+        known = step("a", 1, 1, None)[0]
+        body = codec.encode(msgspec.structs.replace(known, run_id="r1", seq=2, ts=5.0))
+        newer = body[:-1] + b',"zz_branch":"left"}'
+        digest = codec.chain_hash(store.run("r1").last_hash, newer)
+        with sqlite3.connect(self.db) as conn:
+            conn.execute(
+                "INSERT INTO events (id, body, hash) VALUES ((1 << 32) | 2, ?, ?)",
+                (newer.decode(), digest),
+            )
+        again = self.open_store()
+        assert again.verify("r1") is None
+        assert again.read("r1")[1].node_id == "a"  # type: ignore[attr-defined]
+        (more,) = again.append("r1", [RunCompleted(node_id="e", output="")])
+        assert more.seq == 3 and again.verify("r1") is None
+        assert next(b for s, b, _p, _h in again.raw_rows("r1") if s == 2) == newer
 
-    def test_a_damaged_compressed_body_names_its_seq(self) -> None:
+    def test_a_flipped_byte_names_its_seq(self) -> None:
         store = self.open_store()
         store.append("r1", [started(), *self.big_step("a", 1), *self.big_step("b", 2)])
-        with sqlite3.connect(self.db) as conn:
-            (body,) = conn.execute(
-                "SELECT body FROM run_events WHERE run_id = 'r1' AND seq = 6"
-            ).fetchone()
-            damaged = body[:40] + bytes([body[40] ^ 0xFF]) + body[41:]
-            conn.execute(
-                "UPDATE events SET body = ? "
-                "WHERE id = (SELECT id FROM run_events WHERE run_id = 'r1' AND seq = 6)",
-                (damaged,),
-            )
-        conn.close()
-        problem = self.open_store().verify("r1")
-        assert problem is not None and problem.seq == 6
+        for flip in (0x01, 0x80, 0xFF):
+            with sqlite3.connect(self.db) as conn:
+                (body,) = conn.execute(
+                    "SELECT CAST(body AS BLOB) FROM run_events WHERE run_id = 'r1' AND seq = 6"
+                ).fetchone()
+                damaged = body[:40] + bytes([body[40] ^ flip]) + body[41:]
+                conn.execute(
+                    "UPDATE events SET body = CAST(? AS TEXT) WHERE id = (1 << 32) | 6",
+                    (damaged,),
+                )
+            conn.close()
+            problem = self.open_store().verify("r1")
+            assert problem is not None and problem.seq == 6, flip
+            with sqlite3.connect(self.db) as conn:
+                conn.execute(
+                    "UPDATE events SET body = CAST(? AS TEXT) WHERE id = (1 << 32) | 6", (body,)
+                )
+            conn.close()
+            assert self.open_store().verify("r1") is None
 
     def test_runs_rebuild_from_events_alone(self) -> None:
         store = self.open_store()
         store.append("r1", [started(), *step("a", 1, 1, None)])
         store.append("r2", [started("h"), *self.big_step("b", 1)])
         before = {r.run_id: r for r in store.runs()}
-        store.conn.execute("DELETE FROM runs")
+        store.conn.execute("DELETE FROM run_heads")
         assert store.rebuild_runs() == 2
         again = self.open_store()
         assert {r.run_id: r for r in again.runs()} == before
@@ -146,6 +222,49 @@ class TestSqliteStore(StoreContract):
         again.append("r3", [started()])
         numbers = [n for (n,) in again.conn.execute("SELECT run_no FROM runs ORDER BY run_no")]
         assert numbers == [1, 2, 3]
+
+    def test_an_edited_runs_row_does_not_verify(self) -> None:
+        store = self.open_store()
+        store.append(
+            "r1", [started(), *step("a", 1, 1, None), RunCompleted(node_id="a", output="x")]
+        )
+        with sqlite3.connect(self.db) as conn:
+            conn.execute("UPDATE run_heads SET status = 'failed', error = 'no' WHERE run_id = 'r1'")
+        conn.close()
+        problem = self.open_store().verify("r1")
+        assert problem is not None and problem.seq == 5
+        assert "status, error" in problem.reason and "do not match its events" in problem.reason
+        assert store.rebuild_runs() == 1
+        assert self.open_store().verify("r1") is None
+
+    def test_the_runs_view_is_true_after_every_commit(self) -> None:
+        """Another connection sees each step's last seq, hash, time and node."""
+        clock = FakeClock(10.0)
+        store = self.open_store(clock)
+        store.append("r1", [started()])
+        for visit in (1, 2, 3):
+            clock.t += 1
+            store.append("r1", step(f"n{visit}", visit, visit, None))
+            with sqlite3.connect(self.db) as conn:
+                row = conn.execute(
+                    "SELECT last_seq, last_hash, updated_at, current_node, status FROM runs"
+                ).fetchone()
+            conn.close()
+            last = list(store.raw_rows("r1"))[-1]
+            assert row == (1 + 3 * visit, last[3], clock.t, f"n{visit}", "running")
+
+    def test_a_file_an_older_version_left_half_set_up_opens(self) -> None:
+        """An older graphrun killed after sqlite-utils made its bookkeeping table,
+        before the first migration committed: the file is graphrun's, and new."""
+        with sqlite3.connect(self.db) as conn:
+            conn.execute(
+                'CREATE TABLE "_sqlite_migrations" ("id" INTEGER PRIMARY KEY, '
+                '"migration_set" TEXT, "name" TEXT, "applied_at" TEXT)'
+            )
+        conn.close()
+        store = self.open_store()
+        store.append("r1", [started()])
+        assert store.verify("r1") is None
 
     @pytest.mark.parametrize("kind", ["random", "foreign", "newer"])
     def test_bad_files_are_refused_and_left_alone(self, kind: str) -> None:
@@ -187,7 +306,6 @@ class TestMemoryStore(StoreContract):
         store.tamper(run_id, seq, body)
 
     def set_lease_pid(self, store: Any, run_id: str, pid: int) -> None:
-        from graphrun.eventstore.store import Lease
+        import dataclasses
 
-        lease = self.backend.leases[run_id]
-        self.backend.leases[run_id] = Lease(run_id, lease.owner, pid, lease.host, lease.expires_at)
+        self.backend.leases[run_id] = dataclasses.replace(self.backend.leases[run_id], pid=pid)

@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from graphrun.actors.human import FreeForm
 from graphrun.eventstore import codec
 from graphrun.eventstore.events import DECISION_TYPES
 from graphrun.eventstore.fold import fold
@@ -71,7 +72,10 @@ def graphs(draw: Any) -> tuple[str, dict[str, str], dict[str, list[str]]]:
                 "on_other": draw(st.sampled_from(later)),
                 "state_updates": {f"choice_{node_id}": "{{choice}}"},
             }
-            answers[node_id] = [draw(st.sampled_from(["approve", "reject", "something else"]))]
+            # A free-form answer is given as such (as --other gives it).
+            answers[node_id] = [
+                draw(st.sampled_from(["approve", "reject", FreeForm("something else")]))
+            ]
     for end in end_ids:
         nodes[end] = {"type": "end", "output": f"{end}: {{{{initial_prompt}}}}"}
     graph = {"version": "1.0", "name": "random", "start": "n0", "nodes": nodes}
@@ -98,7 +102,7 @@ def test_export_import_replay_reproduces_every_decision(
         original = store.read(run_id)
         exported = root / "run.run.jsonl"
         with exported.open("w", encoding="utf-8") as fh:
-            write_export(store, run_id, fh, relative_to=root)
+            write_export(store, run_id, fh, relative_to=root, with_origin=True)
         store.close()
 
         fresh = SqliteStore(root / "b.db", create=True)
