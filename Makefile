@@ -18,7 +18,7 @@ MYPY_PACKAGES := graphrun.eventstore
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,mcp,pdf,otel]'
+	$(BIN)/python -m pip install --quiet -e '.[test,mcp,pdf,otel,postgres]'
 	@# .ts script nodes run with `npx tsx`: install tsx as a "global" package under
 	@# .venv/node (optional; npx finds it there through NPM_CONFIG_PREFIX).
 	@if command -v npm >/dev/null 2>&1; then \
@@ -37,9 +37,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MAKE) --no-print-directory typecheck
 	@# chromium, graphviz (apt-get, as root) and the Mermaid parser (npm) for the report tests
 	@sh tests/support/setup-browser.sh
-	$(MAKE) --no-print-directory typecheck
+	@# A real PostgreSQL for the store and worker tests (installed when missing, as root).
+	$(BIN)/python -m tests.support.pg --ensure
 	NPM_CONFIG_PREFIX="$(NODE_PREFIX)" PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 	$(BIN)/graphrun test replays/
 
@@ -48,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/llm_bench.py
 	$(BIN)/python bench/rag_bench.py
 	$(BIN)/python bench/replay_suite_bench.py
+	$(BIN)/python bench/pg_bench.py
 
 # The installed package maps graphrun.<x> to top-level folders, which mypy cannot
 # follow through the editable install: it checks them through a graphrun/ of links.

@@ -357,7 +357,10 @@ class _TransportClient:
         parsed = self._urls.get(url)
         if parsed is None:
             parsed = self._urls[url] = httpx.URL(url)
-        request = httpx.Request("POST", parsed, content=content, headers=headers)
+        # The body as a ready stream: no Host or Content-Length to work out for a
+        # request that goes to no host.
+        request = httpx.Request("POST", parsed, headers=headers, stream=httpx.ByteStream(content))
+        request.read()
         response = self.transport.handle_request(request)
         response.read()
         return response

@@ -4,7 +4,9 @@ A ``documents`` entry is one of:
 
 - a file (``./knowledge/faq.md``), a folder (``./knowledge/``, read recursively,
   hidden files and folders skipped) or a glob (``./docs/**/*.md``); relative
-  entries resolve against the agent directory, ``~`` against the home directory;
+  entries resolve against the agent directory (``../shared/`` and symlinked
+  folders included); an absolute or ``~`` path is refused unless the user set
+  ``GRAPHRUN_ALLOW_OUTSIDE_PATHS=1`` (a graph must not index any readable file);
 - a URL (``http://`` or ``https://``), fetched with httpx; HTML is reduced to text;
 - a loader-protocol path (``git:https://...``) when a loader command is configured
   for its protocol: the command (``$1`` stands for the resource) prints the text.
@@ -43,6 +45,16 @@ _URL_PREFIXES = ("http://", "https://")
 _SNIFF_BYTES = 8192
 _URL_TIMEOUT_S = 30.0
 _LOADER_TIMEOUT_S = 120.0
+
+
+#: Set to 1 by a user who lets graphs name absolute paths (rag ``documents``,
+#: ``agent:`` outside the graph's folder); a graph cannot set it for itself.
+OUTSIDE_PATHS_ENV = "GRAPHRUN_ALLOW_OUTSIDE_PATHS"
+
+
+def outside_paths_allowed() -> bool:
+    """Whether the user allows graphs to name paths outside their own folder."""
+    return os.environ.get(OUTSIDE_PATHS_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 class RagError(GraphrunError):
@@ -182,20 +194,20 @@ def resolve_sources(
 
 def _resolve_local(entry: str, agent_dir: Path, node_id: str | None) -> list[SourceRef]:
     expanded = os.path.expanduser(entry)
+    if os.path.isabs(expanded) and not outside_paths_allowed():
+        raise RagError(
+            f"document '{entry}' is an absolute path",
+            node_id=node_id,
+            hint=f"name documents relative to the agent directory, or set {OUTSIDE_PATHS_ENV}=1",
+        )
     base = Path(expanded) if os.path.isabs(expanded) else Path(agent_dir).resolve() / expanded
     if any(ch in _GLOB_CHARS for ch in entry):
         return _resolve_glob(entry, expanded, agent_dir, node_id)
     if base.is_dir():
         prefix = entry if entry.endswith("/") else entry + "/"
-        files = sorted(_walk_visible(base))
         return [
-            SourceRef(
-                source=prefix + f.relative_to(base).as_posix(),
-                entry=entry,
-                path=f,
-                in_collection=True,
-            )
-            for f in files
+            SourceRef(source=prefix + rel, entry=entry, path=path, in_collection=True)
+            for rel, path in sorted(_walk_visible(base))
         ]
     if base.is_file():
         return [SourceRef(source=entry, entry=entry, path=base.resolve())]
@@ -206,13 +218,17 @@ def _resolve_local(entry: str, agent_dir: Path, node_id: str | None) -> list[Sou
     )
 
 
-def _walk_visible(root: Path) -> list[Path]:
-    found: list[Path] = []
+def _walk_visible(root: Path) -> list[tuple[str, Path]]:
+    """The visible files under ``root``: (path relative to ``root`` as written, real
+    path). ``root`` may hold ``..`` or be a symlink: the relative part is taken
+    before anything is resolved."""
+    found: list[tuple[str, Path]] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for name in filenames:
             if not name.startswith("."):
-                found.append((Path(dirpath) / name).resolve())
+                path = Path(dirpath) / name
+                found.append((path.relative_to(root).as_posix(), path.resolve()))
     return found
 
 

@@ -76,6 +76,8 @@ class LlmTask:
     timeout: float | None = None  # node wall clock in seconds; None = none
     output_schema: dict[str, Any] | None = None
     tools: tuple[str, ...] = ()  # the node's whitelist, as written
+    # Sent only to models that take it (the provider's model rule table decides).
+    reasoning_effort: str | None = None
 
 
 class ToolboxLike(Protocol):
@@ -345,6 +347,7 @@ class _LlmRun:
                 tools=tools,
                 temperature=task.temperature if sampling else None,
                 top_p=task.top_p if sampling else None,
+                reasoning_effort=task.reasoning_effort,
                 timeout=self._remaining(),
             )
             try:

@@ -28,7 +28,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, Check, Report, mode_of, parse_args, timed
+from bench.common import ROOT, Check, Report, mode_of, parse_args, timed, timed_with_cpu
 
 CALL_RATIO_TARGET = 1.3
 LANGGRAPH_TARGETS = {"NORMAL": 2.5, "FULL": 1.8}
@@ -188,13 +188,20 @@ def bench_calls(
     graphrun()  # warm: imports, the first connection
     bare()
     best = None
+    cpu_bare, cpu_run = [], []
     for _ in range(rounds):
-        t_bare = timed(bare)
-        t_run = timed(graphrun)
+        t_bare, cpu = timed_with_cpu(bare)
+        cpu_bare.append(cpu)
+        t_run, cpu = timed_with_cpu(graphrun)
+        cpu_run.append(cpu)
         if best is None or t_run / t_bare < best[0]:
             best = (t_run / t_bare, t_run, t_bare)
     assert best is not None
     store.close()
+    report.note(
+        f"CPU per call (every thread of this process): graphrun "
+        f"{min(cpu_run) / steps * 1e6:.0f} µs, bare httpx {min(cpu_bare) / steps * 1e6:.0f} µs"
+    )
     ratio, t_run, t_bare = best
     report.add(
         Check(
@@ -303,11 +310,22 @@ def bench_langgraph(
             # Rounds interleaved, so that a slow spell of the machine (or of its
             # disk, at FULL) hits both engines alike; the best of each is kept.
             ours, theirs, theirs_async = [], [], []
+            cpu_ours, cpu_theirs = [], []
             for _ in range(rounds):
-                ours.append(timed(graphrun))
-                theirs.append(timed(invoke))
+                wall, cpu = timed_with_cpu(graphrun)
+                ours.append(wall)
+                cpu_ours.append(cpu)
+                wall, cpu = timed_with_cpu(invoke)
+                theirs.append(wall)
+                cpu_theirs.append(cpu)
                 theirs_async.append(timed(invoke_async))
             t_graphrun, t_langgraph = min(ours), min(theirs)
+            report.note(
+                f"CPU per step at {synchronous} (every thread): graphrun "
+                f"{min(cpu_ours) / steps * 1e6:.0f} µs, LangGraph (durability='sync') "
+                f"{min(cpu_theirs) / steps * 1e6:.0f} µs: "
+                f"{min(cpu_theirs) / min(cpu_ours):.2f}x"
+            )
             close()
             close_async()
             async_us = min(theirs_async) / steps * 1e6

@@ -7,6 +7,7 @@ exit code here, in one place; nothing else reaches the user as a traceback.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import click
 
 from graphrun.eventstore.errors import GraphrunError
+from graphrun.runtime.errors import UsageError
 
 # command name -> (module, function, one-line help shown in `graphrun --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -40,6 +42,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("report", "logs_cmd", "A run's prompts and responses as Markdown; --usage totals."),
     "tail": ("report", "tail_cmd", "Watch a run another process drives."),
     "otel": ("report", "otel_cmd", "Export a run as OpenTelemetry spans (OTLP)."),
+    "submit": ("worker", "submit_cmd", "Queue a run for workers (PostgreSQL); print its id."),
+    "worker": ("worker", "worker_cmd", "Drive queued runs from a PostgreSQL database."),
+    "migrate": ("worker", "migrate_cmd", "Copy runs between SQLite and PostgreSQL stores."),
 }
 
 
@@ -69,17 +74,38 @@ class LazyGroup(click.Group):
 def cli() -> None:
     """graphrun: run declarative YAML graph agents on an event-sourced runtime.
 
-    Every run is recorded, event by event, in an SQLite log: replay it, resume it
-    after a crash, test a changed graph against it, and audit who decided what.
+    Every run is recorded, event by event, in an SQLite log (or PostgreSQL, for
+    workers on many machines): replay it, resume it after a crash, test a changed
+    graph against it, and audit who decided what.
 
     Exit codes: 0 completed, 1 run failed (or replay diverged), 2 invalid graph or
     bad input, 3 the run waits for a person.
     """
 
 
+def _check_arguments(args: list[str]) -> None:
+    """Every argument must be text: invalid UTF-8 (which Python keeps as lone
+    surrogates) would otherwise fail deep inside, wherever it is first encoded."""
+    for position, arg in enumerate(args, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            try:  # the bytes as given (Python keeps invalid ones as surrogates)
+                shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:
+                shown = arg.encode("utf-8", "backslashreplace").decode("utf-8")
+            shown = shown if len(shown) <= 60 else shown[:60] + "…"
+            raise UsageError(
+                f"argument {position} ({shown}) is not valid UTF-8 (at character {exc.start})"
+            ) from None
+        if "\x00" in arg:
+            raise UsageError(f"argument {position} holds a NUL character")
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Console entry point."""
     try:
+        _check_arguments(sys.argv[1:] if argv is None else argv)
         return cli.main(args=argv, prog_name="graphrun", standalone_mode=False)
     except GraphrunError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -97,6 +123,13 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(0)
     except Exception as exc:  # a bug in graphrun: one line, the traceback on request
         import os
+
+        if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+            # A path built from an argument, a graph field or a template: bad input.
+            name = os.fsdecode(exc.filename or "")
+            shown = name if len(name) <= 60 else name[:60] + "…"
+            click.echo(f"error: path too long: {shown} ({len(name)} characters)", err=True)
+            sys.exit(2)
 
         if os.environ.get("GRAPHRUN_DEBUG"):
             raise

@@ -30,22 +30,26 @@ def runs_cmd(
     approvers, else anyone (WAITS FOR). With --usage: each run's LLM tokens and
     cost, and TREE, the tokens of the run with all its child runs.
     """
+    from graphrun.cli.options import store_missing
     from graphrun.cli.render import table, when
-    from graphrun.runtime.config import db_path
     from graphrun.runtime.inspect import display_status, run_summary
 
-    if not db_path(db).exists():
+    if store_missing(db):
         if as_json:
             return
         click.echo("no runs yet", err=True)
         return
     store = open_store(db)
     if status == "interrupted":
-        rows = [
+        # Stopped by Ctrl-C/SIGTERM (RunInterrupted recorded), or killed outright:
+        # "running" in the log, with no process driving it.
+        crashed = [
             r
             for r in store.runs(status="running", limit=limit)
             if display_status(store, r) == "interrupted"
         ]
+        stopped = store.runs(status="interrupted", limit=limit)
+        rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)[:limit]
     else:
         rows = store.runs(status=status, limit=limit)
     # A fork copies its source's events, times included: list it by when it was made.
@@ -187,6 +191,10 @@ def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> N
             from graphrun.cli.render import when
 
             node = getattr(event, "node_id", None) or ""
+            if event.branch and event.branch != node:
+                node = f"{node}@{event.branch}"  # a map item: node@map[i]
+            elif event.branch:
+                node = f"{node}∥"  # a branch of a parallel super-step
             click.echo(
                 f"{event.seq:>5}  {when(event.ts)}  {type(event).__name__:<19} {node:<16} "
                 f"{summarize_event(event)}".rstrip()
@@ -198,9 +206,18 @@ def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> N
 @click.option(
     "--verify", is_flag=True, help="Check the hash chain of every event (exit 1 if broken)."
 )
+@click.option(
+    "--anchor",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[ANCHOR]",
+    help="Alone: print the run's head as an anchor to keep elsewhere. With --verify "
+    "ANCHOR: check that nothing up to it changed (exit 1 if it did).",
+)
 @json_option
 @db_option
-def audit_cmd(run_id: str, verify: bool, as_json: bool, db: str | None) -> None:
+def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: str | None) -> None:
     """Every human decision of RUN_ID and its child runs: when, node, question, answer, by, via.
 
     BY is the claimed name (--as), followed by the OS account and host when they
@@ -212,6 +229,8 @@ def audit_cmd(run_id: str, verify: bool, as_json: bool, db: str | None) -> None:
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
+    if anchor is not None and _anchor(store, run_id, anchor, verify):
+        return
     if verify:
         # The chain first, from the stored bytes alone: a damaged log is reported
         # by seq, not by whichever reader trips over it first.
@@ -254,6 +273,25 @@ def audit_cmd(run_id: str, verify: bool, as_json: bool, db: str | None) -> None:
                 )
     if verify and not all(item["ok"] for item in report["verify"]):
         raise SystemExit(1)
+
+
+def _anchor(store: Any, run_id: str, anchor: str, verify: bool) -> bool:
+    """``--anchor``: print the head (True: nothing else to do), or check ``anchor``."""
+    from graphrun.runtime.transfer import anchor_of, check_anchor
+
+    if not anchor:
+        if verify:
+            from graphrun.runtime.errors import UsageError
+
+            raise UsageError("--verify --anchor needs the anchor to check")
+        click.echo(anchor_of(store, run_id))
+        return True
+    seq, problem = check_anchor(store, run_id, anchor)
+    if problem:
+        click.echo(f"BROKEN: run {run_id}: anchor at seq {seq}: {problem}", err=True)
+        raise SystemExit(1)
+    click.echo(f"ok: run {run_id}: the anchor at seq {seq} holds", err=True)
+    return False
 
 
 def verify_tree(store: Any, run_id: str) -> list[dict[str, Any]]:

@@ -14,9 +14,10 @@ def db_option(fn: F) -> F:
     return click.option(
         "--db",
         "db",
-        metavar="FILE",
+        metavar="FILE|URL",
         envvar="GRAPHRUN_DB",
-        help="Event database (default: $GRAPHRUN_DB, else the user data dir).",
+        help="Event database: an SQLite file or a postgresql:// URL "
+        "(default: $GRAPHRUN_DB, else the user data dir).",
     )(fn)
 
 
@@ -27,12 +28,31 @@ def json_option(fn: F) -> F:
 def open_store(db: str | None, *, create: bool = False) -> Any:
     import os
 
-    from graphrun.eventstore.store import SqliteStore
+    from graphrun.eventstore import open_store as open_by_name
     from graphrun.runtime.config import db_path
 
     # GRAPHRUN_DURABILITY=full fsyncs every commit (default: WAL, synchronous=NORMAL).
     durability = os.environ.get("GRAPHRUN_DURABILITY", "normal").strip().lower() or "normal"
-    return SqliteStore(db_path(db), create=create, durability=durability)
+    url = db_url(db)
+    if url is not None:
+        return open_by_name(url, create=create, durability=durability)
+    return open_by_name(db_path(db), create=create, durability=durability)
+
+
+def db_url(db: str | None) -> str | None:
+    """The PostgreSQL URL ``--db`` / ``$GRAPHRUN_DB`` gives, if it gives one."""
+    import os
+
+    value = db or os.environ.get("GRAPHRUN_DB") or ""
+    return value if value.startswith(("postgresql://", "postgres://")) else None
+
+
+def store_missing(db: str | None) -> bool:
+    """Whether there is no event store yet (an SQLite file not made yet; a
+    PostgreSQL database is made on first use)."""
+    from graphrun.runtime.config import db_path
+
+    return db_url(db) is None and not db_path(db).exists()
 
 
 LATEST = "@last"

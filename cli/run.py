@@ -21,16 +21,42 @@ def _parse_pairs(values: tuple[str, ...], flag: str) -> list[tuple[str, str]]:
     return pairs
 
 
+#: Limits on one ``--set`` value: its size and how deep its JSON nests.
+MAX_SET_BYTES = 1024 * 1024
+MAX_SET_DEPTH = 64
+
+
+def _json_depth(value: Any) -> int:
+    """How deep lists and objects nest in a parsed JSON value (without recursion)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _parse_set(values: tuple[str, ...]) -> dict[str, Any]:
     """``--set k=v``: v is JSON when it parses as JSON, else a string."""
     import json
 
+    from graphrun.runtime.errors import UsageError
+
     out: dict[str, Any] = {}
     for key, raw in _parse_pairs(values, "--set"):
+        if len(raw.encode("utf-8", "surrogatepass")) > MAX_SET_BYTES:
+            raise UsageError(f"--set {key}: the value is over {MAX_SET_BYTES:,} bytes")
         try:
-            out[key] = json.loads(raw)
+            value = json.loads(raw)
+            too_deep = _json_depth(value) > MAX_SET_DEPTH
+        except RecursionError:  # deeper than Python's parser goes: over the limit too
+            too_deep = True
         except ValueError:
-            out[key] = raw
+            value, too_deep = raw, False
+        if too_deep:
+            raise UsageError(f"--set {key}: JSON nests deeper than {MAX_SET_DEPTH} levels")
+        out[key] = value
     return out
 
 
@@ -380,6 +406,18 @@ def _answer_and_resume(
         f"(seq {received.seq})",
         err=True,
     )
+    queued = getattr(store, "queued", None)
+    entry = queued(run_id) if queued is not None else None
+    if entry is not None:
+        # A run workers drive: the answer queued it again (in its transaction);
+        # whichever worker is free continues it.
+        store.release_lease(run_id)
+        click.echo(f"▸ run {entry['run_id']} is queued for a worker", err=True)
+        if as_json:
+            import json
+
+            click.echo(json.dumps({"run_id": entry["run_id"], "status": "queued"}))
+        return
     options = _options(
         answers=(),
         as_user=as_user,

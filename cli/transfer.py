@@ -20,7 +20,8 @@ from graphrun.cli.options import db_option, open_store, resolve_run
 )
 @db_option
 def export_cmd(run_id: str, output: str | None, with_origin: bool, db: str | None) -> None:
-    """Write RUN_ID and its child runs to a JSON-lines file (format: graphrun-export v1).
+    """Write RUN_ID and its child runs to a JSON-lines file (format: graphrun-export v2,
+    ending with a trailer of each run's event count and head hash).
 
     Paths in the events are made relative to the file's folder (to the working
     directory when writing to stdout); host names, OS accounts and process ids are
@@ -58,11 +59,24 @@ def export_cmd(run_id: str, output: str | None, with_origin: bool, db: str | Non
 
 @click.command("import")
 @click.argument("file")
+@click.option(
+    "--agent-dir",
+    "agent_dirs",
+    multiple=True,
+    metavar="DIR",
+    help="Trust DIR as the agent directory of runs that have not ended (repeatable).",
+)
 @db_option
-def import_cmd(file: str, db: str | None) -> None:
-    """Load the runs in FILE (made by `graphrun export`), verifying every hash."""
+def import_cmd(file: str, agent_dirs: tuple[str, ...], db: str | None) -> None:
+    """Load the runs in FILE (made by `graphrun export`), verifying every hash.
+
+    The file is untrusted: it is checked whole before anything is written. A run
+    that has not ended is imported only if its agent directory is named with
+    --agent-dir, since resuming it runs that folder's scripts.
+    """
     from graphrun.runtime.transfer import import_runs
 
     store = open_store(db, create=True)
-    for run_id, status in import_runs(store, Path(file)):
+    trusted = [Path(d) for d in agent_dirs]
+    for run_id, status in import_runs(store, Path(file), trusted_dirs=trusted):
         click.echo(f"{status}: {run_id}")

@@ -29,7 +29,10 @@ from graphrun.eventstore.events import (
 
 
 class RunRow(msgspec.Struct, frozen=True):
-    """One row of the ``runs`` table (a msgspec Struct: replacing a field is cheap)."""
+    """One row of the ``runs`` view (a msgspec Struct: replacing a field is cheap).
+
+    A new head field needs a column in ``run_heads`` (a migration in
+    ``migrations.py``); a new step field, a column of the ``runs`` view."""
 
     run_id: str
     graph_name: str

@@ -105,4 +105,4 @@ def redact_event(event: E, encoded: bytes | None = None) -> E:
         return event
     if encoded is not None and not any(s in encoded for s in _encoded):
         return event
-    return _walk(event, _values)  # type: ignore[no-any-return]
+    return _walk(event, _values)

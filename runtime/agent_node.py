@@ -61,7 +61,7 @@ class AgentActor:
             child_id = existing.child_run_id
             knowledge = _knowledge(graph_of(fold(store.read(child_id, upto=1))), options)
         else:
-            ref = resolve_agent_dir(task.agent, options.agents_dir)
+            ref = resolve_agent_dir(task.agent, options.agents_dir, graph_dir=parent.agent_dir)
             loaded = load_agent(ref.path, config_dir=options.config_dir)
             if loaded.graph.settings.validate_before_run:
                 check_graph(loaded, agents_dir=options.agents_dir, config_dir=options.config_dir)

@@ -71,10 +71,29 @@ class AgentRef:
     kind: str  # "graph" or "loop"
 
 
-def resolve_agent_dir(name: str, agents_dir: Path | None) -> AgentRef:
-    """An agent by name in the agents directory (or a path)."""
-    candidates = [Path(name)] if ("/" in name or Path(name).is_dir()) else []
-    if agents_dir is not None:
+def resolve_agent_dir(
+    name: str, agents_dir: Path | None, *, graph_dir: Path | None = None
+) -> AgentRef:
+    """An agent by name in the agents directory, or a path inside ``graph_dir`` (the
+    folder of the graph naming it). Anything else (an absolute path, a path leaving
+    the graph's folder) needs the user's ``GRAPHRUN_ALLOW_OUTSIDE_PATHS=1``."""
+    from graphrun.actors.kb_loaders import OUTSIDE_PATHS_ENV, outside_paths_allowed
+
+    candidates = []
+    if "/" in name or os.sep in name or name.startswith("."):
+        path = Path(os.path.expanduser(name))
+        if not path.is_absolute() and graph_dir is not None:
+            path = graph_dir / path
+        inside = graph_dir is not None and Path(os.path.realpath(path)).is_relative_to(
+            os.path.realpath(graph_dir)
+        )
+        if not inside and not outside_paths_allowed():
+            raise GraphLoadError(
+                f"agent '{name}' is outside the graph's folder",
+                hint=f"name an agent in the agents directory, or set {OUTSIDE_PATHS_ENV}=1",
+            )
+        candidates.append(path)
+    elif agents_dir is not None:
         candidates.append(agents_dir / name)
     for path in candidates:
         if path.is_dir():

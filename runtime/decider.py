@@ -548,6 +548,10 @@ def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str,
         prompt=prompt,
         temperature=node.temperature if node.temperature is not None else graph.temperature,
         top_p=node.top_p if node.top_p is not None else graph.top_p,
+        # Graph-level values are defaults for llm nodes (decision D5).
+        reasoning_effort=(
+            node.reasoning_effort if node.reasoning_effort is not None else graph.reasoning_effort
+        ),
         tools=tuple(node.tools or ()),
         max_attempts=node.max_attempts,
         max_iterations=node.max_iterations,

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from graphrun.eventstore.events import (
+    BranchesMerged,
     ChildRunFinished,
     ChildRunStarted,
     Event,
@@ -23,6 +24,7 @@ from graphrun.eventstore.events import (
     RunFailed,
     RunStarted,
     ScriptFinished,
+    StepStarted,
     ToolCalled,
 )
 from graphrun.eventstore.fold import fold
@@ -49,7 +51,17 @@ def summarize_event(event: Event) -> str:
             keys = ",".join(event.updates) if event.updates else ""
             merged = " +output" if event.merge_effect else ""
             failed = f" FAILED({_short(event.error, 40)})" if event.failed else ""
-            return f"-> {event.routed_to}{failed} set[{keys}]{merged}"
+            target = f"[{', '.join(event.fan_out)}]" if event.fan_out else event.routed_to
+            return f"-> {target}{failed} set[{keys}]{merged}"
+        case StepStarted():
+            return f"super-step {event.step}: {', '.join(event.frontier)}"
+        case BranchesMerged():
+            merged = ", ".join(
+                f"{k}({event.reducers[k]})" if k in event.reducers else k for k in event.merged
+            )
+            return (
+                f"super-step {event.step} merged [{merged}] -> {', '.join(event.targets) or 'END'}"
+            )
         case NodeFailed():
             return _short(event.error)
         case ScriptFinished():
@@ -164,6 +176,7 @@ def describe_run(
     events = store.read(run_id, upto=at_seq)
     state = fold(events)
     path: list[dict[str, Any]] = []
+    state_step = 0
     for event in events:
         if isinstance(event, NodeEntered):
             path.append(
@@ -173,12 +186,19 @@ def describe_run(
                     "type": event.node_type,
                     "visit": event.visit,
                     "routed_to": None,
+                    # The parallel super-step the node ran in (0: a sequential step).
+                    "step": state_step if event.branch else 0,
                 }
             )
+        elif isinstance(event, StepStarted):
+            state_step = event.step
         elif isinstance(event, NodeCompleted | NodeFailed) and path:
-            path[-1]["routed_to"] = getattr(event, "routed_to", None)
+            entry = next((p for p in reversed(path) if p["node"] == event.node_id), path[-1])
+            entry["routed_to"] = getattr(event, "routed_to", None)
+            if getattr(event, "fan_out", None):
+                entry["fan_out"] = list(event.fan_out)
             if isinstance(event, NodeFailed) or getattr(event, "failed", False):
-                path[-1]["error"] = event.error
+                entry["error"] = event.error
     children = []
     for child in store.runs(parent=run_id):
         children.append(describe_run(store, child.run_id, prices=prices))
@@ -242,12 +262,27 @@ def format_description(info: dict[str, Any], depth: int = 0) -> str:
     ]
     if info.get("parent_run_id") and depth == 0:
         lines.append(f"{pad}parent: {info['parent_run_id']}")
-    steps = []
+    steps: list[str] = []
+    group: list[str] = []
+    group_step = 0
     for p in info["path"]:
         step = p["node"] + (f"#{p['visit']}" if p["visit"] > 1 else "")
         if p.get("error"):
             step += "(failed)"
+        if p.get("step"):
+            # The nodes of one parallel super-step, shown together: {a, b}.
+            if group and p["step"] != group_step:
+                steps.append("{" + ", ".join(group) + "}")
+                group = []
+            group_step = p["step"]
+            group.append(step)
+            continue
+        if group:
+            steps.append("{" + ", ".join(group) + "}")
+            group = []
         steps.append(step)
+    if group:
+        steps.append("{" + ", ".join(group) + "}")
     lines.append(f"{pad}path: {' -> '.join(steps) if steps else '(not started)'}")
     if info.get("waiting_node") and info["status"] == "waiting":
         lines.append(f"{pad}waiting at: {info['waiting_node']}")

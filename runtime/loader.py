@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -22,9 +23,30 @@ from graphrun.runtime.errors import GraphLoadError
 from graphrun.runtime.graph import NODE_TYPES, Graph, NodeBase
 
 try:  # the C loader is ~10x faster and still gives marks
-    _Loader: Any = yaml.CSafeLoader
+    _BaseLoader: Any = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - libyaml missing
-    _Loader = yaml.SafeLoader
+    _BaseLoader = yaml.SafeLoader
+
+
+class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
+    """The safe loader without implicit timestamps: an unquoted date stays a string."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in _BaseLoader.yaml_implicit_resolvers.items()
+}
+
+#: Limits on a graph file (and on a recorded graph source parsed for replay): its
+#: size, how deep its values nest, and how many values it holds once every alias
+#: is expanded (a few hundred bytes of nested aliases can stand for billions).
+MAX_GRAPH_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 64
+MAX_VALUES = 200_000
+
+_YAML = "tag:yaml.org,2002:"
+#: The only scalars graph.yaml may hold: what JSON can say.
+_JSON_SCALARS = {f"{_YAML}{t}" for t in ("str", "int", "float", "bool", "null")}
 
 
 @dataclass(frozen=True)
@@ -85,6 +107,59 @@ class LoadedGraph:
         return None
 
 
+def _check_limits(text: str, file: str) -> None:
+    """Refuse a file too big, too deep or with too many values after alias expansion.
+
+    Runs over the parser's events (no recursion, nothing expanded), before any tree
+    is built: an alias counts the values and the depth of what its anchor holds.
+    """
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_GRAPH_BYTES:
+        raise GraphLoadError(
+            f"the file is {size:,} bytes; graph files are limited to {MAX_GRAPH_BYTES:,}",
+            where=file,
+        )
+    anchors: dict[str, tuple[int, int]] = {}  # anchor -> (values, height)
+    stack: list[list[Any]] = [[None, 0, 0]]  # [anchor, values, height] per open collection
+
+    def add(values: int, height: int, event: Any) -> None:
+        frame = stack[-1]
+        frame[1] += values
+        frame[2] = max(frame[2], height)
+        line = event.start_mark.line + 1 if event.start_mark else None
+        where = f"{file}:{line}" if line else file
+        if len(stack) - 1 + height > MAX_DEPTH:
+            raise GraphLoadError(f"values nest deeper than {MAX_DEPTH} levels", where=where)
+        if frame[1] > MAX_VALUES:
+            raise GraphLoadError(
+                f"more than {MAX_VALUES:,} values once aliases are expanded",
+                where=where,
+                hint="an alias repeats everything its anchor holds",
+            )
+
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.ScalarEvent):
+            add(1, 0, event)
+            if event.anchor:
+                anchors[event.anchor] = (1, 0)
+        elif isinstance(event, yaml.AliasEvent):
+            values, height = anchors.get(event.anchor, (1, 0))
+            add(values, height, event)
+        elif isinstance(event, yaml.CollectionStartEvent):
+            stack.append([event.anchor, 0, 0])
+            if len(stack) - 1 > MAX_DEPTH:
+                add(0, 0, event)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, values, height = stack.pop()
+            if anchor:
+                anchors[anchor] = (values + 1, height + 1)
+            add(values + 1, height + 1, event)
+
+
+def _short_tag(tag: str) -> str:
+    return "!!" + tag[len(_YAML) :] if tag.startswith(_YAML) else tag
+
+
 def _child(path: str, key: Any) -> str:
     if isinstance(key, int):
         return f"{path}[{key}]"
@@ -103,24 +178,53 @@ class _Builder:
         self.problems: list[Diagnostic] = []
         self._constructor = _Loader("")
 
+    def problem(self, node: yaml.Node, path: str, message: str, hint: str | None = None) -> None:
+        if node.tag not in self._constructor.yaml_constructors:
+            # A tag no safe loader knows: the constructor's own error says so.
+            self._constructor.construct_object(node)
+        line = node.start_mark.line + 1
+        self.problems.append(Diagnostic("error", "yaml", message, self.file, line, path, hint=hint))
+
+    def scalar(self, node: yaml.Node, path: str) -> Any:
+        """A scalar's value, if it is one JSON can hold (else a problem and None)."""
+        if not isinstance(node, yaml.ScalarNode) or node.tag not in _JSON_SCALARS:
+            self.problem(
+                node,
+                path,
+                f"{_short_tag(node.tag)} values are not allowed",
+                "graph.yaml holds only strings, numbers, booleans, null, lists and mappings",
+            )
+            return None
+        try:
+            value = self._constructor.construct_object(node)
+        except (ValueError, TypeError, OverflowError, KeyError, IndexError, yaml.YAMLError):
+            shown = node.value if len(node.value) <= 40 else node.value[:40] + "…"
+            self.problem(node, path, f"{shown!r} is not a valid {_short_tag(node.tag)} value")
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            self.problem(node, path, f"{node.value!r} is not a number JSON can hold")
+            return None
+        if isinstance(value, str) and "\x00" in value:
+            self.problem(node, path, "a string holds a NUL character")
+            return None
+        return value
+
     def build(self, node: yaml.Node, path: str) -> Any:
         self.lines[path] = node.start_mark.line + 1
         if isinstance(node, yaml.MappingNode):
+            if node.tag != f"{_YAML}map":
+                self.problem(node, path, f"{_short_tag(node.tag)} values are not allowed")
+                return None
             out: dict[Any, Any] = {}
             self._constructor.flatten_mapping(node)
             for key_node, value_node in node.value:
-                key = self._constructor.construct_object(key_node, deep=True)
-                if not isinstance(key, (str, int, float, bool)) or key is None:
-                    self.problems.append(
-                        Diagnostic(
-                            "error",
-                            "yaml",
-                            "mapping keys must be plain scalars",
-                            self.file,
-                            key_node.start_mark.line + 1,
-                            path,
-                        )
-                    )
+                if not isinstance(key_node, yaml.ScalarNode):
+                    self.problem(key_node, path, "mapping keys must be plain scalars")
+                    continue
+                key = self.scalar(key_node, path)
+                if key is None:
+                    if key_node.tag == f"{_YAML}null":
+                        self.problem(key_node, path, "mapping keys must be plain scalars")
                     continue
                 key = str(key) if not isinstance(key, str) else key
                 child = _child(path, key)
@@ -140,13 +244,17 @@ class _Builder:
                 self.lines[child] = key_node.start_mark.line + 1
             return out
         if isinstance(node, yaml.SequenceNode):
+            if node.tag != f"{_YAML}seq":
+                self.problem(node, path, f"{_short_tag(node.tag)} values are not allowed")
+                return None
             return [self.build(item, _child(path, i)) for i, item in enumerate(node.value)]
-        return self._constructor.construct_object(node, deep=True)
+        return self.scalar(node, path)
 
 
 def parse_yaml(text: str, file: str = "graph.yaml") -> tuple[Any, dict[str, int], list[Diagnostic]]:
     """Parse YAML text into Python values plus a JSON-path -> line map."""
     try:
+        _check_limits(text, file)
         node = yaml.compose(text, Loader=_Loader)
         if node is None:
             raise GraphLoadError("the file is empty", where=file)

@@ -119,7 +119,20 @@ class Narrator:
             case RunResumed():
                 self.started_ts = self.started_ts or event.ts
                 self.graph_name = state.graph_name
-                where = self.resumed_at or state.current or state.routed_to or "start"
+                step = (
+                    f"super-step {state.step} ({', '.join(sorted(state.branches))})"
+                    if state.branches
+                    else None
+                )
+                targets = ", ".join(state.targets) if len(state.targets) > 1 else None
+                where = (
+                    self.resumed_at
+                    or step
+                    or state.current
+                    or state.routed_to
+                    or targets
+                    or ("start" if state.last_node is None else state.last_node)
+                )
                 self.line(f"▸ graph: {state.graph_name} resumed (at: {where})")
             case NodeEntered():
                 self.line(f"▸ {event.node_id} ({event.node_type})")

@@ -291,8 +291,8 @@ class Driver:
         self.interrupted: tuple[str, str] | None = None
         # The cancel tokens of effects in flight (a super-step runs several at once).
         self._tokens: set[CancelToken] = set()
-        self._pool: Any = None
-        self._pool_size = 0
+        self._workers: Any = None
+        self._workers_size = 0
         self._effect_lock = threading.Lock()
 
     # -- buffering ----------------------------------------------------------------
@@ -422,8 +422,8 @@ class Driver:
                 if node_type not in self._actors and close is not None:
                     with contextlib.suppress(Exception):
                         close()
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
+            if self._workers is not None:
+                self._workers.shutdown(wait=True, cancel_futures=True)
             if self._tmp_dir is not None:
                 shutil.rmtree(self._tmp_dir, ignore_errors=True)
 
@@ -445,6 +445,9 @@ class Driver:
         self.agent_dir = loaded.agent_dir
         resumed = any(not isinstance(e, RunStarted) for e in events)
         if resumed:
+            # Never extend a log that does not verify (whoever resumes: a command,
+            # a worker, an answer).
+            self.store.require_intact(self.run_id)
             self._speculate(
                 (
                     RunResumed(
@@ -631,12 +634,12 @@ class Driver:
         for task in tasks:
             if task.group:
                 caps[task.group] = max(1, task.cap)
-        if self._pool is None or self._pool_size < sum(caps.values()):
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)
-            self._pool_size = sum(caps.values())
-            self._pool = cf.ThreadPoolExecutor(
-                max_workers=self._pool_size, thread_name_prefix=f"graphrun-{self.run_id[:8]}"
+        if self._workers is None or self._workers_size < sum(caps.values()):
+            if self._workers is not None:
+                self._workers.shutdown(wait=False)
+            self._workers_size = sum(caps.values())
+            self._workers = cf.ThreadPoolExecutor(
+                max_workers=self._workers_size, thread_name_prefix=f"graphrun-{self.run_id[:8]}"
             )
         queue = list(tasks)
         running: dict[Any, tuple[decider.Perform, CancelToken]] = {}
@@ -655,7 +658,7 @@ class Driver:
                     in_group[task.group] += 1
                     token = CancelToken()
                     self._tokens.add(token)
-                    running[self._pool.submit(self._run_effect, task, token)] = (task, token)
+                    running[self._workers.submit(self._run_effect, task, token)] = (task, token)
                 queue = rest
             else:
                 queue = []

@@ -28,14 +28,24 @@ Format ``graphrun-export``, version 1 (documented in ``docs/recorded-runs.md``):
 * Unless exported with ``--with-origin`` (header ``"origin": "omitted"``), the
   events leave out host names, OS accounts and process ids, and their paths are
   relative to the file's folder; the hashes are those of the events as written.
+* Version 2 adds a last line, the trailer: per run its event count and head
+  hash, ``{"trailer": {"runs": {"<run id>": {"events": 12, "head": "sha256:<hex>"}}}}``.
+  A version-2 file without it, or whose runs end elsewhere, was cut or added to
+  and is refused. Version-1 files (no trailer) still import.
 * Compatibility: event types only gain optional fields, so every version-1 file
   keeps loading; ``replays/format-v1.run.jsonl`` is replayed by the test suite
   to prove it. A change that old readers cannot read bumps ``version``.
+
+An import treats the file as untrusted: every run id is checked, each run starts
+with ``RunStarted``, parents form no cycle (with the runs already in the
+database), approvals are re-checked against the node's approvers, and nothing is
+written unless every run in the file can be.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -48,8 +58,12 @@ from graphrun.eventstore.store import SqliteStore
 from graphrun.runtime.errors import GraphrunError
 
 FORMAT = "graphrun-export"
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+#: The first version whose files must end with a trailer.
+TRAILER_VERSION = 2
+#: What a run id in a file may look like (ids graphrun makes are 18 base32 characters).
+RUN_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.:-]{0,127}")
 
 
 class _Line(msgspec.Struct):
@@ -66,11 +80,13 @@ class ExportFileError(GraphrunError):
 def run_tree(store: SqliteStore, run_id: str) -> list[str]:
     """A run and its descendants, parents first."""
     out = [run_id]
+    seen = {run_id}
     i = 0
     while i < len(out):
-        out.extend(
-            row.run_id for row in sorted(store.runs(parent=out[i]), key=lambda r: r.started_at)
-        )
+        for row in sorted(store.runs(parent=out[i]), key=lambda r: r.started_at):
+            if row.run_id not in seen:  # a crafted log may link a run to itself
+                seen.add(row.run_id)
+                out.append(row.run_id)
         i += 1
     return out
 
@@ -116,6 +132,7 @@ def write_export(
     fh.write(json.dumps(header) + "\n")
     count = 0
     base = (relative_to or Path.cwd()).resolve()
+    heads: dict[str, dict[str, Any]] = {}
     for rid in runs:
         prev = codec.GENESIS
         users = _os_users(store, rid) if not with_origin else set()
@@ -125,7 +142,9 @@ def write_export(
                 digest = codec.chain_hash(prev, body)
                 prev = digest
             fh.write('{"hash":"' + digest + '","event":' + body.decode("utf-8") + "}\n")
+            heads[rid] = {"events": heads.get(rid, {}).get("events", 0) + 1, "head": digest}
             count += 1
+    fh.write(json.dumps({"trailer": {"runs": heads}}) + "\n")
     return count
 
 
@@ -253,56 +272,177 @@ def read_header(path: Path) -> dict[str, Any]:
     raise ExportFileError(f"{path}:1: not a graphrun export file")
 
 
+def _check_run_id(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not RUN_ID.fullmatch(value):
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:40])
+        raise ExportFileError(f"{where}: {shown} is not a valid run id")
+    return value
+
+
 def read_export(path: Path) -> dict[str, list[Event]]:
-    """Runs in an export file, verified: run id -> events."""
+    """Runs in an export file, verified: run id -> events.
+
+    Raises :class:`ExportFileError` (one line, naming the file's line) for anything
+    a file made by ``graphrun export`` cannot hold.
+    """
     lines = _lines(path)
     first = next(lines, None)
     if first is None:
         raise ExportFileError(f"{path} is empty")
     try:
         header = json.loads(first[1])
-    except ValueError:
+    except (ValueError, RecursionError):
         header = None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ExportFileError(f"{path}:1: not a graphrun export file")
     version = header.get("version")
-    if version not in SUPPORTED_VERSIONS:
+    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
         raise ExportFileError(
             f"{path}:1: export format version {version} is not supported "
             f"(this graphrun reads {', '.join(map(str, SUPPORTED_VERSIONS))})"
         )
+    listed = header.get("runs")
+    if listed is not None:
+        if not isinstance(listed, list):
+            raise ExportFileError(f"{path}:1: 'runs' must be a list of run ids")
+        for rid in listed:
+            _check_run_id(rid, f"{path}:1")
+        if len(set(listed)) != len(listed):
+            raise ExportFileError(f"{path}:1: 'runs' names a run twice")
     runs: dict[str, list[Event]] = {}
     prev: dict[str, str] = {}
+    trailer: Any = None
+    trailer_at = ""
     decoder = msgspec.json.Decoder(_Line)
     for number, line in lines:
         where = f"{path}:{number}"
+        if trailer is not None:
+            raise ExportFileError(f"{where}: a line after the trailer ({trailer_at})")
+        if line.lstrip().startswith('{"trailer"'):
+            try:
+                trailer = json.loads(line)["trailer"]
+            except (ValueError, RecursionError, KeyError, TypeError):
+                raise ExportFileError(f"{where}: not a valid trailer line") from None
+            trailer_at = f"line {number}"
+            continue
         try:
             record = decoder.decode(line)
             # The typed decoder straight from the raw bytes (no dict in between).
             event = codec.decode(record.event)
             digest = record.hash
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
             raise ExportFileError(f"{where}: not a valid event line ({exc})") from None
-        events = runs.setdefault(event.run_id, [])
+        run_id = _check_run_id(event.run_id, where)
+        if listed is not None and run_id not in listed:
+            raise ExportFileError(f"{where}: run {run_id} is not among the header's runs")
+        events = runs.setdefault(run_id, [])
         if event.seq != len(events) + 1:
             raise ExportFileError(
-                f"{where}: run {event.run_id} jumps to seq {event.seq} after {len(events)}"
+                f"{where}: run {run_id} jumps to seq {event.seq} after {len(events)}"
             )
+        if not events and type(event).__name__ != "RunStarted":
+            raise ExportFileError(
+                f"{where}: run {run_id} starts with {type(event).__name__}, not RunStarted"
+            )
+        if events and type(event).__name__ == "RunStarted":
+            raise ExportFileError(f"{where}: run {run_id} starts a second time")
         # Over the bytes as written: a field this version does not know still verifies.
-        expected = codec.chain_hash(prev.get(event.run_id, codec.GENESIS), bytes(record.event))
+        expected = codec.chain_hash(prev.get(run_id, codec.GENESIS), bytes(record.event))
         if expected != digest:
             raise ExportFileError(
-                f"{where}: event {event.run_id}#{event.seq} does not match its hash "
+                f"{where}: event {run_id}#{event.seq} does not match its hash "
                 "(the file was edited or damaged)"
             )
-        prev[event.run_id] = digest
+        prev[run_id] = digest
         events.append(event)
+    if trailer is not None or version >= TRAILER_VERSION:
+        _check_trailer(path, trailer, trailer_at, runs, prev)
+    if listed is not None and set(listed) != set(runs):
+        missing = sorted(set(listed) - set(runs))
+        raise ExportFileError(f"{path}: the header lists run {missing[0]}, which has no events")
+    _check_parents(path, runs)
+    _check_approvals(path, runs)
     return runs
 
 
-def import_runs(store: SqliteStore, path: Path) -> list[tuple[str, str]]:
-    """Load runs from an export file; returns ``(run_id, "imported"|"present")`` pairs."""
+def _check_trailer(
+    path: Path,
+    trailer: Any,
+    at: str,
+    runs: dict[str, list[Event]],
+    heads: dict[str, str],
+) -> None:
+    """The trailer names every run with its event count and head hash."""
+    if trailer is None:
+        raise ExportFileError(
+            f"{path}: the file ends without its trailer: it was cut short",
+            hint="export the run again",
+        )
+    counted = trailer.get("runs") if isinstance(trailer, dict) else None
+    if not isinstance(counted, dict):
+        raise ExportFileError(f"{path} ({at}): the trailer has no 'runs'")
+    for run_id in sorted(set(counted) | set(runs)):
+        want = counted.get(run_id)
+        have = len(runs.get(run_id, []))
+        if not isinstance(want, dict) or want.get("events") != have:
+            expected = want.get("events") if isinstance(want, dict) else 0
+            raise ExportFileError(
+                f"{path} ({at}): run {run_id} has {have} events here, the trailer says "
+                f"{expected}: the file was cut or added to"
+            )
+        if want.get("head") != heads.get(run_id):
+            raise ExportFileError(
+                f"{path} ({at}): run {run_id} does not end with the trailer's head hash"
+            )
+
+
+def _check_parents(path: Path, runs: dict[str, list[Event]]) -> None:
+    """No run is its own ancestor (within the file)."""
+    parent = {
+        rid: getattr(events[0], "parent_run_id", None) for rid, events in runs.items() if events
+    }
+    for rid in runs:
+        seen = {rid}
+        up = parent.get(rid)
+        while up is not None:
+            if up in seen:
+                raise ExportFileError(f"{path}: run {rid} is its own ancestor (through {up})")
+            seen.add(up)
+            up = parent.get(up)
+
+
+def _check_approvals(path: Path, runs: dict[str, list[Event]]) -> None:
+    """Every recorded approval came from one of the node's approvers."""
+    for run_id, events in runs.items():
+        asked: dict[tuple[str, int], Any] = {}
+        for event in events:
+            kind = type(event).__name__
+            if kind == "HumanInputRequested":
+                asked[(event.node_id, event.visit)] = event  # type: ignore[attr-defined]
+            elif kind == "HumanInputReceived":
+                request = asked.get((event.node_id, event.visit))  # type: ignore[attr-defined]
+                approvers = list(getattr(request, "approvers", None) or [])
+                by = event.by  # type: ignore[attr-defined]
+                if approvers and by not in approvers:
+                    raise ExportFileError(
+                        f"{path}: run {run_id} seq {event.seq}: an answer by {by!r} at node "
+                        f"'{event.node_id}', whose approvers are {', '.join(approvers)}"  # type: ignore[attr-defined]
+                    )
+
+
+def import_runs(
+    store: SqliteStore, path: Path, *, trusted_dirs: list[Path] | None = None
+) -> list[tuple[str, str]]:
+    """Load runs from an export file; returns ``(run_id, "imported"|"present")`` pairs.
+
+    Every run is checked before any is written: a file with one new run and one
+    that conflicts with the database imports nothing. With ``trusted_dirs`` (what
+    the user named), a run that could still go on (not ended) is refused unless
+    its agent directory is one of them: resuming it runs that folder's scripts.
+    """
     runs = read_export(path)
+    if trusted_dirs is not None:
+        _check_agent_dirs(path, runs, trusted_dirs)
     out = []
     for run_id, events in runs.items():
         if store.has_run(run_id):
@@ -316,10 +456,79 @@ def import_runs(store: SqliteStore, path: Path) -> list[tuple[str, str]]:
                     f"run {run_id} already exists in {store.path} with different events"
                 )
             out.append((run_id, "present"))
-            continue
-        store.append(run_id, events)
-        out.append((run_id, "imported"))
+        else:
+            out.append((run_id, "imported"))
+    for run_id, events in runs.items():
+        parent = getattr(events[0], "parent_run_id", None)
+        seen = {run_id}
+        while parent is not None and parent not in runs:
+            if parent in seen or not store.has_run(parent):
+                break
+            seen.add(parent)
+            parent = store.run(parent).parent_run_id
+            if parent == run_id:
+                raise ExportFileError(f"{path}: run {run_id} would become its own ancestor")
+    for run_id, status in out:
+        if status == "imported":
+            store.append(run_id, runs[run_id])
     return out
+
+
+def _check_agent_dirs(path: Path, runs: dict[str, list[Event]], trusted: list[Path]) -> None:
+    import os
+
+    from graphrun.eventstore.fold import fold
+
+    named = {os.path.realpath(d) for d in trusted}
+    for run_id, events in runs.items():
+        if fold(events).terminal:
+            continue  # an ended run is never resumed: nothing of the file runs
+        agent_dir = getattr(events[0], "agent_dir", "") or ""
+        where = os.path.realpath(path.parent / agent_dir) if agent_dir else ""
+        if where not in named:
+            raise ExportFileError(
+                f"{path}: run {run_id} has not ended and would run the scripts of "
+                f"{agent_dir or 'an unnamed agent directory'}",
+                hint=f"import with --agent-dir {agent_dir} if you trust that folder"
+                if agent_dir
+                else "only ended runs can be imported",
+            )
+
+
+def anchor_of(store: SqliteStore, run_id: str) -> str:
+    """The run's head as an anchor to keep elsewhere: ``<run id>@<seq>:sha256:<hex>``."""
+    row = store.run(run_id)
+    return f"{run_id}@{row.last_seq}:{row.last_hash}"
+
+
+def check_anchor(store: SqliteStore, run_id: str, anchor: str) -> tuple[int, str | None]:
+    """Whether the run's log still holds ``anchor`` at its seq, recomputing the chain.
+
+    Returns ``(seq, None)`` when every event up to that seq is unchanged, else
+    ``(seq, reason)``. A chain recomputed after an edit, a cut below the anchor or
+    another run's anchor all fail: the recomputed hash at that seq differs.
+    """
+    from graphrun.runtime.errors import UsageError
+
+    match = re.fullmatch(
+        r"(?:(?P<run>[^@\s]+)@)?(?P<seq>[0-9]+):(?P<hash>sha256:[0-9a-f]{64})", anchor
+    )
+    if match is None:
+        raise UsageError(
+            f"--anchor {anchor[:80]!r} is not an anchor",
+            hint="anchors look like RUN@SEQ:sha256:<hex>, as `graphrun audit RUN --anchor` prints",
+        )
+    if match["run"] is not None and match["run"] != run_id:
+        raise UsageError(f"--anchor belongs to run {match['run']}, not {run_id}")
+    seq, want = int(match["seq"]), match["hash"]
+    prev = codec.GENESIS
+    for number, body, _stored_prev, _stored in store.raw_rows(run_id):
+        prev = codec.chain_hash(prev, body)
+        if number == seq:
+            if prev != want:
+                return seq, "the events up to it are not those anchored (changed or rewritten)"
+            return seq, None
+    return seq, f"the log ends before seq {seq} (cut)"
 
 
 def top_level_runs(path: Path) -> list[str]:

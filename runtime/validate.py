@@ -470,6 +470,8 @@ def agents_exist(c: Check) -> list[Diagnostic]:
         if c.agents_dir is None:
             continue
         adir = c.agents_dir / node.agent
+        if "/" in node.agent or node.agent.startswith("."):  # a path: from the graph's folder
+            adir = c.loaded.agent_dir / node.agent
         if not adir.is_dir():
             known = (
                 sorted(p.name for p in c.agents_dir.iterdir() if p.is_dir())

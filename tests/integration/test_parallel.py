@@ -399,3 +399,126 @@ def test_kill_mid_step_then_resume_reruns_only_the_unfinished_branch(
     events = store.read(run_id)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     store.close()
+
+
+EVERY_FEATURE = """
+    name: every-feature
+    version: "1.0"
+    model: openai:gpt-test
+    reasoning_effort: low
+    skills_enabled: false           # Loki's later field: accepted, warned once
+    colour: blue                    # unknown to graphrun and Loki alike: a warning
+    variables:
+      - {name: region, description: Where to look, default: north}
+    settings: {max_concurrency: 2}
+    reducers: {notes: append, total: sum, seen: merge}
+    start: seed
+    nodes:
+      seed:
+        type: script
+        script: scripts/seed.py
+        next: [count, ask_model]
+      count:
+        type: script
+        script: scripts/count.py
+        state_updates: {}
+        next: each
+      ask_model:
+        type: llm
+        prompt: "Name one river in {{region_hint}}"
+        state_updates: {notes: "{{output}}"}
+        next: each
+      each:
+        type: map
+        over: "{{items}}"
+        as: item
+        branch: double
+        collect_into: doubled
+        max_concurrency: 3
+        next: done
+      double:
+        type: script
+        script: scripts/double.py
+        state_updates: {}
+      done:
+        type: end
+        output: "{{doubled}}|{{total}}|{{notes}}|{{seen}}"
+"""
+EVERY_SCRIPTS = {
+    "seed.py": """
+        import json, os
+        region = os.environ.get("LLM_AGENT_VAR_REGION", "?")
+        print(json.dumps({"items": [1, 2, 3, 4], "region_hint": region, "total": 1}))
+    """,
+    "count.py": emit({"total": 4, "notes": "counted", "seen": {"count": True}}),
+    "double.py": DOUBLE,
+}
+
+
+def test_a_graph_with_every_parallel_feature_validates_and_runs(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    from graphrun.runtime.validate import Check, validate
+    from tests.support.fake_llm import FakeLlm, text
+
+    root = agent(tmp_path, EVERY_FEATURE, EVERY_SCRIPTS)
+    found = validate(Check(load_graph(root), deep=False))
+    assert [d.rule for d in found if d.severity == "error"] == []
+    rules = {d.rule for d in found}
+    assert {"unknown-field", "not-implemented"} <= rules
+
+    with FakeLlm() as fake:
+        fake.script(text("Glomma"))
+        import os
+
+        saved = {k: os.environ.get(k) for k in ("OPENAI_BASE_URL", "OPENAI_API_KEY")}
+        os.environ["OPENAI_BASE_URL"] = fake.url_openai
+        os.environ["OPENAI_API_KEY"] = "sk-x"
+        try:
+            outcome = run(store, root)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        body = fake.requests[0].body
+    assert outcome.status == "completed", outcome.error
+    doubled, total, notes, seen = (outcome.output or "").split("|")
+    assert json.loads(doubled) == [2, 4, 6, 8]
+    assert total == "5"  # 1 + 4 through `sum`
+    assert json.loads(notes) == ["Glomma", "counted"]  # node-id order: ask_model < count
+    assert json.loads(seen) == {"count": True}
+    assert "north" in body["messages"][-1]["content"]  # the variable's default reached it
+    assert body.get("reasoning_effort") is None  # gpt-test takes none
+
+
+def test_fork_inside_a_super_step_performs_only_the_unfinished_branch(graphrun) -> None:
+    """`fork --at` a seq between two branches' results: the new run keeps the finished
+    branch's recorded result and performs only the other one."""
+    root = Path(__file__).resolve().parents[2]
+    replay = root / "replays" / "source-survey.run.jsonl"
+    assert (
+        graphrun("import", str(replay), "--agent-dir", str(root / "examples/source-survey")).code
+        == 0
+    )
+    run_id = graphrun("runs", "--json").json_lines()[0]["run_id"]
+    events = graphrun("events", run_id, "--json").json_lines()
+    summarized = next(
+        e["seq"] for e in events if e["type"] == "LlmResult" and e.get("branch") == "summarize"
+    )
+    checked = next(
+        e["seq"] for e in events if e["type"] == "ScriptFinished" and e.get("branch") == "check"
+    )
+    at = min(summarized, checked)  # one branch done, the other not yet
+    forked = graphrun("fork", run_id, "--at", str(at), "--llm-replay", str(replay))
+    assert forked.code == 0, forked.stderr
+    assert "resumed (at: super-step 1 (check, summarize))" in forked.stderr
+    new_id = graphrun.last_run()
+    new_events = graphrun("events", new_id, "--json").json_lines()
+    after = [e for e in new_events if e["seq"] > at]
+    redone = {e.get("branch") for e in after if e["type"] in ("ScriptFinished", "LlmResult")}
+    assert redone == ({"check"} if at == summarized else {"summarize"})
+    original_output = next(e["output"] for e in events if e["type"] == "RunCompleted")
+    assert new_events[-1]["type"] == "RunCompleted"
+    assert new_events[-1]["output"] == original_output

@@ -196,7 +196,7 @@ def test_export_import_into_a_fresh_database_replays_identically(
     out = tmp_path / "shipit.run.jsonl"
     assert graphrun("export", run_id, "-o", str(out), "--with-origin").code == 0
     header = json.loads(out.read_text().splitlines()[0])
-    assert header["format"] == "graphrun-export" and header["version"] == 1
+    assert header["format"] == "graphrun-export" and header["version"] == 2
     assert header["agent_dirs"][run_id] == "shipit"
     assert header["sources"][run_id]["scripts/build.sh"].startswith("#!/usr/bin/env bash")
     fresh = str(tmp_path / "fresh.db")

@@ -55,7 +55,10 @@ def test_glob_and_single_file(agent_dir: Path) -> None:
     ]  # the single file was already found by the glob: kept once
 
 
-def test_absolute_path_and_hidden_files(agent_dir: Path, tmp_path: Path) -> None:
+def test_absolute_path_and_hidden_files(
+    agent_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GRAPHRUN_ALLOW_OUTSIDE_PATHS", "1")  # absolute paths need the opt-in
     (agent_dir / "knowledge" / ".notes.md").write_text("hidden")
     (agent_dir / "knowledge" / ".git").mkdir()
     (agent_dir / "knowledge" / ".git" / "HEAD").write_text("ref")

@@ -1,0 +1,949 @@
+"""The PostgreSQL event store: the SQLite store's contract on a shared database.
+
+Several processes on several machines append to one log, so every run can be
+driven by whichever worker is free (``graphrun worker``) and audited in one place.
+
+Tables (in the first schema of the connection's ``search_path``):
+
+* ``events (run_id, seq)``: the primary key is the optimistic lock, appending a
+  seq that exists raises :class:`ConcurrentAppendError`. ``body`` is the event's
+  canonical JSON, as text, byte for byte what the chain hashes:
+  ``hash = sha256:hex(sha256(prev_hash ‖ "\\n" ‖ body))``; verification hashes
+  the stored text as it is, never a re-encoding. ``run_events`` is a view with
+  the body as ``jsonb`` for SQL (``data->>'answer'``).
+* ``runs``: the runs projection, written in the transaction of every append (it
+  is true on disk at every commit).
+* ``leases``: one holder per run, with an expiry that heartbeats move on.
+* ``run_queue``: runs submitted for workers (``queued``, ``running``,
+  ``waiting``, ``done``); see :mod:`graphrun.runtime.workers`.
+* ``graphrun_meta``: the schema version. Migrations run in one transaction
+  under an advisory lock, so the first uses by many processes at once are safe.
+
+Connections come from a ``psycopg_pool`` pool; a store is safe to share between
+threads (a worker drives several runs through one store).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+
+from graphrun.eventstore import codec
+from graphrun.eventstore.errors import (
+    ConcurrentAppendError,
+    CorruptStoreError,
+    LeaseHeldError,
+    StoreError,
+    UnknownRunError,
+)
+from graphrun.eventstore.events import Event, HumanInputReceived, RunStarted
+from graphrun.eventstore.ids import Clock
+from graphrun.eventstore.projections import COLUMNS, RunRow, apply_run_row, rebuild_rows
+from graphrun.eventstore.store import LEASE_SECONDS, Lease
+
+#: The schema version once every migration below has run.
+SCHEMA_VERSION = 1
+_MIGRATE_LOCK = 0x67726E31  # pg_advisory_xact_lock key ("grn1")
+
+_MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        """
+        CREATE TABLE events (
+            run_id    TEXT COLLATE "C" NOT NULL,
+            seq       INTEGER NOT NULL,
+            ts        DOUBLE PRECISION NOT NULL,
+            type      TEXT NOT NULL,
+            node_id   TEXT,
+            body      TEXT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash      TEXT NOT NULL,
+            PRIMARY KEY (run_id, seq)
+        )
+        """,
+        """
+        CREATE TABLE runs (
+            run_id        TEXT COLLATE "C" PRIMARY KEY,
+            graph_name    TEXT NOT NULL,
+            status        TEXT NOT NULL,
+            parent_run_id TEXT COLLATE "C",
+            started_at    DOUBLE PRECISION NOT NULL,
+            updated_at    DOUBLE PRECISION NOT NULL,
+            last_seq      INTEGER NOT NULL,
+            last_hash     TEXT NOT NULL,
+            started_by    TEXT,
+            agent_dir     TEXT,
+            current_node  TEXT,
+            waiting_node  TEXT,
+            output        TEXT,
+            error         TEXT
+        )
+        """,
+        "CREATE INDEX runs_started ON runs (started_at DESC, run_id DESC)",
+        "CREATE INDEX runs_parent ON runs (parent_run_id)",
+        "CREATE INDEX runs_status ON runs (status)",
+        """
+        CREATE TABLE leases (
+            run_id     TEXT COLLATE "C" PRIMARY KEY,
+            owner      TEXT NOT NULL,
+            pid        INTEGER NOT NULL,
+            host       TEXT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE run_queue (
+            run_id      TEXT COLLATE "C" PRIMARY KEY,
+            state       TEXT NOT NULL,
+            settings    JSONB NOT NULL DEFAULT '{}',
+            resume_run  TEXT COLLATE "C",
+            queued_at   DOUBLE PRECISION NOT NULL,
+            updated_at  DOUBLE PRECISION NOT NULL,
+            worker      TEXT,
+            attempts    INTEGER NOT NULL DEFAULT 0,
+            answered    BOOLEAN NOT NULL DEFAULT false
+        )
+        """,
+        "CREATE INDEX run_queue_ready ON run_queue (state, queued_at)",
+        """
+        CREATE VIEW run_events AS
+        SELECT run_id, seq, ts, type, node_id, body::jsonb AS data, prev_hash, hash
+        FROM events
+        """,
+    ],
+}
+
+_COLS = ", ".join(COLUMNS)
+_UPSERT_RUN = (
+    f"INSERT INTO runs ({_COLS}) VALUES ({', '.join('%s' for _ in COLUMNS)}) "
+    "ON CONFLICT (run_id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[1:])
+)
+_INSERT_EVENT = (
+    "INSERT INTO events (run_id, seq, ts, type, node_id, body, prev_hash, hash) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_SELECT_RUN = f"SELECT {_COLS} FROM runs"
+_RENEW = "UPDATE leases SET expires_at = %s WHERE run_id = %s AND owner = %s"
+
+
+@functools.lru_cache(maxsize=128)
+def _step_statement(rows: int, fenced: bool = False) -> str:
+    """One statement inserting ``rows`` events and upserting the run's row: the
+    row is written only if every event was (a taken seq fails it all). ``fenced``:
+    nothing is written unless this store still holds the run's lease (two more
+    parameters, the run id and the owner, follow the events')."""
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * rows)
+    insert = _INSERT_EVENT.partition(" VALUES ")[0]
+    if fenced:
+        rows_sql = (
+            f"SELECT * FROM (VALUES {values}) AS v WHERE EXISTS "
+            "(SELECT 1 FROM leases WHERE run_id = %s AND owner = %s)"
+        )
+    else:
+        rows_sql = f"VALUES {values}"
+    return f"WITH added AS ({insert} {rows_sql} RETURNING 1) " + _UPSERT_RUN.replace(
+        f"VALUES ({', '.join('%s' for _ in COLUMNS)})",
+        f"SELECT {', '.join('%s' for _ in COLUMNS)} WHERE (SELECT count(*) FROM added) > 0",
+        1,
+    )
+
+
+def is_postgres_url(value: str | os.PathLike[str] | None) -> bool:
+    """Whether ``--db`` / ``$GRAPHRUN_DB`` names a PostgreSQL database."""
+    return isinstance(value, str) and value.startswith(("postgresql://", "postgres://"))
+
+
+def masked(url: str) -> str:
+    """The URL without its password (for messages)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    userinfo = netloc[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{userinfo}:***@{netloc[1]}"))
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host."""
+    if os.name != "posix":  # no signal-0 probe elsewhere: trust the expiry alone
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _modules() -> tuple[Any, Any]:
+    try:
+        import psycopg
+        import psycopg_pool
+    except ImportError:
+        raise StoreError(
+            "a postgresql:// database needs psycopg and psycopg_pool",
+            hint="pip install 'graphrun[postgres]'",
+        ) from None
+    return psycopg, psycopg_pool
+
+
+class PostgresStore:
+    """An event store in a PostgreSQL database, with :class:`SqliteStore`'s methods.
+
+    Args:
+        url: ``postgresql://user:password@host:port/dbname`` (libpq's URL form,
+            query parameters included, e.g. ``?options=-csearch_path%3Dteam``).
+        create: accepted for parity with the SQLite store: the tables are made
+            on first use either way.
+        clock: the clock that stamps events and leases.
+        durability: ``"normal"`` (a commit returns before it is flushed to disk,
+            as SQLite's WAL with ``synchronous=NORMAL``; ``sync`` appends wait
+            for the flush) or ``"full"`` (every commit waits for it).
+        max_connections: the pool's size.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        create: bool = True,
+        clock: Clock | None = None,
+        durability: str = "normal",
+        max_connections: int = 16,
+    ) -> None:
+        if durability not in ("normal", "full"):
+            raise StoreError(f"unknown durability {durability!r} (use 'normal' or 'full')")
+        psycopg, psycopg_pool = _modules()
+        self._psycopg = psycopg
+        self.url = url
+        self.path = masked(url)
+        self.clock = clock or Clock()
+        self.durability = durability
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._lock = threading.Lock()
+        self._rows: dict[str, RunRow] = {}
+        self._renew_at: dict[str, float] = {}
+        # Runs whose lease a worker holds for longer than one drive (see hold()).
+        self._held: set[str] = set()
+        # run id -> queue settings, for runs whose RunStarted also queues them.
+        self._to_queue: dict[str, dict[str, Any]] = {}
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+                self._migrate(conn)
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"cannot open the PostgreSQL event store {self.path}: {_first_line(exc)}"
+            ) from None
+        self.pool = psycopg_pool.ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max(1, max_connections),
+            kwargs={"autocommit": True},
+            configure=self._configure,
+            open=True,
+            name="graphrun",
+        )
+
+    # -- opening -------------------------------------------------------------------
+
+    def _configure(self, conn: Any) -> None:
+        """Each pooled connection: like SQLite's default (WAL, synchronous=NORMAL),
+        a commit is not flushed to disk before it returns unless the store is
+        ``durability="full"`` or the append asks for ``sync`` (human answers): a
+        killed graphrun process loses nothing committed either way."""
+        if self.durability != "full":
+            conn.execute("SET synchronous_commit = off")
+
+    def _migrate(self, conn: Any) -> None:
+        enc = conn.execute("SHOW server_encoding").fetchone()[0]
+        if enc.upper() not in ("UTF8", "SQL_ASCII"):
+            raise CorruptStoreError(
+                f"{self.path} uses the {enc} encoding; graphrun stores JSON text in UTF8",
+                hint="create the database WITH ENCODING 'UTF8'",
+            )
+        if self._version(conn) == SCHEMA_VERSION:
+            return
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+            if conn.execute("SELECT current_schema()").fetchone()[0] is None:
+                raise StoreError(
+                    f"{self.path}: no schema of the search_path exists",
+                    hint="create the schema first, or fix search_path",
+                )
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS graphrun_meta (key TEXT PRIMARY KEY, value TEXT)"
+            )
+            version = self._version(conn)
+            if version > SCHEMA_VERSION:
+                raise CorruptStoreError(
+                    f"{self.path} was written by a newer graphrun (schema {version}, "
+                    f"this one knows {SCHEMA_VERSION})",
+                    hint="upgrade graphrun",
+                )
+            if version == 0:
+                found = conn.execute("SELECT to_regclass('events')").fetchone()[0]
+                if found is not None:
+                    raise CorruptStoreError(
+                        f"{self.path} already has an events table that graphrun did not make",
+                        hint="use another database or schema (search_path)",
+                    )
+            for number in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in _MIGRATIONS[number]:
+                    conn.execute(statement)
+            conn.execute(
+                "INSERT INTO graphrun_meta (key, value) VALUES ('schema_version', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
+
+    @staticmethod
+    def _version(conn: Any) -> int:
+        if conn.execute("SELECT to_regclass('graphrun_meta')").fetchone()[0] is None:
+            return 0
+        found = conn.execute(
+            "SELECT value FROM graphrun_meta WHERE key = 'schema_version'"
+        ).fetchone()
+        return int(found[0]) if found else 0
+
+    @contextmanager
+    def _conn(self) -> Iterator[Any]:
+        """A pooled connection; database errors become :class:`StoreError`."""
+        psycopg = self._psycopg
+        try:
+            with self.pool.connection() as conn:
+                yield conn
+        except psycopg.errors.UniqueViolation:
+            raise
+        except psycopg.Error as exc:
+            raise StoreError(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- appending -----------------------------------------------------------------
+
+    def _row(self, conn: Any, run_id: str) -> RunRow | None:
+        with self._lock:
+            row = self._rows.get(run_id)
+        if row is None:
+            found = conn.execute(_SELECT_RUN + " WHERE run_id = %s", (run_id,)).fetchone()
+            if found is not None:
+                row = RunRow(*found)
+        return row
+
+    def append(self, run_id: str, events: Sequence[Event], *, sync: bool = False) -> list[Event]:
+        """Append events to a run in one transaction; returns them stamped.
+
+        Each event gets ``run_id``, the next ``seq`` and (unless set) ``ts``.
+        Raises :class:`ConcurrentAppendError` if another writer got there first.
+        ``sync`` waits for the commit to reach the disk (see ``durability``)."""
+        if not events:
+            return []
+        replace = msgspec.structs.replace
+        with self._conn() as conn:
+            row = self._row(conn, run_id)
+            seq = row.last_seq if row else 0
+            prev = row.last_hash if row else codec.GENESIS
+            now = self.clock.now()
+            stamped: list[Event] = []
+            params: list[tuple[Any, ...]] = []
+            answered = False
+            for event in events:
+                seq += 1
+                if event.seq != seq or event.run_id != run_id or not event.ts:
+                    if event.run_id == run_id and event.seq and event.seq != seq:
+                        raise ConcurrentAppendError(
+                            f"run {run_id} is at seq {seq - 1} here, not {event.seq - 1} "
+                            "as its writer thought",
+                            hint="only one process may extend a run at a time",
+                        )
+                    event = replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
+                body = codec.encode(event)
+                digest = codec.chain_hash(prev, body)
+                params.append(
+                    (
+                        run_id,
+                        seq,
+                        event.ts,
+                        type(event).__name__,
+                        getattr(event, "node_id", None),
+                        body.decode("utf-8"),
+                        prev,
+                        digest,
+                    )
+                )
+                prev = digest
+                row = apply_run_row(row, event, digest)
+                answered = answered or isinstance(event, HumanInputReceived)
+                stamped.append(event)
+            assert row is not None
+            with self._lock:
+                renew_at = self._renew_at.get(run_id)
+                queue = (
+                    self._to_queue.pop(run_id, None) if isinstance(events[0], RunStarted) else None
+                )
+                fenced = run_id in self._held
+            renew = renew_at is not None and now >= renew_at
+            durable = sync or self.durability == "full"
+            try:
+                if not (renew or queue is not None or answered or durable) and len(params) <= 64:
+                    # A node step: its events and the run's row in one statement,
+                    # one round trip, committed as one transaction.
+                    args = [value for p in params for value in p]
+                    if fenced:
+                        args += (run_id, self.owner)
+                    cur = conn.execute(
+                        _step_statement(len(params), fenced),
+                        [*args, *msgspec.structs.astuple(row)],
+                    )
+                    if fenced and cur.rowcount == 0:
+                        raise self._lost(run_id)
+                else:
+                    with conn.transaction(), conn.cursor() as cur:
+                        if durable and self.durability != "full":
+                            cur.execute("SET LOCAL synchronous_commit = on")
+                        if (
+                            fenced
+                            and not cur.execute(
+                                "SELECT 1 FROM leases WHERE run_id = %s AND owner = %s FOR UPDATE",
+                                (run_id, self.owner),
+                            ).fetchone()
+                        ):
+                            raise self._lost(run_id)
+                        self._append_in(cur, run_id, row, params, now, renew, queue, answered)
+            except self._psycopg.errors.UniqueViolation:
+                with self._lock:
+                    self._rows.pop(run_id, None)
+                    if queue is not None:
+                        self._to_queue[run_id] = queue
+                raise ConcurrentAppendError(
+                    f"run {run_id} was extended by another writer (seq {params[0][1]} taken)",
+                    hint="only one process may extend a run at a time",
+                ) from None
+        with self._lock:
+            self._rows[run_id] = row
+            if renew:
+                self._renew_at[run_id] = now + LEASE_SECONDS / 3
+        return stamped
+
+    def _lost(self, run_id: str) -> LeaseHeldError:
+        """A worker's run whose lease another worker took (this one stalled past it)."""
+        with self._lock:
+            self._rows.pop(run_id, None)
+        return LeaseHeldError(
+            f"run {run_id} was taken over by another worker (this worker's lease on it "
+            "expired); nothing more is appended by this one",
+            hint="a longer --lease suits workers that stall",
+        )
+
+    def _append_in(
+        self,
+        cur: Any,
+        run_id: str,
+        row: RunRow,
+        params: list[tuple[Any, ...]],
+        now: float,
+        renew: bool,
+        queue: dict[str, Any] | None,
+        answered: bool,
+    ) -> None:
+        """An append's statements, inside its transaction."""
+        cur.executemany(_INSERT_EVENT, params)
+        cur.execute(_UPSERT_RUN, msgspec.structs.astuple(row))
+        if renew:
+            cur.execute(_RENEW, (now + LEASE_SECONDS, run_id, self.owner))
+        if queue is not None:
+            cur.execute(
+                "INSERT INTO run_queue (run_id, state, settings, queued_at, "
+                "updated_at) VALUES (%s, 'queued', %s, %s, %s)",
+                (run_id, self._psycopg.types.json.Jsonb(queue), now, now),
+            )
+        if answered:
+            self._mark_answered(cur, run_id, row, now)
+
+    def _mark_answered(self, cur: Any, run_id: str, row: RunRow, now: float) -> None:
+        """A person answered ``run_id``: the queued run it belongs to (itself or an
+        ancestor) becomes runnable again, to be continued from ``run_id``."""
+        target, resume = run_id, run_id
+        for _ in range(64):  # a run tree deeper than this is not a real one
+            # A run still held by its worker is marked: its hand-back as "waiting"
+            # queues it instead (the worker may not have seen this answer).
+            found = cur.execute(
+                "UPDATE run_queue SET state = CASE WHEN state = 'waiting' THEN 'queued' "
+                "ELSE state END, answered = true, resume_run = %s, updated_at = %s "
+                "WHERE run_id = %s AND state IN ('waiting', 'running', 'queued') "
+                "RETURNING run_id",
+                (resume, now, target),
+            ).fetchone()
+            if found is not None:
+                return
+            parent = (
+                row.parent_run_id
+                if target == run_id
+                else (
+                    cur.execute(
+                        "SELECT parent_run_id FROM runs WHERE run_id = %s", (target,)
+                    ).fetchone()
+                    or (None,)
+                )[0]
+            )
+            if not parent:
+                return
+            target = parent
+
+    # -- reading -------------------------------------------------------------------
+
+    def has_run(self, run_id: str) -> bool:
+        with self._conn() as conn:
+            return (
+                conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,)).fetchone()
+                is not None
+            )
+
+    def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
+        """The events of a run in seq order (``after < seq <= upto``)."""
+        sql = "SELECT body FROM events WHERE run_id = %s AND seq > %s"
+        args: list[Any] = [run_id, after]
+        if upto is not None:
+            sql += " AND seq <= %s"
+            args.append(upto)
+        with self._conn() as conn:
+            rows = conn.execute(sql + " ORDER BY seq", args).fetchall()
+            if not rows and not self._exists(conn, run_id):
+                raise self.unknown_run(run_id)
+        decode = codec.decode
+        try:
+            return [decode(body) for (body,) in rows]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise CorruptStoreError(
+                f"run {run_id}: an event in the database does not decode ({exc})",
+                hint=f"graphrun audit {run_id} --verify names the damaged event",
+            ) from None
+
+    def _exists(self, conn: Any, run_id: str) -> bool:
+        return (
+            conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,)).fetchone() is not None
+        )
+
+    def raw_rows(self, run_id: str) -> Iterator[tuple[int, bytes, str, str]]:
+        """Stored ``(seq, body, prev_hash, hash)`` rows, for verification: ``body``
+        is the stored text's bytes exactly, the bytes the chain hashes."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT seq, body, prev_hash, hash FROM events WHERE run_id = %s ORDER BY seq",
+                (run_id,),
+            ).fetchall()
+        for seq, body, prev, digest in rows:
+            yield seq, body.encode("utf-8"), prev, digest
+
+    def verify(self, run_id: str) -> codec.ChainProblem | None:
+        if not self.has_run(run_id):
+            raise self.unknown_run(run_id)
+        return codec.verify_chain(self.raw_rows(run_id))
+
+    def require_intact(self, run_id: str) -> None:
+        """Raise unless the run's log verifies (call it before extending a run
+        another process wrote); the error names the first bad seq."""
+        problem = self.verify(run_id)
+        if problem is None:
+            return
+        from graphrun.eventstore import store as sqlite_store
+
+        # The SQLite store's error for a broken log, where that version has one.
+        broken = getattr(sqlite_store, "broken_log", None)
+        if broken is not None:
+            raise broken(run_id, problem)
+        raise CorruptStoreError(
+            f"run {run_id} does not verify at seq {problem.seq}: {problem.reason}",
+            hint=f"nothing was appended; `graphrun audit {run_id} --verify` checks the run",
+        )
+
+    def run(self, run_id: str) -> RunRow:
+        # Always the table (the cache is this process's view, for appending).
+        with self._conn() as conn:
+            found = conn.execute(_SELECT_RUN + " WHERE run_id = %s", (run_id,)).fetchone()
+        row = RunRow(*found) if found is not None else None
+        if row is None:
+            raise self.unknown_run(run_id)
+        return row
+
+    def runs(
+        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+    ) -> list[RunRow]:
+        sql = _SELECT_RUN
+        where: list[str] = []
+        args: list[Any] = []
+        if status:
+            where.append("status = %s")
+            args.append(status)
+        if parent:
+            where.append("parent_run_id = %s")
+            args.append(parent)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY started_at DESC, run_id DESC LIMIT %s"
+        args.append(limit)
+        with self._conn() as conn:
+            return [RunRow(*r) for r in conn.execute(sql, args).fetchall()]
+
+    def resolve_run_id(self, prefix: str) -> str:
+        """A full run id from a unique prefix (like git's short hashes)."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT run_id FROM runs WHERE run_id >= %s AND run_id < %s LIMIT 3",
+                (prefix, prefix + "\uffff"),
+            ).fetchall()
+        if len(rows) == 1:
+            return str(rows[0][0])
+        if not rows:
+            raise self.unknown_run(prefix)
+        raise UnknownRunError(f"run id prefix {prefix!r} is ambiguous", hint="give more characters")
+
+    def unknown_run(self, run_id: str) -> UnknownRunError:
+        return UnknownRunError(
+            f"no run {run_id!r} in {self.path}", hint="`graphrun runs` lists the runs"
+        )
+
+    def rebuild_runs(self) -> int:
+        """Drop and rebuild the ``runs`` projection from ``events``; returns rows."""
+        with self._conn() as conn, conn.transaction():
+            conn.execute("LOCK TABLE runs IN EXCLUSIVE MODE")
+            rows = conn.execute("SELECT body, hash FROM events ORDER BY run_id, seq").fetchall()
+            rebuilt = rebuild_rows((codec.decode(body), digest) for body, digest in rows)
+            conn.execute("DELETE FROM runs")
+            with conn.cursor() as cur:
+                cur.executemany(_UPSERT_RUN, [msgspec.structs.astuple(r) for r in rebuilt.values()])
+        with self._lock:
+            self._rows.clear()
+        return len(rebuilt)
+
+    # -- leases --------------------------------------------------------------------
+
+    def acquire_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None:
+        """Take the run for this process, or raise :class:`LeaseHeldError`."""
+        host = socket.gethostname()
+        now = self.clock.now()
+        with self._conn() as conn:
+            found = conn.execute(
+                "SELECT owner, pid, host, expires_at FROM leases WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            dead = ""
+            if found is not None and found[0] != self.owner:
+                owner, pid, lease_host, expires_at = found
+                if lease_host == host and not _pid_alive(pid):
+                    dead = owner
+                elif expires_at > now:
+                    raise self._held_error(run_id, pid, lease_host, expires_at - now)
+            # One statement: of two processes racing for a free or expired lease,
+            # exactly one gets it.
+            taken = conn.execute(
+                "INSERT INTO leases (run_id, owner, pid, host, expires_at) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+                "owner = excluded.owner, pid = excluded.pid, host = excluded.host, "
+                "expires_at = excluded.expires_at "
+                "WHERE leases.owner = %s OR leases.expires_at <= %s OR leases.owner = %s "
+                "RETURNING owner",
+                (run_id, self.owner, os.getpid(), host, now + seconds, self.owner, now, dead),
+            ).fetchone()
+            if taken is None:
+                held = conn.execute(
+                    "SELECT pid, host, expires_at FROM leases WHERE run_id = %s", (run_id,)
+                ).fetchone() or (0, "?", now)
+                raise self._held_error(run_id, held[0], held[1], held[2] - now)
+        with self._lock:
+            self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
+            # Another process may have appended while we did not hold the run.
+            self._rows.pop(run_id, None)
+
+    @staticmethod
+    def _held_error(run_id: str, pid: int, host: str, left: float) -> LeaseHeldError:
+        return LeaseHeldError(
+            f"run {run_id} is being extended by process {pid} on {host}",
+            hint=f"wait for it to finish or stop it; the lease expires in {left:.0f}s "
+            "if that process is gone",
+        )
+
+    def renew_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None:
+        now = self.clock.now()
+        with self._conn() as conn:
+            conn.execute(_RENEW, (now + seconds, run_id, self.owner))
+        with self._lock:
+            if run_id in self._renew_at:
+                self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
+
+    def release_lease(self, run_id: str) -> None:
+        with self._lock:
+            if run_id in self._held:
+                return  # a worker's claim: released with the queue row (finish_claim)
+            self._renew_at.pop(run_id, None)
+        with self._conn() as conn:
+            conn.execute(
+                "DELETE FROM leases WHERE run_id = %s AND owner = %s", (run_id, self.owner)
+            )
+
+    def lease(self, run_id: str) -> Lease | None:
+        with self._conn() as conn:
+            found = conn.execute(
+                "SELECT run_id, owner, pid, host, expires_at FROM leases WHERE run_id = %s",
+                (run_id,),
+            ).fetchone()
+        return Lease(*found) if found else None
+
+    def is_live(self, run_id: str) -> bool:
+        """Whether some live process holds the run's lease."""
+        lease = self.lease(run_id)
+        if lease is None or lease.expires_at < self.clock.now():
+            return False
+        return not (lease.host == socket.gethostname() and not _pid_alive(lease.pid))
+
+    @contextmanager
+    def leased(self, run_id: str) -> Iterator[None]:
+        self.acquire_lease(run_id)
+        try:
+            yield
+        finally:
+            self.release_lease(run_id)
+
+    # -- the run queue (graphrun submit / worker) ------------------------------------
+
+    def queue_on_start(self, run_id: str, settings: dict[str, Any]) -> None:
+        """Queue ``run_id`` for workers in the same transaction as its ``RunStarted``."""
+        with self._lock:
+            self._to_queue[run_id] = settings
+
+    def queued(self, run_id: str) -> dict[str, Any] | None:
+        """The queue row of ``run_id`` or of the queued run it descends from."""
+        with self._conn() as conn:
+            target: str | None = run_id
+            for _ in range(64):
+                if target is None:
+                    return None
+                found = conn.execute(
+                    "SELECT run_id, state, settings, resume_run, worker, attempts "
+                    "FROM run_queue WHERE run_id = %s",
+                    (target,),
+                ).fetchone()
+                if found is not None:
+                    keys = ("run_id", "state", "settings", "resume_run", "worker", "attempts")
+                    return dict(zip(keys, found, strict=True))
+                parent = conn.execute(
+                    "SELECT parent_run_id FROM runs WHERE run_id = %s", (target,)
+                ).fetchone()
+                target = parent[0] if parent else None
+        return None
+
+    def claim(self, *, seconds: float = LEASE_SECONDS) -> dict[str, Any] | None:
+        """Take the oldest queued run, or a running one whose worker is gone.
+
+        In one transaction: the queue row is locked (``FOR UPDATE SKIP LOCKED``:
+        workers never wait on each other), its lease taken, its state set to
+        ``running``. Returns the queue row, or ``None`` when nothing is ready. The
+        lease stays held through drives until :meth:`finish_claim`."""
+        host = socket.gethostname()
+        now = self.clock.now()
+        with self._lock:
+            held = sorted(self._held)
+        with self._conn() as conn, conn.transaction():
+            # Workers on this host whose process is gone: their runs are free now,
+            # whatever their leases say.
+            here = conn.execute(
+                "SELECT DISTINCT l.owner, l.pid FROM leases l "
+                "JOIN run_queue q ON q.run_id = l.run_id "
+                "WHERE q.state = 'running' AND l.host = %s AND l.expires_at > %s "
+                "AND l.owner <> %s",
+                (host, now, self.owner),
+            ).fetchall()
+            dead = [owner for owner, pid in here if not _pid_alive(pid)]
+            candidates = conn.execute(
+                "SELECT q.run_id, q.settings, q.resume_run, q.attempts, l.owner "
+                "FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id "
+                "WHERE q.state IN ('queued', 'running') AND NOT (q.run_id = ANY(%s)) "
+                "AND (l.run_id IS NULL OR l.expires_at <= %s OR l.owner = ANY(%s)) "
+                "ORDER BY q.queued_at LIMIT 8 FOR UPDATE OF q SKIP LOCKED",
+                (held, now, dead),
+            ).fetchall()
+            for candidate in candidates:
+                run_id = candidate[0]
+                # The lease as it is now (the select above may have seen it before
+                # another worker's claim committed): taken only if still free.
+                taken = conn.execute(
+                    "INSERT INTO leases (run_id, owner, pid, host, expires_at) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+                    "owner = excluded.owner, pid = excluded.pid, host = excluded.host, "
+                    "expires_at = excluded.expires_at "
+                    "WHERE leases.expires_at <= %s OR leases.owner = ANY(%s) RETURNING 1",
+                    (run_id, self.owner, os.getpid(), host, now + seconds, now, dead),
+                ).fetchone()
+                if taken is not None:
+                    break
+            else:
+                return None
+            run_id, settings, resume, attempts, owner = candidate
+            conn.execute(
+                "UPDATE run_queue SET state = 'running', worker = %s, updated_at = %s, "
+                "attempts = attempts + 1, answered = false WHERE run_id = %s",
+                (self.owner, now, run_id),
+            )
+        with self._lock:
+            self._held.add(run_id)
+            self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
+            self._rows.pop(run_id, None)
+        return {
+            "run_id": run_id,
+            "settings": settings,
+            "resume_run": resume,
+            "attempts": attempts + 1,
+            "taken_over": owner is not None and owner != self.owner,
+        }
+
+    def finish_claim(self, run_id: str, state: str) -> None:
+        """Hand a claimed run back: ``state`` is ``done``, ``waiting``, ``queued`` (a
+        run this worker stops driving, for another to continue) or ``stuck`` (a run
+        no worker could drive, left for a person). The queue row and the lease
+        change in one transaction."""
+        if state not in ("done", "waiting", "queued", "stuck"):
+            raise ValueError(f"unknown queue state {state!r}")
+        now = self.clock.now()
+        with self._conn() as conn, conn.transaction():
+            # An answer that came while this worker held the run queues it again.
+            conn.execute(
+                "UPDATE run_queue SET state = CASE WHEN %s = 'waiting' AND answered "
+                "THEN 'queued' ELSE %s END, answered = false, "
+                "worker = NULL, updated_at = %s WHERE run_id = %s AND worker = %s",
+                (state, state, now, run_id, self.owner),
+            )
+            conn.execute(
+                "DELETE FROM leases WHERE run_id = %s AND owner = %s", (run_id, self.owner)
+            )
+        with self._lock:
+            self._held.discard(run_id)
+            self._renew_at.pop(run_id, None)
+
+    def heartbeat(self, *, seconds: float = LEASE_SECONDS) -> list[str]:
+        """Renew every lease this store's worker holds; returns the runs it lost."""
+        with self._lock:
+            held = sorted(self._held)
+        if not held:
+            return []
+        now = self.clock.now()
+        with self._conn() as conn:
+            kept = conn.execute(
+                "UPDATE leases SET expires_at = %s WHERE owner = %s AND run_id = ANY(%s) "
+                "RETURNING run_id",
+                (now + seconds, self.owner, held),
+            ).fetchall()
+        return sorted(set(held) - {r[0] for r in kept})
+
+    def queue_counts(self) -> dict[str, int]:
+        """How many queued runs are in each state."""
+        with self._conn() as conn:
+            rows = conn.execute("SELECT state, count(*) FROM run_queue GROUP BY state").fetchall()
+        return {state: int(n) for state, n in rows}
+
+    # -- copying (graphrun migrate) ----------------------------------------------------
+
+    def copy_in(self, run_id: str, rows: Sequence[tuple[int, bytes, str, str]]) -> None:
+        """Store a run's ``raw_rows`` from another store as they are: the bodies,
+        ``prev_hash`` and ``hash`` are kept, not recomputed (``graphrun migrate``)."""
+        if not rows:
+            return
+        row: RunRow | None = None
+        params = []
+        for seq, body, prev, digest in rows:
+            event = codec.decode(body)
+            row = apply_run_row(row, event, digest)
+            params.append(
+                (
+                    run_id,
+                    seq,
+                    event.ts,
+                    type(event).__name__,
+                    getattr(event, "node_id", None),
+                    body.decode("utf-8"),
+                    prev,
+                    digest,
+                )
+            )
+        assert row is not None
+        try:
+            with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+                cur.executemany(_INSERT_EVENT, params)
+                cur.execute(_UPSERT_RUN, msgspec.structs.astuple(row))
+        except self._psycopg.errors.UniqueViolation:
+            raise ConcurrentAppendError(
+                f"run {run_id} already has events in {self.path}",
+                hint="a copied run is only added where it is missing",
+            ) from None
+
+
+def copy_runs(
+    source: Any, target: Any, *, say: Any = None, run_ids: Sequence[str] | None = None
+) -> tuple[int, int]:
+    """Copy every run (or ``run_ids``) of ``source`` into ``target``, either store
+    kind, keeping each run's hash chain: a run lands with the very hashes it had,
+    or not at all. Runs already in ``target`` with the same last hash are left as
+    they are. Returns ``(copied, already there)``."""
+    copied = present = 0
+    ids = list(run_ids) if run_ids else [r.run_id for r in source.runs(limit=1 << 62)]
+    for run_id in ids:
+        problem = source.verify(run_id)
+        if problem is not None:
+            raise CorruptStoreError(
+                f"run {run_id} in {source.path} does not verify at seq {problem.seq} "
+                f"({problem.reason}); not copied",
+                hint=f"graphrun audit {run_id} --verify --db {source.path}",
+            )
+        rows = list(source.raw_rows(run_id))
+        if target.has_run(run_id):
+            if target.run(run_id).last_hash == rows[-1][3]:
+                present += 1
+                continue
+            raise StoreError(
+                f"run {run_id} is already in {target.path} with other events",
+                hint="copy into another database",
+            )
+        if hasattr(target, "copy_in"):
+            target.copy_in(run_id, rows)
+        else:
+            # An SQLite file keeps an event's canonical encoding: the chain is the
+            # same exactly when re-encoding gives the stored bytes back.
+            events = source.read(run_id)
+            prev = codec.GENESIS
+            for event, (seq, _body, _prev, digest) in zip(events, rows, strict=True):
+                prev = codec.chain_hash(prev, codec.encode(event))
+                if prev != digest:
+                    raise StoreError(
+                        f"run {run_id}: event {seq} cannot be stored in {target.path} with "
+                        "its hash (it holds fields this graphrun does not know)",
+                        hint="copy it with the graphrun that wrote it",
+                    )
+            target.append(run_id, events, sync=True)
+        if target.run(run_id).last_hash != rows[-1][3] or target.verify(run_id) is not None:
+            raise CorruptStoreError(f"run {run_id}: the copy in {target.path} does not verify")
+        copied += 1
+        if say is not None:
+            say(f"▸ {run_id}: {len(rows)} events")
+    return copied, present
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["SCHEMA_VERSION", "PostgresStore", "copy_runs", "is_postgres_url", "masked"]

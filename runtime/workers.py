@@ -1,0 +1,349 @@
+"""Workers: processes, on any number of machines, that drive queued runs.
+
+``graphrun submit`` records a run's ``RunStarted`` and queues it in the same
+transaction (:meth:`PostgresStore.queue_on_start`). A :class:`Worker` runs
+``concurrency`` slots; each slot:
+
+1. claims the oldest queued run, or a running one whose worker is gone (its
+   lease expired, or its process is dead on this host): ``FOR UPDATE SKIP
+   LOCKED`` on the queue row, the lease taken in the same transaction;
+2. drives it with the same :class:`~graphrun.runtime.supervisor.Driver` that
+   ``graphrun run`` and ``resume`` use: a taken-over run continues from its log
+   (an effect whose result was recorded is never performed again);
+3. hands it back: ``done`` when it ended, ``waiting`` when it waits for a
+   person. ``approve`` / ``answer`` then only append the answer, which queues
+   the run again in the same transaction, for whichever worker is free.
+
+A heartbeat thread renews the leases of every run the worker holds, so a
+stalled or killed worker's runs become claimable once ``lease_seconds`` pass.
+:meth:`Worker.stop` (SIGTERM, Ctrl-C) stops claiming, lets the runs in flight
+finish for up to ``grace`` seconds, and hands back the rest for other workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphrun.eventstore.errors import GraphrunError, LeaseHeldError, StoreError
+from graphrun.eventstore.fold import fold
+
+log = logging.getLogger("graphrun.worker")
+
+#: A run whose drive broke (not the run failing: the worker could not drive it)
+#: this many times is set aside as ``stuck`` instead of being claimed again.
+MAX_ATTEMPTS = 5
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did, for its exit line and the tests."""
+
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    waiting: int = 0
+    handed_back: int = 0
+    taken_over: int = 0
+    runs: list[str] = field(default_factory=list)
+
+
+def needs_queue(store: Any) -> None:
+    """Refuse a store that cannot queue runs (SQLite): workers share PostgreSQL."""
+    if not hasattr(store, "claim"):
+        from graphrun.runtime.errors import UsageError
+
+        raise UsageError(
+            f"{store.path} is an SQLite file: submitted runs and workers need a shared "
+            "PostgreSQL database",
+            hint="pass --db postgresql://… or set GRAPHRUN_DB",
+        )
+
+
+def submit_run(
+    store: Any,
+    loaded: Any,
+    *,
+    prompt: str,
+    overrides: dict[str, Any],
+    as_user: str | None,
+    agents_dir: Path | None,
+    config_dir: Path | None,
+) -> str:
+    """Record a new run and queue it for workers; returns its id."""
+    from graphrun.eventstore.ids import new_run_id
+    from graphrun.runtime.supervisor import start_run
+
+    needs_queue(store)
+    run_id = str(new_run_id())
+    store.queue_on_start(
+        run_id,
+        {
+            "as_user": as_user,
+            "agents_dir": str(agents_dir) if agents_dir else None,
+            "config_dir": str(config_dir) if config_dir else None,
+        },
+    )
+    return start_run(
+        store, loaded, prompt=prompt, overrides=overrides, started_by=as_user, run_id=run_id
+    )
+
+
+def _options(settings: dict[str, Any]) -> Any:
+    from graphrun.runtime.supervisor import RunOptions
+
+    def path(key: str) -> Path | None:
+        value = settings.get(key)
+        return Path(value) if value else None
+
+    return RunOptions(
+        answers={},
+        as_user=settings.get("as_user"),
+        interactive=False,
+        agents_dir=path("agents_dir"),
+        config_dir=path("config_dir"),
+        listener=None,
+    )
+
+
+def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any:
+    """Drive a claimed run to its end or to a wait; returns the outermost outcome."""
+    from graphrun.runtime.agent_node import resume_ancestors
+    from graphrun.runtime.supervisor import Driver, RunOutcome, drive, graph_of
+
+    run_id = claim["run_id"]
+    options = _options(claim.get("settings") or {})
+    target = claim.get("resume_run") or run_id
+    state = fold(store.read(target))
+    if state.terminal and target == run_id:
+        return RunOutcome(run_id, state.status, state.output, state.error)
+    loaded = graph_of(fold(store.read(run_id)))
+    if any(n.type == "rag" for n in loaded.graph.nodes.values()):
+        from graphrun.runtime.rag_node import prepare_knowledge_bases
+
+        options.extra["knowledge_bases"] = prepare_knowledge_bases(
+            loaded, interactive=False, config_dir=options.config_dir
+        )
+    outcome = drive(Driver(store, target, options, resumed_by=worker_name))
+    if target != run_id:
+        # A person answered a child run: it went on first; now its parents.
+        outcome = resume_ancestors(store, target, options, outcome)
+    return outcome
+
+
+def prepare_graph_types() -> None:
+    """Build msgspec's converters for every graph type now, in one thread.
+
+    msgspec builds a type's converter on its first use; two threads doing that at
+    once for the same type can crash the process (msgspec 0.22: a segmentation
+    fault in 8 threads loading one graph, about one start in four). Slots load
+    graphs concurrently, so the worker prepares them before any slot starts."""
+    import msgspec
+
+    from graphrun.runtime import graph
+
+    for value in vars(graph).values():
+        if isinstance(value, type) and issubclass(value, msgspec.Struct):
+            with contextlib.suppress(msgspec.ValidationError, TypeError):
+                msgspec.convert({}, value)
+
+
+class Worker:
+    """Claims queued runs from a PostgreSQL store and drives them.
+
+    Args:
+        store: a store with a run queue (:class:`PostgresStore`).
+        concurrency: runs driven at once.
+        lease_seconds: how long a claim lasts without a heartbeat.
+        poll: seconds between looks at an empty queue.
+        once: stop when nothing is left to claim and nothing is in flight.
+        grace: after :meth:`stop`, seconds to let runs in flight finish.
+        say: where progress lines go (one per claim and per end).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        concurrency: int = 1,
+        lease_seconds: float = 30.0,
+        poll: float = 0.2,
+        once: bool = False,
+        grace: float = 30.0,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        needs_queue(store)
+        if concurrency < 1:
+            from graphrun.runtime.errors import UsageError
+
+            raise UsageError(f"--concurrency must be at least 1, not {concurrency}")
+        self.store = store
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.poll = poll
+        self.once = once
+        self.grace = grace
+        self.say = say or (lambda line: log.info("%s", line))
+        self.name = f"worker {store.owner}"
+        self.stats = WorkerStats()
+        self._stopping = threading.Event()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._in_flight: set[str] = set()
+        #: The last claim's error while claiming fails (None once one succeeds).
+        self.failure: BaseException | None = None
+
+    # -- control ------------------------------------------------------------------
+
+    def stop(self, reason: str = "stopping") -> None:
+        """Claim nothing more; runs in flight finish (see :meth:`run`)."""
+        if not self._stopping.is_set():
+            self.say(f"▸ {reason}: no new runs; waiting for {len(self._in_flight)} in flight")
+        self._stopping.set()
+
+    def run(self) -> WorkerStats:
+        """Work until stopped (or, with ``once``, until the queue is drained)."""
+        prepare_graph_types()
+        slots = [
+            threading.Thread(target=self._slot, name=f"graphrun-slot-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        beat = threading.Thread(target=self._heartbeat, name="graphrun-heartbeat", daemon=True)
+        beat.start()
+        for slot in slots:
+            slot.start()
+        while any(s.is_alive() for s in slots) and not self._stopping.is_set():
+            time.sleep(0.05)
+        deadline = time.monotonic() + self.grace
+        for slot in slots:
+            slot.join(max(0.0, deadline - time.monotonic()))
+        left = sorted(self._in_flight)
+        for run_id in left:
+            # Not finished within the grace time: another worker continues it
+            # from its log (this process exits; its slot threads die with it).
+            with contextlib.suppress(GraphrunError):
+                self.store.finish_claim(run_id, "queued")
+            self.stats.handed_back += 1
+            self.say(f"▸ run {run_id} handed back to the queue")
+        self._done.set()
+        beat.join(5)
+        if self.failure is not None and self.once:
+            # --once that could not look at the queue did not do its job.
+            raise StoreError(f"the worker could not claim runs: {self.failure}")
+        return self.stats
+
+    # -- the slots ------------------------------------------------------------------
+
+    def _slot(self) -> None:
+        backoff = 0.0
+        while not self._stopping.is_set():
+            try:
+                with self._lock:
+                    claim = self.store.claim(seconds=self.lease_seconds)
+                    if claim is not None:
+                        self._busy += 1
+                        self._in_flight.add(claim["run_id"])
+                    idle = self._busy == 0
+            except StoreError as exc:
+                # The database is away (or refuses): --once gives up, a long-running
+                # worker tries again, less and less often, saying so once.
+                if self.once:
+                    self.failure = exc
+                    self.stop(f"cannot claim: {exc}")
+                    return
+                if str(exc) != str(self.failure):
+                    self.say(f"▸ cannot claim: {exc}; trying again")
+                self.failure = exc
+                backoff = min(30.0, max(1.0, backoff * 2))
+                self._stopping.wait(backoff)
+                continue
+            except Exception as exc:  # a bug: stop the worker, say why
+                self.failure = exc
+                self.stop(f"internal error: {type(exc).__name__}: {exc}")
+                return
+            self.failure = None
+            backoff = 0.0
+            if claim is None:
+                if self.once and idle:
+                    return
+                self._stopping.wait(self.poll)
+                continue
+            try:
+                self._work(claim)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    self._in_flight.discard(claim["run_id"])
+
+    def _work(self, claim: dict[str, Any]) -> None:
+        run_id = claim["run_id"]
+        stats = self.stats
+        stats.claimed += 1
+        stats.runs.append(run_id)
+        how = "took over" if claim.get("taken_over") else "claimed"
+        if claim.get("taken_over"):
+            stats.taken_over += 1
+        self.say(f"▸ {how} run {run_id} (attempt {claim.get('attempts', 1)})")
+        started = time.monotonic()
+        try:
+            outcome = drive_claimed(self.store, claim, worker_name=self.name)
+        except LeaseHeldError as exc:
+            # Another worker took the run over (this one stalled past its lease):
+            # it is that worker's now; forget it here.
+            self.say(f"▸ run {run_id}: {exc}")
+            with contextlib.suppress(GraphrunError):
+                self.store.finish_claim(run_id, "queued")
+            return
+        except GraphrunError as exc:
+            self._broken(claim, f"{type(exc).__name__}: {exc}")
+            return
+        except Exception as exc:  # a bug: the run is handed back, the worker goes on
+            log.debug("driving run %s raised", run_id, exc_info=True)
+            self._broken(claim, f"internal error: {type(exc).__name__}: {exc}")
+            return
+        took = time.monotonic() - started
+        if outcome.status == "waiting":
+            stats.waiting += 1
+            state = "waiting"
+            node = outcome.waiting.node_id if outcome.waiting is not None else "?"
+            self.say(f"▸ run {run_id} waits at '{node}' ({took:.2f}s); released")
+        else:
+            if outcome.status == "completed":
+                stats.completed += 1
+            else:
+                stats.failed += 1
+            state = "done"
+            self.say(f"▸ run {run_id} {outcome.status} ({took:.2f}s)")
+        try:
+            self.store.finish_claim(run_id, state)
+        except GraphrunError as exc:
+            self.say(f"▸ run {run_id}: could not hand back ({exc}); its lease will expire")
+
+    def _broken(self, claim: dict[str, Any], why: str) -> None:
+        run_id = claim["run_id"]
+        attempts = int(claim.get("attempts", 1))
+        state = "queued" if attempts < MAX_ATTEMPTS else "stuck"
+        self.say(f"▸ run {run_id}: could not be driven ({why}); {state}")
+        with contextlib.suppress(GraphrunError):
+            self.store.finish_claim(run_id, state)
+
+    def _heartbeat(self) -> None:
+        every = max(0.05, self.lease_seconds / 3)
+        while not self._done.wait(every):
+            try:
+                lost = self.store.heartbeat(seconds=self.lease_seconds)
+            except GraphrunError as exc:
+                self.say(f"▸ heartbeat failed: {exc}")
+                continue
+            for run_id in lost:
+                self.say(f"▸ run {run_id}: lease lost to another worker")
+
+
+__all__ = ["MAX_ATTEMPTS", "Worker", "WorkerStats", "drive_claimed", "needs_queue", "submit_run"]
