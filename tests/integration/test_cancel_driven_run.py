@@ -1,0 +1,167 @@
+"""`graphrun cancel` of a run another process is driving: the request is recorded
+outside the run's log, the driving process sees it, kills its effects' process
+groups, records `RunCancelled` by whoever asked and exits 1. Real processes, a
+real database."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from graphrun.eventstore.events import RunCancelled
+from graphrun.eventstore.fold import fold
+from graphrun.eventstore.store import SqliteStore
+from graphrun.runtime.loader import load_text
+from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+
+SLEEPY = """
+name: sleepy
+version: "1.0"
+start: nap
+nodes:
+  nap:
+    type: script
+    script: scripts/nap.sh
+    timeout: 120
+    next: done
+  done:
+    type: end
+    output: "{{slept}}"
+"""
+NAP_SH = """\
+echo $$ >> "$PIDS"
+sleep "${NAP:-0}" &
+echo $! >> "$PIDS"
+wait
+echo '{"slept": "yes"}'
+"""
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def _gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        try:  # a zombie is gone for our purposes
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        return False
+    return True
+
+
+def test_cancel_from_another_process_stops_the_driving_process(
+    graphrun, agent, tmp_path: Path
+) -> None:
+    root = agent(SLEEPY, {"scripts/nap.sh": NAP_SH})
+    pids = tmp_path / "pids"
+    proc = graphrun.popen("run", str(root), PIDS=str(pids), NAP="60")
+    try:
+        wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2)
+        run_id = graphrun.last_run()
+
+        asked_at = time.monotonic()
+        res = graphrun("cancel", run_id, "--as", "ops", "--reason", "no longer needed")
+        took = time.monotonic() - asked_at
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+    assert res.code == 0, res.stderr
+    assert f"▸ asked the process driving run {run_id}" in res.stderr
+    assert res.stderr.rstrip().endswith(f"▸ run {run_id} cancelled")
+    assert took < 10, f"the cancel took {took:.1f}s"
+    # The driving process stops cleanly, exit 1, naming who cancelled.
+    assert proc.returncode == 1, err
+    assert "no longer needed" in err and "ops" in err
+    assert "Traceback" not in err
+    # The script's whole process group is gone.
+    wait_for(lambda: _gone([int(p) for p in pids.read_text().split()]), timeout=10)
+
+    events = graphrun("events", run_id, "--json").json_lines()
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    last = events[-1]
+    assert (last["type"], last["by"], last["reason"]) == ("RunCancelled", "ops", "no longer needed")
+    finished = [e for e in events if e["type"] == "ScriptFinished"]
+    assert len(finished) == 1 and "cancelled" in finished[0]["error"]
+    assert [r["status"] for r in graphrun("runs", "--json").json_lines()] == ["cancelled"]
+
+    audit = graphrun("audit", run_id)
+    assert audit.code == 0, audit.stderr
+    assert "ops" in audit.stdout and "no longer needed" in audit.stdout
+    assert graphrun("audit", run_id, "--verify").code == 0
+
+    resumed = graphrun("resume", run_id)
+    assert resumed.code == 2
+    assert "already cancelled" in resumed.stderr
+    # The request is a row of its own, not an event of the run.
+    with sqlite3.connect(graphrun.db) as db:
+        rows = db.execute("SELECT run_id, requested_by, reason FROM cancel_requests").fetchall()
+    assert rows == [(run_id, "ops", "no longer needed")]
+
+
+def test_cancel_of_a_finished_run_or_an_unknown_one_is_refused(graphrun, agent) -> None:
+    root = agent(SLEEPY, {"scripts/nap.sh": NAP_SH})
+    done = graphrun("run", str(root), PIDS=os.devnull)
+    assert done.code == 0, done.stderr
+    run_id = graphrun.last_run()
+    res = graphrun("cancel", run_id)
+    assert res.code == 2
+    assert res.stderr == f"error: run {run_id} has already completed\n"
+    res = graphrun("cancel", "nosuchrun")
+    assert res.code == 2
+    assert res.stderr.startswith("error: no run 'nosuchrun'")
+
+
+def test_a_driver_acts_on_a_request_recorded_before_it_started(tmp_path: Path, monkeypatch) -> None:
+    """The request is durable: a run resumed after it was asked to stop is cancelled
+    at once, by whoever asked, and its script never starts."""
+    root = tmp_path / "sleepy"
+    (root / "scripts").mkdir(parents=True)
+    (root / "graph.yaml").write_text(SLEEPY)
+    (root / "scripts" / "nap.sh").write_text(NAP_SH)
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("PIDS", str(pids))
+    with SqliteStore(tmp_path / "events.db") as store:
+        loaded = load_text(SLEEPY, path=root / "graph.yaml", agent_dir=root)
+        run_id = start_run(store, loaded)
+        store.request_cancel(run_id, "ann", "stop it")
+        outcome = drive(Driver(store, run_id, RunOptions()))
+        events = store.read(run_id)
+    assert outcome.status == "cancelled"
+    assert outcome.error == "stop it (requested by ann)"
+    assert isinstance(events[-1], RunCancelled)
+    assert (events[-1].by, events[-1].reason) == ("ann", "stop it")
+    assert fold(events).status == "cancelled"
+    assert not pids.exists()
+
+
+def test_a_schema_4_database_gains_the_cancel_requests_table(tmp_path: Path) -> None:
+    db = tmp_path / "events.db"
+    with SqliteStore(db) as store:
+        loaded = load_text(SLEEPY, path=tmp_path / "graph.yaml", agent_dir=tmp_path)
+        run_id = start_run(store, loaded)
+    with sqlite3.connect(db) as conn:  # the file as the previous schema left it
+        conn.execute("DROP TABLE cancel_requests")
+        conn.execute("PRAGMA user_version = 4")
+    with SqliteStore(db) as store:
+        assert store.cancel_requested(run_id) is None
+        store.request_cancel(run_id, "ann", "why")
+        assert store.cancel_requested(run_id) == ("ann", "why")
+        assert store.verify(run_id) is None
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
