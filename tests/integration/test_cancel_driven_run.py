@@ -165,3 +165,124 @@ def test_a_schema_4_database_gains_the_cancel_requests_table(tmp_path: Path) -> 
         assert store.verify(run_id) is None
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
+
+
+FAN = """
+name: fan
+version: "1.0"
+start: fan
+settings: {max_concurrency: 4}
+reducers: {slept: append}
+nodes:
+  fan: {type: script, script: scripts/fan.py, next: [a, b, c]}
+  a: {type: script, script: scripts/nap.sh, timeout: 120, state_updates: {}, next: join}
+  b: {type: script, script: scripts/nap.sh, timeout: 120, state_updates: {}, next: join}
+  c: {type: script, script: scripts/nap.sh, timeout: 120, state_updates: {}, next: join}
+  join: {type: end, output: "{{slept}}"}
+"""
+
+
+def test_cancel_stops_every_branch_of_a_parallel_step(graphrun, agent, tmp_path: Path) -> None:
+    root = agent(FAN, {"scripts/fan.py": "print('{}')\n", "scripts/nap.sh": NAP_SH})
+    pids = tmp_path / "pids"
+    proc = graphrun.popen("run", str(root), PIDS=str(pids), NAP="60")
+    try:
+        wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 6)
+        run_id = graphrun.last_run()
+        res = graphrun("cancel", run_id, "--as", "ops")
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert res.code == 0, res.stderr
+    assert proc.returncode == 1, err
+    wait_for(lambda: _gone([int(p) for p in pids.read_text().split()]), timeout=10)
+    events = graphrun("events", run_id, "--json").json_lines()
+    assert (events[-1]["type"], events[-1]["by"]) == ("RunCancelled", "ops")
+    assert not [e for e in events if e["type"] in ("RunFailed", "NodeFailed")]
+    assert graphrun("audit", run_id, "--verify").code == 0
+
+
+LLM = """
+name: slowmodel
+version: "1.0"
+model: openai:gpt-test
+start: think
+nodes:
+  think:
+    type: llm
+    prompt: "{{initial_prompt}}"
+    state_updates: {reply: "{{output}}"}
+    next: done
+  done: {type: end, output: "{{reply}}"}
+"""
+
+
+def test_cancel_aborts_an_llm_call_in_flight(graphrun, agent, fake_llm) -> None:
+    from tests.support.fake_llm import text
+
+    root = agent(LLM)
+    fake_llm.script(text("too late", delay=60))
+    env = {"OPENAI_BASE_URL": fake_llm.url_openai, "OPENAI_API_KEY": "sk-x"}
+    proc = graphrun.popen("run", str(root), "think", **env)
+    try:
+        wait_for(lambda: len(fake_llm.requests) == 1)
+        run_id = graphrun.last_run()
+        res = graphrun("cancel", run_id, "--as", "ops")
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert res.code == 0, res.stderr
+    assert proc.returncode == 1, err
+    events = graphrun("events", run_id, "--json").json_lines()
+    assert (events[-1]["type"], events[-1]["by"]) == ("RunCancelled", "ops")
+    assert [r["status"] for r in graphrun("runs", "--json").json_lines()] == ["cancelled"]
+
+
+BOSS = """
+name: boss
+version: "1.0"
+start: delegate
+nodes:
+  delegate: {type: agent, agent: sleeper, prompt: nap, next: done}
+  done: {type: end}
+"""
+
+
+def test_cancel_of_a_parent_cancels_its_running_child_in_both_logs(
+    graphrun, agent, tmp_path: Path
+) -> None:
+    agents = tmp_path / "agents"
+    agent(SLEEPY, {"scripts/nap.sh": NAP_SH}, name="agents/sleeper")
+    root = agent(BOSS)
+    pids = tmp_path / "pids"
+    proc = graphrun.popen("run", str(root), "--agents-dir", str(agents), PIDS=str(pids), NAP="60")
+    try:
+        wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2)
+        rows = graphrun("runs", "--json").json_lines()
+        (top,) = [r["run_id"] for r in rows if r["parent_run_id"] is None]
+        (child,) = [r["run_id"] for r in rows if r["parent_run_id"] is not None]
+        res = graphrun("cancel", top, "--as", "ops")
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert res.code == 0, res.stderr
+    assert proc.returncode == 1, err
+    wait_for(lambda: _gone([int(p) for p in pids.read_text().split()]), timeout=10)
+    statuses = {r["run_id"]: r["status"] for r in graphrun("runs", "--json").json_lines()}
+    assert statuses == {top: "cancelled", child: "cancelled"}
+    top_events = graphrun("events", top, "--json").json_lines()
+    assert (top_events[-1]["type"], top_events[-1]["by"]) == ("RunCancelled", "ops")
+    assert graphrun("events", child, "--json").json_lines()[-1]["type"] == "RunCancelled"
+    assert [e["type"] for e in top_events if e.get("child_run_id") == child] == [
+        "ChildRunStarted",
+        "ChildCancelled",
+        "ChildRunFinished",
+    ]
+    for run_id in (top, child):
+        assert graphrun("audit", run_id, "--verify").code == 0
