@@ -286,3 +286,50 @@ def test_cancel_of_a_parent_cancels_its_running_child_in_both_logs(
     ]
     for run_id in (top, child):
         assert graphrun("audit", run_id, "--verify").code == 0
+
+
+def test_a_driver_that_dies_after_the_request_is_cancelled_by_the_canceller(
+    graphrun, agent, tmp_path: Path
+) -> None:
+    """The canceller waits for the driver; when the driver is gone without having
+    acted (here: stopped, then killed), the canceller cancels the run itself."""
+    import signal
+    import subprocess
+    import sys
+
+    root = agent(SLEEPY, {"scripts/nap.sh": NAP_SH})
+    pids = tmp_path / "pids"
+    proc = graphrun.popen("run", str(root), PIDS=str(pids), NAP="60")
+    canceller = None
+    try:
+        wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2)
+        run_id = graphrun.last_run()
+        proc.send_signal(signal.SIGSTOP)  # alive, but no longer looking
+        canceller = subprocess.Popen(
+            [sys.executable, "-m", "graphrun.cli", "cancel", run_id, "--as", "ops"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=graphrun.env(),
+        )
+        with sqlite3.connect(graphrun.db) as db:
+            wait_for(lambda: db.execute("SELECT count(*) FROM cancel_requests").fetchone()[0])
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+        _out, err = canceller.communicate(timeout=30)
+    finally:
+        for p in (proc, canceller):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+        # A driver killed with -9 leaves its script running (in its own group).
+        for pid in pids.read_text().split() if pids.exists() else ():
+            try:
+                os.killpg(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    assert canceller.returncode == 0, err
+    assert "▸ asked the process driving run" in err
+    events = graphrun("events", run_id, "--json").json_lines()
+    assert (events[-1]["type"], events[-1]["by"]) == ("RunCancelled", "ops")
+    assert graphrun("audit", run_id, "--verify").code == 0
