@@ -333,3 +333,32 @@ def test_a_driver_that_dies_after_the_request_is_cancelled_by_the_canceller(
     events = graphrun("events", run_id, "--json").json_lines()
     assert (events[-1]["type"], events[-1]["by"]) == ("RunCancelled", "ops")
     assert graphrun("audit", run_id, "--verify").code == 0
+
+
+def test_the_canceller_reports_a_run_that_ends_otherwise_or_keeps_running(
+    tmp_path: Path,
+) -> None:
+    import pytest
+
+    from graphrun.eventstore.events import RunCompleted
+    from graphrun.runtime.errors import AnswerError, RunError
+    from graphrun.runtime.lifecycle import cancel
+    from tests.conformance.store_contract import started
+
+    db = tmp_path / "events.db"
+    with SqliteStore(db) as driver, SqliteStore(db) as canceller:
+        driver.append("r1", [started()])
+        driver.acquire_lease("r1")  # a live process (this one) drives r1
+        seen: list[object] = []
+        with pytest.raises(RunError, match=r"run r1 is still running 0\.3s after process"):
+            cancel(canceller, "r1", reason="why", by="ops", wait=0.3, asked=seen.append)
+        assert seen == [driver.lease("r1")]
+        assert canceller.cancel_requested("r1") == ("ops", "why")
+        assert [type(e) for e in driver.read("r1")] == [type(started())]
+
+        def finish(_lease: object) -> None:  # the driver completes the run meanwhile
+            driver.append("r1", [RunCompleted(output="done", node_id="end")])
+            driver.release_lease("r1")
+
+        with pytest.raises(AnswerError, match="run r1 completed before it could be cancelled"):
+            cancel(canceller, "r1", reason="why", by="ops", wait=5, asked=finish)
