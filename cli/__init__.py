@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "resume": ("run", "resume_cmd", "Continue an interrupted or waiting run."),
     "approve": ("run", "approve_cmd", "Answer a waiting approval node and continue the run."),
     "answer": ("run", "answer_cmd", "Answer a waiting input node and continue the run."),
-    "cancel": ("run", "cancel_cmd", "Cancel a run that is waiting or interrupted."),
+    "cancel": ("run", "cancel_cmd", "Cancel a run, also one another process drives."),
     "validate": ("replay", "validate_cmd", "Check a graph against every rule of the spec."),
     "replay": ("replay", "replay_cmd", "Re-drive a recorded run and check it decides the same."),
     "test": ("replay", "test_cmd", "Replay every recorded run in replays/ (or PATHs)."),

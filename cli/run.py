@@ -552,12 +552,23 @@ def answer_cmd(
 @click.option("--reason", default="cancelled by a person", help="Why.")
 @db_option
 def cancel_cmd(run_id: str, as_user: str | None, reason: str, db: str | None) -> None:
-    """Cancel RUN_ID (waiting or interrupted) and its running child runs."""
-    from graphrun.runtime.lifecycle import cancel_run
+    """Cancel RUN_ID and its running child runs.
+
+    A run that waits or was interrupted is cancelled here. A run another process
+    is driving is asked to stop: that process stops its effects, records the
+    cancellation and exits 1; this command waits for it (up to 30s) and exits 0
+    once the run is cancelled.
+    """
+    from graphrun.runtime.lifecycle import cancel
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
-    cancel_run(store, run_id, reason=reason, by=as_user)
+
+    def asked(lease: Any) -> None:
+        holder = f" (pid {lease.pid} on {lease.host})" if lease is not None else ""
+        click.echo(f"▸ asked the process driving run {run_id}{holder} to cancel it", err=True)
+
+    cancel(store, run_id, reason=reason, by=as_user, asked=asked)
     click.echo(f"▸ run {run_id} cancelled", err=True)
 
 

@@ -41,12 +41,15 @@ from graphrun.eventstore.store import (
 
 @dataclass
 class MemoryBackend:
-    """The shared "database": stored rows, the runs projection and the leases."""
+    """The shared "database": stored rows, the runs projection, the leases and
+    the cancel requests."""
 
     # run id -> [(seq, body, prev_hash, hash)] in seq order
     events: dict[str, list[tuple[int, bytes, str, str]]] = field(default_factory=dict)
     runs: dict[str, RunRow] = field(default_factory=dict)
     leases: dict[str, Lease] = field(default_factory=dict)
+    # run id -> (by, reason, when): requests to cancel a run its driver polls
+    cancel_requests: dict[str, tuple[str, str, float]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
@@ -290,6 +293,20 @@ class MemoryStore:
             yield
         finally:
             self.release_lease(run_id)
+
+    # -- cancel requests -----------------------------------------------------------
+
+    def request_cancel(self, run_id: str, by: str, reason: str) -> None:
+        """Ask whoever drives ``run_id`` to cancel it; the first request stands."""
+        with self.backend.lock:
+            if not self.has_run(run_id):
+                raise self.unknown_run(run_id)
+            self.backend.cancel_requests.setdefault(run_id, (by, reason, self.clock.now()))
+
+    def cancel_requested(self, run_id: str) -> tuple[str, str] | None:
+        """``(by, reason)`` of the request to cancel ``run_id``, or ``None``."""
+        found = self.backend.cancel_requests.get(run_id)
+        return (found[0], found[1]) if found else None
 
     def tamper(self, run_id: str, seq: int, body: bytes) -> None:
         """Replace one stored body without rehashing (tests of ``verify``)."""

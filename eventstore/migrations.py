@@ -1,6 +1,6 @@
 """The schema of the event database, and how older databases reach it.
 
-Schema 4 (this one)::
+Schema 5 (this one)::
 
     events     id = run_no << 32 | seq (the key and the lock), body (the event's
                canonical JSON text, exactly the bytes hashed), hash
@@ -13,6 +13,9 @@ Schema 4 (this one)::
                (updated_at, last_seq, last_hash, current_node), so it is always true
     run_events a view: events with their run id and seq
     leases     which process extends a run, until when
+    cancel_requests
+               who asked to cancel a run another process drives, and why (not
+               an event: only the run's writer appends to its log)
 
 Creating the schema and every migration run in one transaction (``BEGIN
 IMMEDIATE``): a process killed at any point leaves the file as it was, and a
@@ -25,6 +28,7 @@ Older files: schema 1 and 2 (written through sqlite-utils' migrations, bodies
 canonical JSON text, hashes ``sha256:<hex>``) are copied row for row; schema 3
 (bodies without the envelope, large ones zlib-compressed, hashes as 32 raw
 bytes) has each body rebuilt as the canonical bytes its hash was computed over.
+Schema 4 is schema 5 without ``cancel_requests``.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from graphrun.eventstore.projections import HEAD_COLUMNS, RUNS_VIEW_SQL
 #: ``PRAGMA application_id`` of a graphrun database ("grn1").
 APPLICATION_ID = 0x67726E31
 #: ``PRAGMA user_version`` of the schema this code writes.
-SCHEMA_USER_VERSION = 4
+SCHEMA_USER_VERSION = 5
 
 _SEQ_BITS = 32
 
@@ -59,6 +63,7 @@ _OWN_TABLES = frozenset(
         "run_heads",
         "leases",
         "leases_v3",
+        "cancel_requests",
         "meta",
     }
 )
@@ -108,6 +113,15 @@ CREATE TABLE leases (
 ) WITHOUT ROWID
 """
 
+CANCEL_REQUESTS_SQL = """
+CREATE TABLE cancel_requests (
+    run_id       TEXT PRIMARY KEY,
+    requested_by TEXT NOT NULL,
+    reason       TEXT NOT NULL,
+    requested_at REAL NOT NULL
+) WITHOUT ROWID
+"""
+
 RUN_EVENTS_SQL = """
 CREATE VIEW run_events AS
 SELECT run_id, seq, id, ts, type, node_id, body, hash FROM events
@@ -118,13 +132,14 @@ SELECT run_id, seq, id, ts, type, node_id, body, hash FROM events
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    """The tables and views of schema 4 (old tables, if any, were set aside)."""
+    """The tables and views of schema 5 (old tables, if any, were set aside)."""
     conn.execute("DROP TABLE IF EXISTS _sqlite_migrations")
     conn.execute(EVENTS_SQL)
     conn.execute(RUN_HEADS_SQL)
     conn.execute("CREATE INDEX run_heads_status ON run_heads(status)")
     conn.execute("CREATE INDEX run_heads_parent ON run_heads(parent_run_id)")
     conn.execute(LEASES_SQL)
+    conn.execute(CANCEL_REQUESTS_SQL)
     conn.execute(RUNS_VIEW_SQL)
     conn.execute(RUN_EVENTS_SQL)
 
@@ -211,12 +226,17 @@ def copy_leases(conn: sqlite3.Connection) -> None:
     )
 
 
+def add_cancel_requests(conn: sqlite3.Connection) -> None:
+    """Schema 4 to 5: the table of cancel requests."""
+    conn.execute(CANCEL_REQUESTS_SQL)
+
+
 def drop_old_tables(conn: sqlite3.Connection) -> None:
     for name in ("old_events", "old_runs", "old_leases", "meta", "_sqlite_migrations"):
         conn.execute(f'DROP TABLE IF EXISTS "{name}"')
 
 
-#: What brings a file at schema N (the key) to schema 4, step by step; every
+#: What brings a file at schema N (the key) to schema 5, step by step; every
 #: step of one file runs in one transaction.
 Step = Callable[[sqlite3.Connection], None]
 _FROM_OLDER: list[Step] = [
@@ -227,7 +247,13 @@ _FROM_OLDER: list[Step] = [
     copy_leases,
     drop_old_tables,
 ]
-STEPS: dict[int, list[Step]] = {0: [create_schema], 1: _FROM_OLDER, 2: _FROM_OLDER, 3: _FROM_OLDER}
+STEPS: dict[int, list[Step]] = {
+    0: [create_schema],
+    1: _FROM_OLDER,
+    2: _FROM_OLDER,
+    3: _FROM_OLDER,
+    4: [add_cancel_requests],
+}
 
 
 # -- schema 3 bodies -------------------------------------------------------------------

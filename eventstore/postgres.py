@@ -14,6 +14,7 @@ Tables (in the first schema of the connection's ``search_path``):
 * ``runs``: the runs projection, written in the transaction of every append (it
   is true on disk at every commit).
 * ``leases``: one holder per run, with an expiry that heartbeats move on.
+* ``cancel_requests``: who asked to cancel a run another process drives.
 * ``run_queue``: runs submitted for workers (``queued``, ``running``,
   ``waiting``, ``done``); see :mod:`graphrun.runtime.workers`.
 * ``graphrun_meta``: the schema version. Migrations run in one transaction
@@ -51,7 +52,7 @@ from graphrun.eventstore.projections import COLUMNS, RunRow, apply_run_row, rebu
 from graphrun.eventstore.store import LEASE_SECONDS, Lease, _process_started, holder_alive
 
 #: The schema version once every migration below has run.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _MIGRATE_LOCK = 0x67726E31  # pg_advisory_xact_lock key ("grn1")
 
 _MIGRATIONS: dict[int, list[str]] = {
@@ -118,6 +119,17 @@ _MIGRATIONS: dict[int, list[str]] = {
         CREATE VIEW run_events AS
         SELECT run_id, seq, ts, type, node_id, body::jsonb AS data, prev_hash, hash
         FROM events
+        """,
+    ],
+    # Requests to cancel a run another process drives (its driver polls them).
+    2: [
+        """
+        CREATE TABLE cancel_requests (
+            run_id       TEXT COLLATE "C" PRIMARY KEY,
+            requested_by TEXT NOT NULL,
+            reason       TEXT NOT NULL,
+            requested_at DOUBLE PRECISION NOT NULL
+        )
         """,
     ],
 }
@@ -736,6 +748,27 @@ class PostgresStore:
             yield
         finally:
             self.release_lease(run_id)
+
+    # -- cancel requests -----------------------------------------------------------
+
+    def request_cancel(self, run_id: str, by: str, reason: str) -> None:
+        """Ask whoever drives ``run_id`` to cancel it; the first request stands."""
+        with self._conn() as conn:
+            if not self._exists(conn, run_id):
+                raise self.unknown_run(run_id)
+            conn.execute(
+                "INSERT INTO cancel_requests (run_id, requested_by, reason, requested_at) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (run_id) DO NOTHING",
+                (run_id, by, reason, self.clock.now()),
+            )
+
+    def cancel_requested(self, run_id: str) -> tuple[str, str] | None:
+        """``(by, reason)`` of the request to cancel ``run_id``, or ``None``."""
+        with self._conn() as conn:
+            found = conn.execute(
+                "SELECT requested_by, reason FROM cancel_requests WHERE run_id = %s", (run_id,)
+            ).fetchone()
+        return (str(found[0]), str(found[1])) if found else None
 
     # -- the run queue (graphrun submit / worker) ------------------------------------
 

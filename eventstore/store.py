@@ -20,6 +20,9 @@ The SQLite file (schema in ``migrations.py``):
 * A run is leased by one process at a time; a lease can be taken over once it
   expired, or when its holder (same host, same pid *and* process start time) is
   gone. No signal is sent to find out.
+* A cancel request (``cancel_requests``) asks the process driving a run to
+  cancel it: only the run's writer appends to its log, so the request is a row
+  of its own, which the driver polls (one primary-key read).
 * SQLite's failures become one-line :class:`StoreError` subclasses naming the
   file and what to do (disk full, read-only, I/O error, locked, damaged).
 """
@@ -189,6 +192,10 @@ class Store(Protocol):
     def is_live(self, run_id: str) -> bool: ...
 
     def leased(self, run_id: str) -> AbstractContextManager[None]: ...
+
+    def request_cancel(self, run_id: str, by: str, reason: str) -> None: ...
+
+    def cancel_requested(self, run_id: str) -> tuple[str, str] | None: ...
 
 
 def broken_log(run_id: str, problem: codec.ChainProblem) -> BrokenLogError:
@@ -783,6 +790,33 @@ class SqliteStore:
             yield
         finally:
             self.release_lease(run_id)
+
+    # -- cancel requests -----------------------------------------------------------
+
+    @_guarded("recording a cancel request")
+    def request_cancel(self, run_id: str, by: str, reason: str) -> None:
+        """Ask whoever drives ``run_id`` to cancel it (``by`` asked, for ``reason``).
+
+        Not an event: only the run's writer appends to its log. The driver sees
+        the request through :meth:`cancel_requested` and records ``RunCancelled``
+        itself. The first request of a run stands."""
+        with self._lock:
+            if not self.has_run(run_id):
+                raise self.unknown_run(run_id)
+            self.conn.execute(
+                "INSERT INTO cancel_requests (run_id, requested_by, reason, requested_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
+                (run_id, by, reason, self.clock.now()),
+            )
+
+    @_guarded("reading the cancel requests")
+    def cancel_requested(self, run_id: str) -> tuple[str, str] | None:
+        """``(by, reason)`` of the request to cancel ``run_id``, or ``None``."""
+        with self._lock:
+            found = self.conn.execute(
+                "SELECT requested_by, reason FROM cancel_requests WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        return (str(found[0]), str(found[1])) if found else None
 
 
 def _conforms(store: SqliteStore) -> Store:

@@ -25,6 +25,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,9 @@ log = logging.getLogger("graphrun.run")
 
 GRAPHRUN_VERSION = "0.1.0"
 _LEASE_RENEW_EVERY = 10.0
+#: How often a driver looks for a cancel request from another process (``graphrun
+#: cancel``), between steps and while effects are in flight: one indexed read.
+_CANCEL_POLL_EVERY = 0.25
 
 
 @dataclass
@@ -300,6 +304,11 @@ class Driver:
         self._workers: Any = None
         self._workers_size = 0
         self._effect_lock = threading.Lock()
+        # Who cancelled the run from another process (its cancel request), and when
+        # to look for a request and renew the lease next (time.monotonic()).
+        self.cancelled_by = ""
+        self._poll_at = 0.0
+        self._renew_at = time.monotonic() + _LEASE_RENEW_EVERY
 
     # -- buffering ----------------------------------------------------------------
 
@@ -476,8 +485,9 @@ class Driver:
                 break
             if self.interrupted is not None:
                 break
-            if self.cancel.cancelled:
-                self._speculate((RunCancelled(reason=self.cancel.reason or "cancelled"),))
+            if self._cancel_requested():
+                reason = self.cancel.reason or "cancelled"
+                self._speculate((RunCancelled(reason=reason, by=self.cancelled_by),))
                 break
             if deadline is not None and self.clock.monotonic() > deadline:
                 self._timeout(timeout, None)
@@ -670,7 +680,7 @@ class Driver:
                 queue = []
             if not running:
                 break
-            slice_ = _LEASE_RENEW_EVERY
+            slice_ = _CANCEL_POLL_EVERY
             if deadline is not None and not timed_out:
                 slice_ = max(0.0, min(slice_, deadline - self.clock.monotonic()))
             done, _ = cf.wait(running, timeout=slice_, return_when=cf.FIRST_COMPLETED)
@@ -694,7 +704,9 @@ class Driver:
                     for _, token in running.values():
                         token.cancel(f"run timeout ({timeout:g}s)")
                 else:
-                    self.store.renew_lease(self.run_id)
+                    self._while_in_flight()
+            else:
+                self._cancel_requested()
         if timed_out:
             assert timeout is not None
             self._timeout(timeout, None)
@@ -750,7 +762,7 @@ class Driver:
         import pykka
 
         while True:
-            slice_ = _LEASE_RENEW_EVERY
+            slice_ = _CANCEL_POLL_EVERY
             if deadline is not None:
                 slice_ = max(0.0, min(slice_, deadline - self.clock.monotonic()))
             try:
@@ -765,6 +777,37 @@ class Driver:
                 assert timeout is not None
                 self._timeout(timeout, node_id)
                 return
+            self._while_in_flight()
+
+    def _cancel_requested(self) -> bool:
+        """Whether the run is being cancelled: its token was (a parent ending), or
+        ``graphrun cancel`` asked from another process (a cancel request in the
+        store, looked for every ``_CANCEL_POLL_EVERY`` s). A request cancels the
+        token, which stops the effects in flight (their process groups are
+        killed); the loop then records ``RunCancelled`` by whoever asked."""
+        if self.cancel.cancelled:
+            return True
+        now = time.monotonic()
+        if now < self._poll_at:
+            return False
+        self._poll_at = now + _CANCEL_POLL_EVERY
+        found = self.store.cancel_requested(self.run_id)
+        if found is None:
+            return False
+        self.cancelled_by, reason = found
+        log.info("run %s: cancel requested by %s (%s)", self.run_id, *found)
+        self.cancel.cancel(reason)  # cancels the node in flight (see drive())
+        for token in list(self._tokens):
+            token.cancel(reason)
+        return True
+
+    def _while_in_flight(self) -> None:
+        """Each slice an effect is still running: act on a cancel request, and renew
+        the run's lease when it is due (not every slice)."""
+        self._cancel_requested()
+        now = time.monotonic()
+        if now >= self._renew_at:
+            self._renew_at = now + _LEASE_RENEW_EVERY
             self.store.renew_lease(self.run_id)
 
     def _timeout(self, timeout: float | None, node_id: str | None) -> None:
@@ -820,7 +863,10 @@ class Driver:
 
     def _outcome(self) -> RunOutcome:
         s = self.state
-        return RunOutcome(self.run_id, s.status, s.output, s.error, s.waiting)
+        error = s.error
+        if s.status == "cancelled" and self.cancelled_by:
+            error = f"{error} (requested by {self.cancelled_by})"
+        return RunOutcome(self.run_id, s.status, s.output, error, s.waiting)
 
 
 def drive(driver: Driver) -> RunOutcome:

@@ -456,3 +456,31 @@ class StoreContract:
         a.append("r1", step("a", 1, 1, None))
         lease = a.lease("r1")
         assert lease is not None and lease.expires_at > clock.t + 25
+
+    # -- cancel requests ----------------------------------------------------------------
+
+    def test_a_cancel_request_is_seen_by_every_store_and_the_first_stands(self) -> None:
+        a = self.open_store()
+        b = self.open_store()
+        a.append("r1", [started()])
+        a.append("r2", [started()])
+        a.acquire_lease("r1")  # another process drives r1: asking needs no lease
+        assert b.cancel_requested("r1") is None
+        b.request_cancel("r1", "ops", "no longer needed")
+        assert a.cancel_requested("r1") == ("ops", "no longer needed")
+        assert b.cancel_requested("r1") == ("ops", "no longer needed")
+        b.request_cancel("r1", "bob", "again")
+        assert a.cancel_requested("r1") == ("ops", "no longer needed")
+        assert a.cancel_requested("r2") is None
+        # Not an event: the run's log and its holder are as they were.
+        assert [e.seq for e in a.read("r1")] == [1]
+        assert a.verify("r1") is None
+        assert a.lease("r1").owner == a.owner  # type: ignore[union-attr]
+        a.append("r1", step("a", 1, 1, None))
+        assert a.run("r1").last_seq == 4
+
+    def test_a_cancel_request_needs_a_run(self) -> None:
+        store = self.open_store()
+        with pytest.raises(UnknownRunError):
+            store.request_cancel("nope", "ops", "why")
+        assert store.cancel_requested("nope") is None

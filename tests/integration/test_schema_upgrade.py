@@ -32,13 +32,13 @@ def test_a_schema_v1_database_is_migrated_and_its_runs_replay(graphrun, tmp_path
     rows = graphrun("runs", "--json").json_lines()
     assert sorted(r["graph_name"] for r in rows) == ["file-triage", "release-checklist"]
     with sqlite3.connect(graphrun.db) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
         ddl = db.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
         numbers = [n for (n,) in db.execute("SELECT run_no FROM runs ORDER BY run_no")]
         tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "WITHOUT ROWID" not in ddl
     assert _stored_columns(graphrun.db) == ["id", "body", "hash"]
-    assert tables == {"events", "run_heads", "leases"}
+    assert tables == {"events", "run_heads", "leases", "cancel_requests"}
     assert numbers == [1, 2]
     for row in rows:
         replay = graphrun("replay", row["run_id"])
@@ -61,7 +61,7 @@ def test_a_schema_v3_database_with_compressed_bodies_is_migrated(graphrun, tmp_p
     rows = graphrun("runs", "--json").json_lines()
     assert {r["run_id"] for r in rows} == recorded_runs
     with sqlite3.connect(graphrun.db) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
         kinds = {k for (k,) in db.execute("SELECT DISTINCT typeof(body) FROM events")}
         (usage,) = db.execute(
             "SELECT json_extract(body, '$.usage') FROM events WHERE type = 'LlmCalled' LIMIT 1"
