@@ -353,7 +353,15 @@ def prepare(conn: sqlite3.Connection, path: Path, *, timeout: float = 10.0) -> N
     """Make ``conn``'s file a current graphrun database (WAL mode), or raise
     :class:`CorruptStoreError` leaving a file that is not one untouched."""
     deadline = time.monotonic() + timeout
-    if _version(conn, path) is None:
+    # One read transaction: the file's id, version and tables from one snapshot
+    # (read one by one, another process's migration could commit in between, and
+    # its tables would look like a file of unknown schema).
+    conn.execute("BEGIN")
+    try:
+        current = _version(conn, path)
+    finally:
+        conn.execute("ROLLBACK")
+    if current is None:
         _wal(conn, deadline)
         return
     _wal(conn, deadline)
