@@ -83,7 +83,6 @@ def test_a_full_disk_is_a_one_line_error_and_the_run_resumes(
     assert resumed.stdout == "n=40\n"
     assert graphrun("audit", run_id, "--verify", "--db", db).code == 0
 
-    if full.code == 70:
-        pytest.xfail(f"storage errors are not yet one-line errors: {last}")
+    assert full.code not in (0, 70), full.stderr
     assert last.startswith("error: ") and "internal error" not in last, last
     assert "full" in last, last
