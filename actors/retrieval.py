@@ -556,7 +556,7 @@ def _build(
             node_id=node_id,
             hint="check that documents points at text, markdown, HTML or PDF files",
         )
-    fresh = embedder.embed(to_embed) if to_embed else None
+    fresh = _embed_with_progress(embedder, to_embed, node_id) if to_embed else None
     report.chunks_embedded = len(to_embed)
     dims = {p.shape[1] for p in pieces if p is not None and len(p)}
     if fresh is not None:
@@ -673,6 +673,22 @@ def _complete_interactively(cfg: KbConfig, node_id: str, path: Path, ask: AskFn)
             ask, "Chunk overlap (characters)", str(size // 20), parse_overlap, node_id
         )
     return replace(cfg, embedding_model=model, chunk_size=size, chunk_overlap=overlap)
+
+
+def _embed_with_progress(embedder: Any, texts: list[str], node_id: str) -> Any:
+    """Embed ``texts`` in slices, with a transient progress bar on a terminal."""
+    import numpy as np
+
+    from graphrun.actors.progress import progress_bar
+
+    step = 256
+    parts = []
+    with progress_bar(f"indexing {node_id}", len(texts)) as advance:
+        for start in range(0, len(texts), step):
+            part = texts[start : start + step]
+            parts.append(embedder.embed(part))
+            advance(len(part))
+    return parts[0] if len(parts) == 1 else np.vstack(parts)
 
 
 def load_or_build(

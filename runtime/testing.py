@@ -165,9 +165,21 @@ def run_suite(paths: list[str], *, quiet: bool = False, as_json: bool = False) -
 
     Returns the exit code: 0 all passed, 1 any failed, 2 nothing to test.
     """
+    from graphrun.runtime.observe.progress import progress_bar
+
     passed = failed = 0
     out = sys.stdout
-    for case in run_cases(paths):
+    files = list(find_files(paths))
+    graphs = _Graphs()
+
+    def cases() -> Iterator[CaseResult]:
+        # A transient bar on a terminal's stderr, one step per file; nothing when piped.
+        with progress_bar("graphrun test", len(files)) as advance:
+            for file in files:
+                yield from replay_file(file, graphs=graphs)
+                advance(1)
+
+    for case in cases():
         if case.ok:
             passed += 1
         else:

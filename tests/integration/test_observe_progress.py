@@ -63,3 +63,25 @@ def test_piped_narration_has_no_progress_output(graphrun: GraphrunCli, agent):
         "▸ work (script)",
         "▸ work -> done",
     ]
+
+
+def test_graphrun_test_shows_a_progress_bar_on_a_terminal(graphrun: GraphrunCli, tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    env = dict(graphrun.env(), TERM="xterm")
+    env.pop("NO_COLOR", None)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "graphrun.cli", "test", str(root / "replays")],
+        env=env,
+        cwd=str(root),
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(30, 160),
+    )
+    child.expect(r"graphrun test")  # the bar's label, on the terminal's stderr
+    child.expect(r"\d+ passed, 0 failed")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    piped = graphrun("test", str(root / "replays"))
+    assert "\x1b" not in piped.stderr and "graphrun test" not in piped.stderr
