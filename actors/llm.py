@@ -137,7 +137,9 @@ class _LlmRun:
         # loop): successful turns and tool results are served from it, never repeated.
         prior = getattr(ctx, "prior", ()) or ()
         self.prior_calls = {
-            (e.purpose, e.iteration, e.attempt): e for e in prior if isinstance(e, LlmCalled)
+            (e.purpose, e.iteration, e.attempt): e
+            for e in prior
+            if isinstance(e, LlmCalled) and e.error is None
         }
         self.prior_tools = {
             (e.iteration, e.call_id, e.name): e for e in prior if isinstance(e, ToolCalled)
@@ -228,6 +230,7 @@ class _LlmRun:
                         source="",
                     )
                 else:
+                    self._checkpoint()  # the turn and earlier results, before the tool runs
                     result = self._run_tool(call.name, call.arguments)
                 if self.scope.cancelled:
                     # Stopped mid-call: not a result; a resumed run calls it again.
@@ -256,6 +259,11 @@ class _LlmRun:
                 )
             previous = {(call.name, call.arguments) for call in response.tool_calls}
         return f"tool-call loop hit max_iterations={task.max_iterations}"
+
+    def _checkpoint(self) -> None:
+        checkpoint = getattr(self.ctx, "checkpoint", None)
+        if checkpoint is not None:
+            checkpoint()
 
     def _run_tool(self, name: str, arguments: str) -> ToolResult:
         if self.toolbox is None:
@@ -324,22 +332,21 @@ class _LlmRun:
             if self.scope.cancelled:
                 return self._stop_message()
             recorded = self.prior_calls.get((purpose, iteration, attempt))
-            if recorded is not None:
+            if recorded is not None:  # answered before an interruption: served from the log
                 self.calls += 1
-                if recorded.error is None:
-                    return ChatResponse(
-                        text=recorded.text or "",
-                        tool_calls=[ToolCall(**call) for call in recorded.tool_calls],
-                        usage=dict(recorded.usage),
-                        status=recorded.status or 200,
-                        body=recorded.response or {},
-                        request_body=recorded.request,
-                        url=recorded.url,
-                        latency_ms=recorded.latency_ms,
-                    )
-                if not recorded.transient or attempt == attempts:
-                    return recorded.error
-                continue
+                return ChatResponse(
+                    text=recorded.text or "",
+                    tool_calls=[ToolCall(**call) for call in recorded.tool_calls],
+                    usage=dict(recorded.usage),
+                    status=recorded.status or 200,
+                    body=recorded.response or {},
+                    request_body=recorded.request,
+                    url=recorded.url,
+                    latency_ms=recorded.latency_ms,
+                )
+            # What this node recorded so far is durable before the next call goes out
+            # (a failed attempt before an interruption is simply made again).
+            self._checkpoint()
             request = ChatRequest(
                 model=task.model,
                 system=system,

@@ -76,7 +76,6 @@ class AgentActor:
             else:
                 child_id = new_run_id()
                 # Durable before the child exists, so a resumed parent finds its child.
-                # (an effect event that is not a result is committed when recorded)
                 ctx.record(
                     ChildRunStarted(
                         node_id=task.node_id,
@@ -86,6 +85,9 @@ class AgentActor:
                         prompt=task.prompt,
                     )
                 )
+                checkpoint = getattr(ctx, "checkpoint", None)
+                if checkpoint is not None:
+                    checkpoint()
             start_run(
                 store,
                 loaded,

@@ -104,9 +104,10 @@ class RunOutcome:
     signal: str | None = None
 
 
-#: Effect events that end an effect: they are committed together with the decisions
-#: that use them (one transaction). Every other effect event (an LLM turn, a tool's
-#: result, a child run's start) is committed the moment it is recorded.
+#: Effect events that end an effect: committed together with the decisions that use
+#: them (one transaction), and dropped when an interrupt stopped the effect. The
+#: others (an LLM turn, a tool's result, a child run's start) are facts the effect
+#: makes durable (``ctx.checkpoint()``) before it acts on them.
 RESULT_TYPES = (ScriptFinished, LlmResult, RetrievalDone, ChildRunFinished, HumanInputReceived)
 
 
@@ -139,6 +140,10 @@ class _Context:
     def record(self, *events: Event) -> None:
         self.recorded += len(events)
         self.driver.record_effects(events, self.branch)
+
+    def checkpoint(self) -> None:
+        """Make what this effect recorded durable before it acts again."""
+        self.driver.checkpoint(self.branch)
 
 
 def graph_of(state: RunState) -> LoadedGraph:
@@ -333,24 +338,30 @@ class Driver:
         return stamped
 
     def record_effects(self, events: tuple[Event, ...] | list[Event], branch: str = "") -> None:
-        """Effect events from an effect (any thread).
-
-        A result event waits for the decisions that use it (same transaction); any
-        other is committed now, before the effect does anything else."""
+        """Effect events from an effect (any thread), kept until the effect's next
+        :meth:`checkpoint` or its end, whichever comes first: an effect checkpoints
+        before anything it does next outside the process (an HTTP call, a tool, a
+        child run), so every recorded fact is durable before it is acted on, and a
+        one-call node commits once, with the decisions that use its result."""
         if branch:
             events = [e if e.branch == branch else _replace(e, branch=branch) for e in events]
-        now = [e for e in events if not isinstance(e, RESULT_TYPES)]
-        later = [e for e in events if isinstance(e, RESULT_TYPES)]
         with self._pending_lock:
-            if now:
-                stamped = self._stamp(now)
-                self._pending.extend(stamped)
-                state = self.state
-                for event in stamped:
-                    state = apply(state, event)
-                self.state = state
-                self._flush_locked()
-            self._effects.extend(later)
+            self._effects.extend(events)
+
+    def checkpoint(self, branch: str = "") -> None:
+        """Commit now what an effect of ``branch`` recorded so far (any thread)."""
+        with self._pending_lock:
+            mine = [e for e in self._effects if e.branch == branch]
+            if not mine:
+                return
+            self._effects = [e for e in self._effects if e.branch != branch]
+            stamped = self._stamp(mine)
+            self._pending.extend(stamped)
+            state = self.state
+            for event in stamped:
+                state = apply(state, event)
+            self.state = state
+            self._flush_locked()
 
     def commit_effects(self, events: list[Event]) -> None:
         """Record effect events and commit them now (an effect that must be durable
@@ -846,13 +857,15 @@ class Driver:
         return effect
 
     def _discard_results(self, branch: str | None) -> None:
-        """Forget the unrecorded results of interrupted effects (of one branch, or all):
-        an effect stopped by an interrupt did not complete, so resume performs it again."""
+        """Forget the results of interrupted effects (of one branch, or all): an effect
+        stopped by an interrupt did not complete, so resume performs it again. What
+        it did complete before (an LLM turn, a tool's result) is kept and committed."""
         with self._pending_lock:
-            if branch is None:
-                self._effects.clear()
-            else:
-                self._effects = [e for e in self._effects if e.branch != branch]
+            self._effects = [
+                e
+                for e in self._effects
+                if not (isinstance(e, RESULT_TYPES) and (branch is None or e.branch == branch))
+            ]
 
     def _actor(self, node_type: str) -> Any:
         """The actor around :meth:`_effect` (started on first use)."""

@@ -279,10 +279,11 @@ def test_cancel_of_a_parent_cancels_its_running_child_in_both_logs(
     top_events = graphrun("events", top, "--json").json_lines()
     assert (top_events[-1]["type"], top_events[-1]["by"]) == ("RunCancelled", "ops")
     assert graphrun("events", child, "--json").json_lines()[-1]["type"] == "RunCancelled"
+    # The agent effect records the child's end and its cancellation together.
     assert [e["type"] for e in top_events if e.get("child_run_id") == child] == [
         "ChildRunStarted",
-        "ChildCancelled",
         "ChildRunFinished",
+        "ChildCancelled",
     ]
     for run_id in (top, child):
         assert graphrun("audit", run_id, "--verify").code == 0
