@@ -349,12 +349,18 @@ class Driver:
             self._effects.extend(events)
 
     def checkpoint(self, branch: str = "") -> None:
-        """Commit now what an effect of ``branch`` recorded so far (any thread)."""
+        """Commit now what an effect of ``branch`` recorded so far (any thread), except
+        its results: those stay for the decisions that use them, since the decider
+        takes a result as the effect's end (an agent node still extracts after its
+        child's ``ChildRunFinished``)."""
         with self._pending_lock:
-            mine = [e for e in self._effects if e.branch == branch]
+            mine = [
+                e for e in self._effects if e.branch == branch and not isinstance(e, RESULT_TYPES)
+            ]
             if not mine:
                 return
-            self._effects = [e for e in self._effects if e.branch != branch]
+            taken = {id(e) for e in mine}
+            self._effects = [e for e in self._effects if id(e) not in taken]
             stamped = self._stamp(mine)
             self._pending.extend(stamped)
             state = self.state
