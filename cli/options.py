@@ -21,6 +21,29 @@ def db_option(fn: F) -> F:
     )(fn)
 
 
+def set_option(fn: F) -> F:
+    """``--set KEY=VALUE`` (repeatable), for the commands that start a run."""
+    return click.option(
+        "--set",
+        "sets",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Seed a state key (JSON value, else string); wins over initial_state.",
+    )(fn)
+
+
+def var_option(fn: F) -> F:
+    """``--var NAME=VALUE`` (repeatable), for the commands that start a run."""
+    return click.option(
+        "--var",
+        "var_flags",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="Give an agent variable a value (repeatable); wins over $<AGENT>_VARIABLES "
+        "and defaults. Scripts and tools see it as LLM_AGENT_VAR_<NAME>.",
+    )(fn)
+
+
 def json_option(fn: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(fn)
 

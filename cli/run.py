@@ -6,7 +6,14 @@ from typing import Any
 
 import click
 
-from graphrun.cli.options import db_option, json_option, open_store, resolve_run
+from graphrun.cli.options import (
+    db_option,
+    json_option,
+    open_store,
+    resolve_run,
+    set_option,
+    var_option,
+)
 
 
 def _parse_pairs(values: tuple[str, ...], flag: str) -> list[tuple[str, str]]:
@@ -237,21 +244,8 @@ def finish(outcome: Any, *, as_json: bool, db: str | None) -> None:
 @click.command("run", cls=AnswerOrderCommand)
 @click.argument("agent")
 @click.argument("prompt", required=False, default="")
-@click.option(
-    "--set",
-    "sets",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Seed a state key (JSON value, else string); wins over initial_state.",
-)
-@click.option(
-    "--var",
-    "var_flags",
-    multiple=True,
-    metavar="NAME=VALUE",
-    help="Give an agent variable a value (repeatable); wins over $<AGENT>_VARIABLES "
-    "and defaults. Scripts and tools see it as LLM_AGENT_VAR_<NAME>.",
-)
+@set_option
+@var_option
 @common_run_options
 def run_cmd(
     agent: str,

@@ -4,26 +4,21 @@ from __future__ import annotations
 
 import click
 
-from graphrun.cli.options import db_option, db_url, json_option, open_store
+from graphrun.cli.options import (
+    db_option,
+    db_url,
+    json_option,
+    open_store,
+    set_option,
+    var_option,
+)
 
 
 @click.command("submit")
 @click.argument("agent")
 @click.argument("prompt", required=False, default="")
-@click.option(
-    "--set",
-    "sets",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Seed a state key (JSON value, else string); wins over initial_state.",
-)
-@click.option(
-    "--var",
-    "var_flags",
-    multiple=True,
-    metavar="NAME=VALUE",
-    help="Give an agent variable a value (repeatable); wins over $<AGENT>_VARIABLES and defaults.",
-)
+@set_option
+@var_option
 @click.option("--as", "as_user", metavar="USER", help="Who submits (default: the OS user).")
 @click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
 @click.option("--config-dir", "--loki-dir", "config_dir", metavar="DIR", help="Config directory.")

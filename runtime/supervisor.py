@@ -348,6 +348,11 @@ class Driver:
         with self._pending_lock:
             self._effects.extend(events)
 
+    def uncommitted(self) -> list[Event]:
+        """The stamped events not committed yet (the budget policy counts them too)."""
+        with self._pending_lock:
+            return list(self._pending)
+
     def checkpoint(self, branch: str = "") -> None:
         """Commit now what an effect of ``branch`` recorded so far (any thread), except
         its results: those stay for the decisions that use them, since the decider

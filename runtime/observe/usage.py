@@ -260,7 +260,7 @@ def driver_budget_breach(driver: Any) -> str | None:
         counted = _sum(counted, new)
         last = committed[-1].seq
     _BUDGET_STATE[driver] = (prices, last, counted)
-    pending = [e for e in list(getattr(driver, "_pending", [])) if e.seq > last]
+    pending = [e for e in driver.uncommitted() if e.seq > last]
     in_flight, _ = run_usage(pending, prices)
     return budget_breach(settings, _sum(counted, in_flight))
 
