@@ -374,13 +374,6 @@ class Driver:
             self.state = state
             self._flush_locked()
 
-    def commit_effects(self, events: list[Event]) -> None:
-        """Record effect events and commit them now (an effect that must be durable
-        before it goes on, like a child run's start)."""
-        self.record_effects(events)
-        self.absorb_effects()
-        self.flush()
-
     def absorb_effects(self) -> int:
         """Fold the effect events recorded so far and queue them for the next commit."""
         with self._pending_lock:
