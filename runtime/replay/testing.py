@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from graphrun.eventstore.events import Event, RunStarted
-from graphrun.runtime.replay import ReplayResult, replay_events
+from graphrun.runtime.replay.divergence import ReplayResult, replay_events
 
 #: The file name ending that marks a recorded run (collected from directories).
 SUFFIX = ".run.jsonl"
@@ -54,7 +54,7 @@ class CaseResult:
         if self.error:
             return self.error
         if self.result is not None and self.result.divergence is not None:
-            return self.result.divergence.format()
+            return self.result.describe()
         return ""
 
 
@@ -78,7 +78,7 @@ class _Graphs:
     def load(self, agent_dir: Path) -> Any:
         """A graph agent's graph.yaml, or the graph an LLM-loop agent runs as."""
         from graphrun.runtime.agents import load_agent
-        from graphrun.runtime.config import config_dir
+        from graphrun.runtime.graph.config import config_dir
 
         found = self._cache.get(agent_dir)
         if found is None:
@@ -86,10 +86,12 @@ class _Graphs:
         return found
 
 
-def replay_file(file: Path, *, graphs: _Graphs | None = None) -> list[CaseResult]:
+def replay_file(
+    file: Path, *, graphs: _Graphs | None = None, rerun_retrieval: bool = False
+) -> list[CaseResult]:
     """Replay every run in one export file against the current graphs and scripts."""
     from graphrun.runtime.errors import GraphrunError
-    from graphrun.runtime.transfer import read_export, read_header
+    from graphrun.runtime.replay.transfer import read_export, read_header
 
     graphs = graphs or _Graphs()
     try:
@@ -117,7 +119,11 @@ def replay_file(file: Path, *, graphs: _Graphs | None = None) -> list[CaseResult
                 case.note = "agent directory not found: replayed against the recorded graph"
             sources = (header.get("sources") or {}).get(run_id)
             case.result = replay_events(
-                events, loaded, check_files=loaded is not None, sources=sources
+                events,
+                loaded,
+                check_files=loaded is not None,
+                sources=sources,
+                rerun_retrieval=rerun_retrieval,
             )
         except GraphrunError as exc:
             case.error = str(exc)
@@ -160,7 +166,9 @@ def case_line(case: CaseResult) -> str:
     return f"FAIL {label}: {case.why()}"
 
 
-def run_suite(paths: list[str], *, quiet: bool = False, as_json: bool = False) -> int:
+def run_suite(
+    paths: list[str], *, quiet: bool = False, as_json: bool = False, rerun_retrieval: bool = False
+) -> int:
     """``graphrun test``: one line per run, then ``N passed, M failed``.
 
     Returns the exit code: 0 all passed, 1 any failed, 2 nothing to test.
@@ -176,7 +184,7 @@ def run_suite(paths: list[str], *, quiet: bool = False, as_json: bool = False) -
         # A transient bar on a terminal's stderr, one step per file; nothing when piped.
         with progress_bar("graphrun test", len(files)) as advance:
             for file in files:
-                yield from replay_file(file, graphs=graphs)
+                yield from replay_file(file, graphs=graphs, rerun_retrieval=rerun_retrieval)
                 advance(1)
 
     for case in cases():
@@ -266,7 +274,7 @@ if pytest is not None:
 
         def collect(self) -> Any:
             from graphrun.runtime.errors import GraphrunError
-            from graphrun.runtime.transfer import top_level_runs
+            from graphrun.runtime.replay.transfer import top_level_runs
 
             try:
                 runs = top_level_runs(self.path)
