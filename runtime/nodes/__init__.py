@@ -1,7 +1,12 @@
-"""Actors for the node types whose effects need the run's configuration: llm, rag, agent.
+"""Node kinds: one module per ``type:`` of node, and this registry of them.
 
-Each is a small class with ``perform(task, ctx)``; :func:`node_actor` builds it with
-what it needs from the run's ports (clients, the agent directory, recorded responses).
+Each ``runtime/nodes/<kind>.py`` holds what the engine needs to know about its
+kind (a :class:`~graphrun.runtime.nodes.kind.NodeKind`): how a visit asks for its
+effect, how it decides once the effect is in, its result as a map branch, and the
+actor that performs its effect (llm, rag and agent effects need the run's
+configuration: their actors live next to their kind). Adding a node kind is its
+Struct in ``runtime/graph/model.py``, its module here, its effect under
+``actors/`` and one line in :data:`KINDS`.
 """
 
 from __future__ import annotations
@@ -9,75 +14,41 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from graphrun.runtime.errors import GraphrunError
+from graphrun.runtime.nodes import agent, end, human, llm, rag, script
+from graphrun.runtime.nodes.kind import NodeKind
 
 if TYPE_CHECKING:
     from graphrun.runtime.engine.ports import RunPorts
 
+#: Every node kind with an effect or a completion of its own, by ``type``. ``map`` is
+#: control flow (the decider runs its items as a super-step).
+KINDS: dict[str, NodeKind] = {
+    kind.type: kind
+    for kind in (
+        end.KIND,
+        script.KIND,
+        llm.KIND,
+        human.APPROVAL,
+        human.INPUT,
+        agent.KIND,
+        rag.KIND,
+    )
+}
 
-class LlmActor:
-    """The ``llm`` node actor: one call (with retries and a bounded tool loop) per visit."""
 
-    node_type = "llm"
-
-    def __init__(self, ports: RunPorts) -> None:
-        from graphrun.actors.llm.client import ClientFactory
-        from graphrun.actors.llm.config import load_llm_config
-
-        options = ports.options
-        config = load_llm_config(options.config_dir)
-        if options.llm_replay is not None:
-            self.clients = ClientFactory.replay(options.llm_replay, config)
-        else:
-            self.clients = ClientFactory(config)
-        self.graph = ports.graph
-        self.config_dir = options.config_dir
-        self.agent_dir = ports.agent_dir
-        self.variables = options.variables  # the run's, given to its tools
-        self._toolboxes: dict[tuple[str, ...], Any] = {}
-
-    def toolbox(self, whitelist: tuple[str, ...]) -> Any:
-        if not whitelist:
-            return None
-        box = self._toolboxes.get(whitelist)
-        if box is None:
-            from graphrun.actors.tools.toolbox import load_toolbox
-
-            box = self._toolboxes[whitelist] = load_toolbox(
-                self.agent_dir,
-                list(whitelist),
-                global_tools=list(self.graph.global_tools),
-                mcp_servers=list(self.graph.mcp_servers),
-                config_dir=self.config_dir,
-                variables=self.variables,
-            )
-        return box
-
-    def close(self) -> None:
-        """Release the HTTP connection pools when the actor stops."""
-        self.clients.close()
-
-    def inline(self, task: Any) -> bool:
-        """Whether a visit can be served on the supervisor's thread: every response
-        comes from the recording and there are no tools to run (no I/O, no wait)."""
-        return self.clients.replaying and not task.tools
-
-    def perform(self, task: Any, ctx: Any) -> Any:
-        # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
-        # supervisor prefixes the node id, so they carry none of their own.
-        from graphrun.actors.llm.call import perform_llm
-
-        return perform_llm(task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools))
+def kind_of(node_type: str) -> NodeKind:
+    found = KINDS.get(node_type)
+    if found is None:
+        raise GraphrunError(f"unsupported node type '{node_type}'")
+    return found
 
 
 def node_actor(node_type: str, ports: RunPorts) -> tuple[type, tuple[Any, ...]]:
-    if node_type == "llm":
-        return LlmActor, (ports,)
-    if node_type == "rag":
-        from graphrun.runtime.nodes.rag import RagActor
+    """``(actor class, constructor args)`` performing ``node_type``'s effect."""
+    kind = kind_of(node_type)
+    if kind.effect is None:
+        raise GraphrunError(f"node type '{node_type}' has no effect")
+    return kind.effect(ports)
 
-        return RagActor, (ports,)
-    if node_type == "agent":
-        from graphrun.runtime.nodes.agent import AgentActor
 
-        return AgentActor, (ports,)
-    raise GraphrunError(f"node type '{node_type}' has no actor")
+__all__ = ["KINDS", "NodeKind", "kind_of", "node_actor"]

@@ -14,12 +14,23 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from graphrun.actors.base import CancelToken
-from graphrun.eventstore.events import ChildCancelled, ChildRunFinished, ChildRunStarted
-from graphrun.eventstore.fold import fold
+from graphrun.actors.messages import AgentTask
+from graphrun.eventstore.events import (
+    ChildCancelled,
+    ChildRunFinished,
+    ChildRunStarted,
+    LlmResult,
+)
+from graphrun.eventstore.fold import RunState, fold
 from graphrun.eventstore.ids import new_run_id
+from graphrun.runtime.engine.plan import Append, Perform, Step, completed, fail, last
 from graphrun.runtime.errors import GraphrunError, WaitingForHuman
+from graphrun.runtime.graph.model import AgentNode, Graph
+from graphrun.runtime.graph.templates import render, render_updates
+from graphrun.runtime.nodes.kind import NodeKind
 
 if TYPE_CHECKING:
+    from graphrun.eventstore.events import Event
     from graphrun.runtime.engine.ports import RunPorts
 
 
@@ -249,3 +260,66 @@ def resume_ancestors(store: Any, run_id: str, options: Any, outcome: Any) -> Any
         current = drive(Driver(store, parent_id, for_run(options, store, parent_id)))
         row = store.run(parent_id)
     return current
+
+
+# --- the kind -----------------------------------------------------------------------
+
+
+def request(graph: Graph, node: AgentNode, node_id: str, state: RunState) -> Step:
+    prompt = render(node.prompt, state.state, strict=True, field=f"{node_id}.prompt")
+    task = AgentTask(
+        node_id, state.current_visit, node.agent, prompt, node.timeout, node.output_schema
+    )
+    return Perform(node_id, "agent", task)
+
+
+def complete(
+    graph: Graph, node: AgentNode, node_id: str, state: RunState, done: ChildRunFinished
+) -> Step:
+    from graphrun.runtime.nodes.llm import structured_value
+
+    s = state.state
+    visit = state.current_visit
+    if done.status != "completed":
+        why = done.error or done.status
+        return fail(node_id, visit, f"child agent '{node.agent}' run {done.child_run_id} {why}")
+    output: Any = done.output or ""
+    merged: dict[str, Any] = {}
+    if node.output_schema is not None:
+        extraction = last(state.effects, LlmResult)
+        output, error = structured_value(
+            node.output_schema,
+            done.output,
+            extraction.extracted if extraction else None,
+            extraction.extract_error if extraction else None,
+        )
+        if error is not None:
+            # Agent nodes have no fallback: extraction failure is a graph error.
+            return fail(node_id, visit, error)
+        if isinstance(output, dict):
+            merged = dict(output)
+    if node.next is None:
+        return fail(node_id, visit, "agent node has no next to route to")
+    updates = {**merged, **render_updates(node.state_updates, {**s, **merged}, {"output": output})}
+    return Append((completed(node_id, visit, node.next, updates=updates),))
+
+
+def primary(node: AgentNode, effects: tuple[Event, ...], done: Any) -> Any:
+    """A map item's result (D3): the child run's output."""
+    finished = last(effects, ChildRunFinished)
+    return (finished.output if finished is not None else None) or ""
+
+
+def effect(ports: RunPorts) -> tuple[type, tuple[Any, ...]]:
+    return AgentActor, (ports,)
+
+
+KIND = NodeKind(
+    type="agent",
+    struct=AgentNode,
+    result=ChildRunFinished,
+    request=request,
+    complete=complete,
+    primary=primary,
+    effect=effect,
+)

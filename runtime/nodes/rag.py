@@ -14,12 +14,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from graphrun.actors.messages import RagTask
 from graphrun.eventstore.events import RetrievalDone
+from graphrun.eventstore.fold import RunState
+from graphrun.runtime.engine.plan import Append, Perform, Step, completed, fail, last
 from graphrun.runtime.errors import GraphrunError
 from graphrun.runtime.graph.loader import LoadedGraph
-from graphrun.runtime.graph.model import RagNode
+from graphrun.runtime.graph.model import Graph, RagNode
+from graphrun.runtime.graph.templates import render, render_updates
+from graphrun.runtime.nodes.kind import NodeKind
 
 if TYPE_CHECKING:
+    from graphrun.eventstore.events import Event
     from graphrun.runtime.engine.ports import RunPorts
 
 
@@ -141,3 +147,53 @@ class RagActor:
         finally:
             pool.shutdown(wait=False)
         done(result=result.as_output(), hits=list(result.hits))
+
+
+# --- the kind -----------------------------------------------------------------------
+
+
+def request(graph: Graph, node: RagNode, node_id: str, state: RunState) -> Step:
+    query = render(node.query, state.state, strict=True, field=f"{node_id}.query")
+    config = {
+        "documents": list(node.documents),
+        "embedding_model": node.embedding_model,
+        "chunk_size": node.chunk_size,
+        "chunk_overlap": node.chunk_overlap,
+        "reranker_model": node.reranker_model,
+        "batch_size": node.batch_size,
+    }
+    task = RagTask(node_id, state.current_visit, query, node.top_k, node.timeout, config)
+    return Perform(node_id, "rag", task)
+
+
+def complete(
+    graph: Graph, node: RagNode, node_id: str, state: RunState, done: RetrievalDone
+) -> Step:
+    visit = state.current_visit
+    if done.error is not None:
+        return fail(node_id, visit, done.error)
+    if node.next is None:
+        return fail(node_id, visit, "rag node has no next to route to")
+    updates = render_updates(node.state_updates, state.state, {"output": done.result or {}})
+    return Append((completed(node_id, visit, node.next, updates=updates),))
+
+
+def primary(node: RagNode, effects: tuple[Event, ...], done: Any) -> Any:
+    """A map item's result (D3): the retrieval's output."""
+    retrieved = last(effects, RetrievalDone)
+    return (retrieved.result if retrieved is not None else None) or {}
+
+
+def effect(ports: RunPorts) -> tuple[type, tuple[Any, ...]]:
+    return RagActor, (ports,)
+
+
+KIND = NodeKind(
+    type="rag",
+    struct=RagNode,
+    result=RetrievalDone,
+    request=request,
+    complete=complete,
+    primary=primary,
+    effect=effect,
+)

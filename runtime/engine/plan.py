@@ -1,0 +1,112 @@
+"""What the decider returns (its plan for the next step), and the helpers every
+node kind builds its decisions with.
+
+* :class:`Append` — decision events to record (then decide again);
+* :class:`Perform` — an effect to run for the current node (its outcome comes
+  back as effect events);
+* :class:`PerformMany` — a super-step's (or a map's) effects, run concurrently;
+* :class:`Finished` — the run is over.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from graphrun.eventstore.events import Event, NodeCompleted, NodeFailed, RunFailed
+from graphrun.runtime.graph.model import next_targets
+
+#: The state key that holds the last tolerated failure (script/llm routed on).
+ERROR_KEY = "_error"
+
+
+@dataclass(frozen=True)
+class Append:
+    events: tuple[Event, ...]
+
+
+@dataclass(frozen=True)
+class Perform:
+    """An effect to perform: the node's rendered task, for one branch (or map item).
+
+    ``group`` names the concurrency limit it counts against (empty: the super-step's
+    ``settings.max_concurrency``; a map node's id: that map's own cap, ``cap``)."""
+
+    node_id: str
+    node_type: str
+    task: Any
+    branch: str = ""
+    group: str = ""
+    cap: int = 0
+
+    @property
+    def visit(self) -> int:
+        return int(getattr(self.task, "visit", 0))
+
+
+@dataclass(frozen=True)
+class PerformMany:
+    """The effects of a super-step (or a map's items) still to perform; they run
+    concurrently, each under its branch id."""
+
+    tasks: tuple[Perform, ...]
+
+
+@dataclass(frozen=True)
+class Finished:
+    status: str
+
+
+Step = Append | Perform | PerformMany | Finished
+
+
+def fail(node_id: str, visit: int, error: str) -> Append:
+    """The node failed and so did the run."""
+    return Append(
+        (
+            NodeFailed(node_id=node_id, visit=visit, error=error),
+            RunFailed(error=f"node '{node_id}': {error}", node_id=node_id),
+        )
+    )
+
+
+def completed(
+    node_id: str, visit: int, target: str | list[str] | None, **fields: Any
+) -> NodeCompleted:
+    """A completion routed to ``target``: one node, a fan-out list, or none (``[]``)."""
+    targets = next_targets(target)
+    if len(targets) > 1:
+        return NodeCompleted(
+            node_id=node_id, visit=visit, routed_to=None, fan_out=list(targets), **fields
+        )
+    return NodeCompleted(
+        node_id=node_id, visit=visit, routed_to=targets[0] if targets else None, **fields
+    )
+
+
+def state_json(state: dict[str, Any]) -> str:
+    """The canonical JSON a script receives (sorted keys: same state, same bytes)."""
+    return json.dumps(state, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def last(effects: tuple[Any, ...], kind: type) -> Any:
+    """The latest effect event of ``kind`` among a visit's effects, or None."""
+    for event in reversed(effects):
+        if isinstance(event, kind):
+            return event
+    return None
+
+
+__all__ = [
+    "ERROR_KEY",
+    "Append",
+    "Finished",
+    "Perform",
+    "PerformMany",
+    "Step",
+    "completed",
+    "fail",
+    "last",
+    "state_json",
+]

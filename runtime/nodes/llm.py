@@ -1,0 +1,190 @@
+"""``llm`` nodes: one model call per visit (retries, a bounded tool loop), its text or
+structured output into the state."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from graphrun.eventstore.events import LlmResult
+from graphrun.eventstore.fold import RunState
+from graphrun.runtime.engine.plan import ERROR_KEY, Append, Perform, Step, completed, fail, last
+from graphrun.runtime.graph.model import Graph, LlmNode
+from graphrun.runtime.graph.templates import render, render_updates
+from graphrun.runtime.nodes.kind import NodeKind
+
+if TYPE_CHECKING:
+    from graphrun.eventstore.events import Event
+    from graphrun.runtime.engine.ports import RunPorts
+
+
+def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
+    """The rendered request of an llm node (schema hint placed as the spec says)."""
+    from graphrun.actors.llm.call import LlmTask
+    from graphrun.actors.llm.structured import schema_hint
+
+    system = (
+        render(node.instructions, s, strict=True, field=f"{node_id}.instructions")
+        if node.instructions is not None
+        else None
+    )
+    prompt = render(node.prompt, s, strict=True, field=f"{node_id}.prompt")
+    if node.output_schema is not None:
+        hint = schema_hint(node.output_schema)
+        if system is not None:
+            system = f"{system.rstrip()}\n\n{hint}"
+        else:
+            prompt = f"{prompt.rstrip()}\n\n{hint}"
+    return LlmTask(
+        node_id=node_id,
+        visit=visit,
+        model=node.model or graph.model or "",
+        system=system,
+        prompt=prompt,
+        temperature=node.temperature if node.temperature is not None else graph.temperature,
+        top_p=node.top_p if node.top_p is not None else graph.top_p,
+        # Graph-level values are defaults for llm nodes (decision D5).
+        reasoning_effort=(
+            node.reasoning_effort if node.reasoning_effort is not None else graph.reasoning_effort
+        ),
+        tools=tuple(node.tools or ()),
+        max_attempts=node.max_attempts,
+        max_iterations=node.max_iterations,
+        timeout=node.timeout,
+        output_schema=node.output_schema,
+    )
+
+
+def structured_value(
+    schema: dict[str, Any], text: str | None, extracted: str | None, extract_error: str | None
+) -> tuple[Any, str | None]:
+    """The structured output of a node: the fast path, else the extractor's text."""
+    from graphrun.actors.llm.structured import parse_json_output
+
+    value, error = parse_json_output(text or "", schema)
+    if error is None:
+        return value, None
+    if extracted is not None:
+        value, error2 = parse_json_output(extracted, schema)
+        if error2 is None:
+            return value, None
+        return None, f"structured output extraction failed: {error2}"
+    return None, extract_error or f"structured output extraction failed: {error}"
+
+
+def request(graph: Graph, node: LlmNode, node_id: str, state: RunState) -> Step:
+    return Perform(node_id, "llm", llm_task(graph, node, node_id, state.current_visit, state.state))
+
+
+def complete(graph: Graph, node: LlmNode, node_id: str, state: RunState, done: LlmResult) -> Step:
+    s = state.state
+    visit = state.current_visit
+    error = done.error
+    output: Any = done.text or ""
+    merged: dict[str, Any] = {}
+    if error is None and node.output_schema is not None:
+        output, error = structured_value(
+            node.output_schema, done.text, done.extracted, done.extract_error
+        )
+        if error is None and isinstance(output, dict):
+            merged = dict(output)
+    if error is None:
+        if node.next is None:
+            return fail(node_id, visit, "llm node has no next to route to")
+        updates = {
+            **merged,
+            **render_updates(node.state_updates, {**s, **merged}, {"output": output}),
+        }
+        return Append((completed(node_id, visit, node.next, updates=updates),))
+    message = f"LLM node failed: {error}"
+    routed = node.fallback or node.next
+    if routed is None:
+        return fail(node_id, visit, message)
+    failure = {ERROR_KEY: {"node": node_id, "message": message}}
+    updates = {
+        **failure,
+        **render_updates(node.state_updates, {**s, **failure}, {"output": message}),
+    }
+    return Append((completed(node_id, visit, routed, updates=updates, failed=True, error=message),))
+
+
+def primary(node: LlmNode, effects: tuple[Event, ...], done: Any) -> Any:
+    """A map item's result (D3): the reply's text, or its structured value."""
+    if done.failed:
+        return done.error
+    result = last(effects, LlmResult)
+    if node.output_schema is not None and result is not None:
+        value, _ = structured_value(
+            node.output_schema, result.text, result.extracted, result.extract_error
+        )
+        return value
+    return (result.text if result is not None else None) or ""
+
+
+class LlmActor:
+    """The ``llm`` node actor: one call (with retries and a bounded tool loop) per visit."""
+
+    node_type = "llm"
+
+    def __init__(self, ports: RunPorts) -> None:
+        from graphrun.actors.llm.client import ClientFactory
+        from graphrun.actors.llm.config import load_llm_config
+
+        options = ports.options
+        config = load_llm_config(options.config_dir)
+        if options.llm_replay is not None:
+            self.clients = ClientFactory.replay(options.llm_replay, config)
+        else:
+            self.clients = ClientFactory(config)
+        self.graph = ports.graph
+        self.config_dir = options.config_dir
+        self.agent_dir = ports.agent_dir
+        self.variables = options.variables  # the run's, given to its tools
+        self._toolboxes: dict[tuple[str, ...], Any] = {}
+
+    def toolbox(self, whitelist: tuple[str, ...]) -> Any:
+        if not whitelist:
+            return None
+        box = self._toolboxes.get(whitelist)
+        if box is None:
+            from graphrun.actors.tools.toolbox import load_toolbox
+
+            box = self._toolboxes[whitelist] = load_toolbox(
+                self.agent_dir,
+                list(whitelist),
+                global_tools=list(self.graph.global_tools),
+                mcp_servers=list(self.graph.mcp_servers),
+                config_dir=self.config_dir,
+                variables=self.variables,
+            )
+        return box
+
+    def close(self) -> None:
+        """Release the HTTP connection pools when the actor stops."""
+        self.clients.close()
+
+    def inline(self, task: Any) -> bool:
+        """Whether a visit can be served on the supervisor's thread: every response
+        comes from the recording and there are no tools to run (no I/O, no wait)."""
+        return self.clients.replaying and not task.tools
+
+    def perform(self, task: Any, ctx: Any) -> Any:
+        # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
+        # supervisor prefixes the node id, so they carry none of their own.
+        from graphrun.actors.llm.call import perform_llm
+
+        return perform_llm(task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools))
+
+
+def effect(ports: RunPorts) -> tuple[type, tuple[Any, ...]]:
+    return LlmActor, (ports,)
+
+
+KIND = NodeKind(
+    type="llm",
+    struct=LlmNode,
+    result=LlmResult,
+    request=request,
+    complete=complete,
+    primary=primary,
+    effect=effect,
+)
