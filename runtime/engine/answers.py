@@ -25,7 +25,7 @@ from graphrun.actors.human.prompt import identity
 from graphrun.eventstore.errors import LeaseHeldError
 from graphrun.eventstore.events import Event, HumanInputReceived, HumanInputRequested
 from graphrun.eventstore.fold import RunState, fold
-from graphrun.eventstore.store import SqliteStore
+from graphrun.eventstore.store import Store
 from graphrun.runtime.errors import AnswerError
 
 __all__ = ["check_flag_answers", "pending_answers", "submit_answer"]
@@ -34,7 +34,7 @@ _VERB = {"approval": "approve", "input": "answer"}
 
 
 def submit_answer(
-    store: SqliteStore,
+    store: Store,
     run_id: str,
     text: str,
     *,
@@ -249,7 +249,7 @@ def _same_answer(given: str, recorded: HumanInputReceived, *, free: bool) -> boo
         return False
 
 
-def _waiting_run(store: SqliteStore, run_id: str, node: str | None) -> str:
+def _waiting_run(store: Store, run_id: str, node: str | None) -> str:
     """The run to answer: ``run_id``, or the one descendant of it that waits."""
     from graphrun.runtime.replay.transfer import run_tree
 

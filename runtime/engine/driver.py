@@ -56,7 +56,7 @@ from graphrun.eventstore.events import (
 )
 from graphrun.eventstore.fold import RunState, apply, fold
 from graphrun.eventstore.ids import Clock, new_run_id
-from graphrun.eventstore.store import SqliteStore
+from graphrun.eventstore.store import Store
 from graphrun.runtime.engine import decider
 from graphrun.runtime.engine.ports import ChildRuns, RunPorts
 from graphrun.runtime.errors import GraphValidationError, WaitingForHuman
@@ -200,7 +200,7 @@ def check_graph(
 
 
 def start_run(
-    store: SqliteStore,
+    store: Store,
     loaded: LoadedGraph,
     *,
     prompt: str = "",
@@ -270,7 +270,7 @@ def run_config(loaded: LoadedGraph, options: RunOptions) -> dict[str, Any]:
     return config
 
 
-def recorded_config(store: SqliteStore, run_id: str) -> dict[str, Any]:
+def recorded_config(store: Store, run_id: str) -> dict[str, Any]:
     """The configuration a run began with (its root run's, for a child run)."""
     events = store.read(run_id, upto=1)
     first = events[0] if events else None
@@ -295,7 +295,7 @@ class Driver:
 
     def __init__(
         self,
-        store: SqliteStore,
+        store: Store,
         run_id: str,
         options: RunOptions | None = None,
         *,

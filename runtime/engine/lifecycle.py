@@ -11,7 +11,7 @@ from graphrun.eventstore.errors import LeaseHeldError
 from graphrun.eventstore.events import ChildCancelled, Event, RunCancelled, RunStarted
 from graphrun.eventstore.fold import fold
 from graphrun.eventstore.ids import new_run_id
-from graphrun.eventstore.store import Lease, SqliteStore, Store
+from graphrun.eventstore.store import Lease, Store
 from graphrun.runtime.engine.driver import whoami
 from graphrun.runtime.errors import AnswerError, RunError, UsageError
 
@@ -104,7 +104,7 @@ def cancel(
         time.sleep(0.1)
 
 
-def fork_run(store: SqliteStore, run_id: str, at_seq: int, *, by: str | None = None) -> str:
+def fork_run(store: Store, run_id: str, at_seq: int, *, by: str | None = None) -> str:
     """A new run whose log is ``run_id``'s events ``1..at_seq``; returns its id.
 
     The copy keeps the events' times; its ``RunStarted`` records ``forked_from`` and

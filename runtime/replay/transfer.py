@@ -54,7 +54,7 @@ import msgspec
 
 from graphrun.eventstore import codec
 from graphrun.eventstore.events import SCHEMA_VERSION, Event
-from graphrun.eventstore.store import SqliteStore
+from graphrun.eventstore.store import SqliteStore, Store
 from graphrun.runtime.errors import GraphrunError
 
 FORMAT = "graphrun-export"
@@ -77,7 +77,7 @@ class ExportFileError(GraphrunError):
     """An export file cannot be read."""
 
 
-def run_tree(store: SqliteStore, run_id: str) -> list[str]:
+def run_tree(store: Store, run_id: str) -> list[str]:
     """A run and its descendants, parents first."""
     out = [run_id]
     seen = {run_id}
