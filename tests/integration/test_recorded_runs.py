@@ -271,3 +271,29 @@ def test_an_agent_directory_that_does_not_resolve_fails_the_run(
     result = pytester.runpytest("-p", "no:cacheprovider", "elsewhere")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*agent directory ../agents/count of run * not found*"])
+
+
+# -- importing a portable file ------------------------------------------------------------
+
+
+def test_an_imported_run_forks_with_the_scripts_next_to_the_file(graphrun, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    project = _project(graphrun, tmp_path)
+    # Another checkout of the project, whose script says something else.
+    other = tmp_path / "other-checkout"
+    shutil.copytree(project, other)
+    script = other / "agents" / "count" / "scripts" / "count.sh"
+    script.write_text('#!/bin/sh\necho \'{"words": "elsewhere"}\'\n')
+    fresh = str(tmp_path / "fresh.db")
+    res = graphrun("import", str(other / "replays" / "single.run.jsonl"), "--db", fresh)
+    assert res.code == 0, res.stderr
+    run_id = res.stdout.split(": ")[1].strip()
+    started = graphrun("events", run_id, "--json", "--db", fresh).json_lines()[0]
+    assert started["agent_dir"] == str(other / "agents" / "count")  # type: ignore[index]
+    forked = graphrun("fork", run_id, "--at", "1", "--db", fresh)
+    assert forked.code == 0, forked.stderr
+    assert forked.stdout == "elsewhere words\n"
+    # Exported again, the paths are relative to the new file; the run is the same.
+    again = tmp_path / "again" / "single.run.jsonl"
+    assert graphrun("export", run_id, "-o", str(again), "--db", fresh).code == 0
+    assert _records(again)[1]["event"]["agent_dir"] == "../other-checkout/agents/count"
+    assert graphrun("import", str(again), "--db", fresh).stdout == f"present: {run_id}\n"
