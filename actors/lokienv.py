@@ -7,7 +7,7 @@ What Loki gives them, besides the inherited environment (keys excepted, see
 - ``LLM_AGENT_DATA_DIR``: the agent directory;
 - ``LLM_AGENT_VAR_<NAME>``: each of the agent's ``variables`` (name upper-cased,
   ``-`` → ``_``): the values the run was started with (recorded; see
-  :mod:`graphrun.runtime.variables`), else the declared default, overridden by
+  :mod:`graphrun.runtime.graph.variables`), else the declared default, overridden by
   ``$<AGENT>_VARIABLES`` (Loki's JSON array of declarations, or a JSON object of
   values); ``{{NAME}}`` in a value is taken from the environment;
 - ``.env`` files: ``<root_dir>/.env`` and ``<config_dir>/.env``; a variable already

@@ -110,8 +110,8 @@ def run_chain(
 ) -> str:
     """Run the chain in this process; returns the run id (raises unless it completed)."""
     from graphrun.eventstore.store import SqliteStore
-    from graphrun.runtime.loader import load_graph
-    from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.graph.loader import load_graph
 
     store = SqliteStore(db, durability=durability)
     try:
@@ -167,8 +167,8 @@ def bench_calls(
                 response.json()["choices"][0]["message"]["content"]
 
     from graphrun.eventstore.store import SqliteStore
-    from graphrun.runtime.loader import load_graph
-    from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.graph.loader import load_graph
 
     # One store and one parsed graph, a new run per timing (as a long-lived process
     # serving runs would; the bare loop likewise opens a new client per round).
@@ -275,8 +275,8 @@ def bench_langgraph(
     report: Report, tmp: Path, agent_dir: Path, recorded: list[Any], steps: int, rounds: int
 ) -> None:
     from graphrun.eventstore.store import SqliteStore
-    from graphrun.runtime.loader import load_graph
-    from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.graph.loader import load_graph
 
     for synchronous, target in LANGGRAPH_TARGETS.items():
         durability = synchronous.lower()

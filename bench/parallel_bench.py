@@ -127,8 +127,8 @@ nodes:
 def bench_graphrun(url: str, tmp: Path, items: int, concurrency: int) -> tuple[float, Path, str]:
     """Seconds for the map run (log committed), the database and the run id."""
     from graphrun.eventstore.store import SqliteStore
-    from graphrun.runtime.loader import load_graph
-    from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.graph.loader import load_graph
 
     agent = tmp / "fan-map"
     agent.mkdir()

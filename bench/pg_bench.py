@@ -96,7 +96,7 @@ def throughput(server: Any, agent: Path, env: dict[str, str], workers: int, runs
     """Runs/s of ``workers`` worker processes on ``runs`` submitted runs."""
     from graphrun.eventstore.postgres import PostgresStore
     from graphrun.runtime.agents import load_agent
-    from graphrun.runtime.workers import submit_run
+    from graphrun.runtime.engine.workers import submit_run
 
     url = server.new_schema()
     env = {**env, "GRAPHRUN_DB": url}
@@ -151,7 +151,7 @@ def throughput(server: Any, agent: Path, env: dict[str, str], workers: int, runs
 def drive_chain(store: Any, agent: Path) -> float:
     """Seconds to drive one run of the chain in this process."""
     from graphrun.runtime.agents import load_agent
-    from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
 
     loaded = load_agent(agent, config_dir=None)
     run_id = start_run(store, loaded, prompt="x")

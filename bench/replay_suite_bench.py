@@ -53,9 +53,9 @@ PREPARE = '#!/usr/bin/env bash\necho \'{"round": "first"}\'\n'
 def record(folder: Path, runs: int, visits: int) -> int:
     """Record ``runs`` runs of ``visits`` node visits; returns the number of events."""
     from graphrun.eventstore.store import SqliteStore
-    from graphrun.runtime.loader import load_graph
-    from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
-    from graphrun.runtime.transfer import write_export
+    from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.graph.loader import load_graph
+    from graphrun.runtime.replay.transfer import write_export
 
     agent = folder / "agent"
     agent.mkdir(parents=True)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = mode_of(args)
     runs, visits = {"full": (100, 100), "quick": (30, 100), "smoke": (3, 20)}[mode]
     report = Report("graphrun test over recorded runs", mode, args.json)
-    from graphrun.runtime.testing import run_suite
+    from graphrun.runtime.replay.testing import run_suite
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -58,7 +58,7 @@ def runs_cmd(
     waits = {row.run_id: _waiting_request(store, row.run_id) for row in rows if row.waiting_node}
     prices = None
     if with_usage or as_json:
-        from graphrun.runtime.config import config_dir
+        from graphrun.runtime.graph.config import config_dir
         from graphrun.runtime.observe.usage import load_prices
 
         prices = load_prices(config_dir(None))
@@ -277,7 +277,7 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
 
 def _anchor(store: Any, run_id: str, anchor: str, verify: bool) -> bool:
     """``--anchor``: print the head (True: nothing else to do), or check ``anchor``."""
-    from graphrun.runtime.transfer import anchor_of, check_anchor
+    from graphrun.runtime.replay.transfer import anchor_of, check_anchor
 
     if not anchor:
         if verify:

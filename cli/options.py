@@ -52,7 +52,7 @@ def open_store(db: str | None, *, create: bool = False) -> Any:
     import os
 
     from graphrun.eventstore import open_store as open_by_name
-    from graphrun.runtime.config import db_path
+    from graphrun.runtime.graph.config import db_path
 
     # GRAPHRUN_DURABILITY=full fsyncs every commit (default: WAL, synchronous=NORMAL).
     durability = os.environ.get("GRAPHRUN_DURABILITY", "normal").strip().lower() or "normal"
@@ -73,7 +73,7 @@ def db_url(db: str | None) -> str | None:
 def store_missing(db: str | None) -> bool:
     """Whether there is no event store yet (an SQLite file not made yet; a
     PostgreSQL database is made on first use)."""
-    from graphrun.runtime.config import db_path
+    from graphrun.runtime.graph.config import db_path
 
     return db_url(db) is None and not db_path(db).exists()
 

@@ -23,13 +23,13 @@ def rebuild_cmd(
     Only files whose sha256 changed are re-embedded.
     """
     from graphrun.actors.retrieval import rebuild
-    from graphrun.runtime.config import agents_dir as resolve_agents
-    from graphrun.runtime.config import config_dir as resolve_config
-    from graphrun.runtime.config import resolve_agent
     from graphrun.runtime.errors import UsageError
-    from graphrun.runtime.graph import RagNode
-    from graphrun.runtime.loader import load_graph
-    from graphrun.runtime.rag_node import kb_config, rag_defaults
+    from graphrun.runtime.graph.config import agents_dir as resolve_agents
+    from graphrun.runtime.graph.config import config_dir as resolve_config
+    from graphrun.runtime.graph.config import resolve_agent
+    from graphrun.runtime.graph.loader import load_graph
+    from graphrun.runtime.graph.model import RagNode
+    from graphrun.runtime.nodes.rag import kb_config, rag_defaults
 
     cfg = resolve_config(config_dir)
     loaded = load_graph(resolve_agent(agent, resolve_agents(agents_dir, config=cfg)))

@@ -32,10 +32,10 @@ def validate_cmd(
     warning (Loki ignores it), an error with --strict.
     """
     from graphrun.cli.render import print_diagnostics
-    from graphrun.runtime.config import agents_dir as resolve_agents
-    from graphrun.runtime.config import config_dir as resolve_config
-    from graphrun.runtime.config import resolve_agent
-    from graphrun.runtime.validate import validate_all
+    from graphrun.runtime.graph.config import agents_dir as resolve_agents
+    from graphrun.runtime.graph.config import config_dir as resolve_config
+    from graphrun.runtime.graph.config import resolve_agent
+    from graphrun.runtime.graph.validate import validate_all
 
     cfg = resolve_config(config_dir)
     agents = resolve_agents(agents_dir, config=cfg)
@@ -74,6 +74,17 @@ def validate_cmd(
     help="With --graph: perform changed requests for real and record a new run.",
 )
 @click.option(
+    "--update",
+    is_flag=True,
+    help="With --graph: like --live, without checking model keys first: only changed "
+    "LLM requests are sent (the new run is recorded in the database).",
+)
+@click.option(
+    "--rerun-retrieval",
+    is_flag=True,
+    help="Query today's knowledge bases again instead of serving recorded retrievals.",
+)
+@click.option(
     "--config-dir",
     "--loki-dir",
     "config_dir",
@@ -86,16 +97,20 @@ def replay_cmd(
     run_id: str,
     graph_path: str | None,
     live: bool,
+    update: bool,
+    rerun_retrieval: bool,
     config_dir: str | None,
     as_json: bool,
     db: str | None,
 ) -> None:
-    """Re-drive RUN_ID through today's decider with every effect served from the log.
+    """Re-drive RUN_ID through the run loop with every effect served from the log.
 
-    Nothing is executed and nothing is written. Exit 0 if every decision matches
-    the recorded one, 1 with a divergence report (node, event, recorded vs now).
+    Nothing is performed and nothing is written (with --graph, a script whose file
+    changed is re-run offline and judged by its output). Exit 0 if everything
+    matches the recording, 1 with every divergence (the nodes first, then each:
+    node, event, recorded vs now).
     """
-    from graphrun.runtime.replay_cli import replay_command
+    from graphrun.runtime.replay.command import replay_command
 
     if config_dir:  # what every later lookup of the config directory reads
         import os
@@ -103,28 +118,73 @@ def replay_cmd(
         os.environ["GRAPHRUN_CONFIG_DIR"] = config_dir
     store = open_store(db)
     run_id = resolve_run(store, run_id)
-    code = replay_command(store, run_id, graph_path=graph_path, live=live, as_json=as_json, db=db)
+    code = replay_command(
+        store,
+        run_id,
+        graph_path=graph_path,
+        live=live or update,
+        as_json=as_json,
+        db=db,
+        preflight=not update,
+        rerun_retrieval=rerun_retrieval,
+    )
     raise SystemExit(code)
 
 
 @click.command("test")
 @click.argument("paths", nargs=-1)
 @click.option("-q", "--quiet", is_flag=True, help="Only the summary and failures.")
+@click.option(
+    "--update",
+    is_flag=True,
+    help="Re-record each divergent run against today's graph and rewrite its file: "
+    "unchanged effects are reused, only changed ones performed (no API key unless an "
+    "LLM request changed).",
+)
+@click.option("--dry-run", is_flag=True, help="With --update: only say what would be re-recorded.")
+@click.option(
+    "--rerun-retrieval",
+    is_flag=True,
+    help="Query today's knowledge bases again instead of serving recorded retrievals "
+    "(offline with a local embedding model), so a changed knowledge base fails a test.",
+)
 @json_option
-def test_cmd(paths: tuple[str, ...], quiet: bool, as_json: bool) -> None:
+def test_cmd(
+    paths: tuple[str, ...],
+    quiet: bool,
+    update: bool,
+    dry_run: bool,
+    rerun_retrieval: bool,
+    as_json: bool,
+) -> None:
     """Replay every recorded run (exported files) in PATHs (default: replays/).
 
-    Each run is checked against its agent's current graph.yaml and scripts. One
-    line per run, then `N passed, M failed`; exit 1 on any divergence.
+    Each run is checked against its agent's current graph.yaml and scripts; a
+    changed script is re-run offline and judged by its output. One line per run,
+    then `N passed, M failed`; exit 1 on any divergence (every divergence of a run
+    is listed).
     """
-    from graphrun.runtime.testing import run_suite
+    if dry_run and not update:
+        raise click.UsageError("--dry-run goes with --update")
+    if update:
+        from graphrun.runtime.replay.update import update_suite
 
-    raise SystemExit(run_suite(list(paths) or ["replays"], quiet=quiet, as_json=as_json))
+        raise SystemExit(update_suite(list(paths) or ["replays"], dry_run=dry_run))
+    from graphrun.runtime.replay.testing import run_suite
+
+    raise SystemExit(
+        run_suite(
+            list(paths) or ["replays"],
+            quiet=quiet,
+            as_json=as_json,
+            rerun_retrieval=rerun_retrieval,
+        )
+    )
 
 
 @click.command("schema")
 def schema_cmd() -> None:
     """Print the JSON Schema of graph.yaml (for editors: yaml-language-server)."""
-    from graphrun.runtime.schema import schema_text
+    from graphrun.runtime.graph.schema import schema_text
 
     click.echo(schema_text(), nl=False)

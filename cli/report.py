@@ -54,9 +54,9 @@ def graph_cmd(
     node shows how often it was visited.
     """
     from graphrun.runtime.agents import load_agent
-    from graphrun.runtime.config import agents_dir as resolve_agents
-    from graphrun.runtime.config import config_dir as resolve_config
-    from graphrun.runtime.config import resolve_agent
+    from graphrun.runtime.graph.config import agents_dir as resolve_agents
+    from graphrun.runtime.graph.config import config_dir as resolve_config
+    from graphrun.runtime.graph.config import resolve_agent
     from graphrun.runtime.observe.graphpic import build_picture, render, run_path
 
     cfg = resolve_config(config_dir)
@@ -106,7 +106,7 @@ def report_cmd(
     divergences. A run in progress can be reported again to refresh, or kept
     fresh with --watch.
     """
-    from graphrun.runtime.config import config_dir as resolve_config
+    from graphrun.runtime.graph.config import config_dir as resolve_config
     from graphrun.runtime.observe.report import build_report
     from graphrun.runtime.observe.usage import load_prices
 
@@ -150,7 +150,7 @@ def logs_cmd(
     """
     import json
 
-    from graphrun.runtime.config import config_dir as resolve_config
+    from graphrun.runtime.graph.config import config_dir as resolve_config
     from graphrun.runtime.observe.logs import llm_log, log_markdown
     from graphrun.runtime.observe.usage import load_prices
 

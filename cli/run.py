@@ -124,10 +124,10 @@ def _options(
     with, used where the command line does not say otherwise (so ``resume``,
     ``approve`` and ``answer`` need no ``--loki-dir`` the run was started with)."""
     from graphrun.actors.human import is_interactive
-    from graphrun.runtime.config import agents_dir as resolve_agents
-    from graphrun.runtime.config import config_dir as resolve_config
+    from graphrun.runtime.engine.driver import RunOptions
+    from graphrun.runtime.graph.config import agents_dir as resolve_agents
+    from graphrun.runtime.graph.config import config_dir as resolve_config
     from graphrun.runtime.narrate import Narrator
-    from graphrun.runtime.supervisor import RunOptions
 
     recorded = recorded or {}
     if config_dir is None and recorded.get("config_dir"):
@@ -146,7 +146,7 @@ def _options(
     if isinstance(recorded.get("variables"), dict):
         options.variables = dict(recorded["variables"])  # as the run began
     if llm_replay:
-        from graphrun.runtime.recorded import load_llm_calls
+        from graphrun.runtime.replay.recorded import load_llm_calls
 
         _check_replay_source(llm_replay)
 
@@ -226,7 +226,7 @@ def common_run_options(fn: Any) -> Any:
 
 def _drive(driver: Any) -> Any:
     """Drive a run as every command here does: to its end or a wait."""
-    from graphrun.runtime.supervisor import drive
+    from graphrun.runtime.engine.driver import drive
 
     return drive(driver)
 
@@ -269,13 +269,13 @@ def run_cmd(
     """
     from graphrun.cli.render import print_diagnostics
     from graphrun.runtime.agents import load_agent
-    from graphrun.runtime.config import resolve_agent
+    from graphrun.runtime.engine.driver import Driver, check_graph, run_config, start_run
+    from graphrun.runtime.graph.config import resolve_agent
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver, check_graph, run_config, start_run
 
     configure_logging()
     overrides = _parse_set(sets)
-    from graphrun.runtime.variables import parse_presets
+    from graphrun.runtime.graph.variables import parse_presets
 
     presets = parse_presets(var_flags)
     store = open_store(db, create=True)
@@ -294,21 +294,21 @@ def run_cmd(
         print_diagnostics(
             check_graph(loaded, agents_dir=options.agents_dir, config_dir=options.config_dir)
         )
-    from graphrun.runtime.variables import prompt_variable, with_variables
-    from graphrun.runtime.variables import resolve as resolve_variables
+    from graphrun.runtime.graph.variables import prompt_variable, with_variables
+    from graphrun.runtime.graph.variables import resolve as resolve_variables
 
     options.variables = resolve_variables(
         loaded, presets, ask=prompt_variable if options.interactive else None
     )
     loaded = with_variables(loaded, options.variables)
-    from graphrun.runtime.answers import check_flag_answers
-    from graphrun.runtime.preflight import check_answers, preflight
+    from graphrun.runtime.engine.answers import check_flag_answers
+    from graphrun.runtime.graph.preflight import check_answers, preflight
 
     check_answers(loaded, options.answers)
     check_flag_answers(loaded.graph.nodes, options.answers)
     preflight(loaded, options)
     if any(n.type == "rag" for n in loaded.graph.nodes.values()):
-        from graphrun.runtime.rag_node import prepare_knowledge_bases
+        from graphrun.runtime.nodes.rag import prepare_knowledge_bases
 
         options.extra["knowledge_bases"] = prepare_knowledge_bases(
             loaded, interactive=options.interactive, config_dir=options.config_dir
@@ -344,9 +344,9 @@ def resume_cmd(
     An effect whose result was recorded is never performed again.
     """
     from graphrun.eventstore.fold import fold
+    from graphrun.runtime.engine.driver import Driver, recorded_config
     from graphrun.runtime.errors import AnswerError
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver, recorded_config
 
     configure_logging()
     store = open_store(db)
@@ -375,9 +375,9 @@ def _check_continuation(store: Any, run_id: str, options: Any, *, resuming: bool
     """What ``run`` checks before it starts, for a run continued from its log: the
     answers given (less those the log already holds, on resume) and the model keys."""
     from graphrun.eventstore.fold import fold
-    from graphrun.runtime.answers import check_flag_answers, pending_answers
-    from graphrun.runtime.preflight import check_answers, preflight
-    from graphrun.runtime.supervisor import graph_of
+    from graphrun.runtime.engine.answers import check_flag_answers, pending_answers
+    from graphrun.runtime.engine.driver import graph_of
+    from graphrun.runtime.graph.preflight import check_answers, preflight
 
     events = store.read(run_id)
     loaded = graph_of(fold(events))
@@ -401,9 +401,9 @@ def _answer_and_resume(
     agents_dir: str | None,
     other: bool = False,
 ) -> None:
-    from graphrun.runtime.answers import submit_answer
+    from graphrun.runtime.engine.answers import submit_answer
+    from graphrun.runtime.engine.driver import Driver, recorded_config
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver, recorded_config
 
     configure_logging()
     store = open_store(db)
@@ -447,7 +447,7 @@ def _answer_and_resume(
     # next wait, which is answered by another command, not prompted for here.
     options.interactive = False
     outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
-    from graphrun.runtime.agent_node import resume_ancestors
+    from graphrun.runtime.nodes.agent import resume_ancestors
 
     outcome = resume_ancestors(store, run_id, options, outcome)
     finish(outcome, as_json=as_json, db=db)
@@ -553,7 +553,7 @@ def cancel_cmd(run_id: str, as_user: str | None, reason: str, db: str | None) ->
     cancellation and exits 1; this command waits for it (up to 30s) and exits 0
     once the run is cancelled.
     """
-    from graphrun.runtime.lifecycle import cancel
+    from graphrun.runtime.engine.lifecycle import cancel
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
@@ -594,9 +594,9 @@ def fork_cmd(
     The new run records where it was forked from. Continue live, or with
     --answer for a different human decision.
     """
-    from graphrun.runtime.lifecycle import fork_run
+    from graphrun.runtime.engine.driver import Driver, recorded_config
+    from graphrun.runtime.engine.lifecycle import fork_run
     from graphrun.runtime.narrate import configure_logging
-    from graphrun.runtime.supervisor import Driver, recorded_config
 
     configure_logging()
     store = open_store(db)

@@ -29,7 +29,7 @@ def export_cmd(run_id: str, output: str | None, with_origin: bool, db: str | Non
     config dir in your home) are left out unless --with-origin. Names given with
     --as are kept.
     """
-    from graphrun.runtime.transfer import write_export
+    from graphrun.runtime.replay.transfer import write_export
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
@@ -77,7 +77,7 @@ def import_cmd(file: str, agent_dirs: tuple[str, ...], db: str | None) -> None:
     --agent-dir, since resuming it runs that folder's scripts. Paths the file
     holds relative to its folder are stored resolved against that folder.
     """
-    from graphrun.runtime.transfer import import_runs
+    from graphrun.runtime.replay.transfer import import_runs
 
     store = open_store(db, create=True)
     trusted = [Path(d) for d in agent_dirs]

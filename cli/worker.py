@@ -46,12 +46,12 @@ def submit_cmd(
     from graphrun.cli.render import print_diagnostics
     from graphrun.cli.run import _parse_set
     from graphrun.runtime.agents import load_agent
-    from graphrun.runtime.config import agents_dir as resolve_agents
-    from graphrun.runtime.config import config_dir as resolve_config
-    from graphrun.runtime.config import resolve_agent
-    from graphrun.runtime.preflight import preflight
-    from graphrun.runtime.supervisor import RunOptions, check_graph
-    from graphrun.runtime.workers import needs_queue, submit_run
+    from graphrun.runtime.engine.driver import RunOptions, check_graph
+    from graphrun.runtime.engine.workers import needs_queue, submit_run
+    from graphrun.runtime.graph.config import agents_dir as resolve_agents
+    from graphrun.runtime.graph.config import config_dir as resolve_config
+    from graphrun.runtime.graph.config import resolve_agent
+    from graphrun.runtime.graph.preflight import preflight
 
     overrides = _parse_set(sets)
     store = open_store(db, create=True)
@@ -61,8 +61,8 @@ def submit_cmd(
     loaded = load_agent(resolve_agent(agent, agents), config_dir=cfg)
     if loaded.graph.settings.validate_before_run:
         print_diagnostics(check_graph(loaded, agents_dir=agents, config_dir=cfg))
-    from graphrun.runtime.variables import parse_presets, with_variables
-    from graphrun.runtime.variables import resolve as resolve_variables
+    from graphrun.runtime.graph.variables import parse_presets, with_variables
+    from graphrun.runtime.graph.variables import resolve as resolve_variables
 
     # Resolved here, where the command runs: a worker has no one to ask.
     variables = resolve_variables(loaded, parse_presets(var_flags))
@@ -128,7 +128,7 @@ def worker_cmd(
     import signal
     import sys
 
-    from graphrun.runtime.workers import Worker
+    from graphrun.runtime.engine.workers import Worker
 
     def say(line: str) -> None:
         click.echo(line, err=True)

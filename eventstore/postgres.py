@@ -16,7 +16,7 @@ Tables (in the first schema of the connection's ``search_path``):
 * ``leases``: one holder per run, with an expiry that heartbeats move on.
 * ``cancel_requests``: who asked to cancel a run another process drives.
 * ``run_queue``: runs submitted for workers (``queued``, ``running``,
-  ``waiting``, ``done``); see :mod:`graphrun.runtime.workers`.
+  ``waiting``, ``done``); see :mod:`graphrun.runtime.engine.workers`.
 * ``graphrun_meta``: the schema version. Migrations run in one transaction
   under an advisory lock, so the first uses by many processes at once are safe.
 

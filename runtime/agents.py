@@ -34,7 +34,7 @@ import yaml
 
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.runtime.errors import GraphLoadError, GraphValidationError
-from graphrun.runtime.loader import LoadedGraph, load_graph, load_text
+from graphrun.runtime.graph.loader import LoadedGraph, load_graph, load_text
 
 #: config.yaml fields graphrun reads; others are accepted and warned about once.
 KNOWN_FIELDS = {
@@ -201,13 +201,13 @@ def agent_variables(name: str, config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(override, dict):
         values.update(override)
     # A variable without a value is resolved when a run starts (--var, a prompt, or
-    # the error naming it: graphrun.runtime.variables).
+    # the error naming it: graphrun.runtime.graph.variables).
     return values
 
 
 def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     """config.yaml as data, with the YAML line of each JSON path."""
-    from graphrun.runtime.loader import parse_yaml
+    from graphrun.runtime.graph.loader import parse_yaml
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -411,7 +411,7 @@ def _declared_names(name: str, config: dict[str, Any]) -> dict[str, str]:
 
 
 def _keep_variables(template: str, variables: dict[str, Any]) -> str:
-    from graphrun.runtime.templates import _EXPR, parse_path
+    from graphrun.runtime.graph.templates import _EXPR, parse_path
 
     def keep(match: Any) -> str:
         try:
@@ -445,7 +445,7 @@ def _with_default_model(loaded: LoadedGraph, config_dir: Path | None) -> LoadedG
     """Loki's default-model chain for a graph agent: llm nodes without a model, in a
     graph without one, use :func:`default_model`. The model is written into the graph
     text (at its end, so no line moves), so the run records it and replays it."""
-    from graphrun.runtime.graph import LlmNode
+    from graphrun.runtime.graph.model import LlmNode
 
     graph = loaded.graph
     needs = any(isinstance(n, LlmNode) and not n.model for n in graph.nodes.values())

@@ -245,7 +245,7 @@ def describe_run(
 
 
 def _config_dir() -> Any:
-    from graphrun.runtime.config import config_dir
+    from graphrun.runtime.graph.config import config_dir
 
     return config_dir(None)
 
@@ -338,7 +338,7 @@ def audit_tree(store: SqliteStore, run_id: str, *, verify: bool) -> dict[str, An
     Returns:
         ``{"run_id", "decisions": [...], "verify": [...]}``.
     """
-    from graphrun.runtime.transfer import run_tree
+    from graphrun.runtime.replay.transfer import run_tree
 
     found: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []

@@ -705,8 +705,8 @@ def render_report(
 
 def replay_divergences(store: Any, run_id: str, graph_path: str) -> list[dict[str, Any]]:
     """The divergences of replaying ``run_id`` against the graph at ``graph_path``."""
-    from graphrun.runtime.loader import load_graph
-    from graphrun.runtime.replay import replay_events
+    from graphrun.runtime.graph.loader import load_graph
+    from graphrun.runtime.replay.divergence import replay_events
 
     result = replay_events(store.read(run_id), load_graph(graph_path))
     found = getattr(result, "divergences", None)

@@ -249,7 +249,7 @@ def driver_budget_breach(driver: Any) -> str | None:
     if known is None:
         prices: Mapping[str, tuple[float, float]] = BUILTIN_PRICES
         if getattr(settings, "max_cost", None) is not None:
-            from graphrun.runtime.config import config_dir
+            from graphrun.runtime.graph.config import config_dir
 
             prices = load_prices(driver.options.config_dir or config_dir(None))
         known = (prices, 0, Usage())

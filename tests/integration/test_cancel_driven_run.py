@@ -13,8 +13,8 @@ from pathlib import Path
 from graphrun.eventstore.events import RunCancelled
 from graphrun.eventstore.fold import fold
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime.loader import load_text
-from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
+from graphrun.runtime.graph.loader import load_text
 
 SLEEPY = """
 name: sleepy
@@ -342,8 +342,8 @@ def test_the_canceller_reports_a_run_that_ends_otherwise_or_keeps_running(
     import pytest
 
     from graphrun.eventstore.events import RunCompleted
+    from graphrun.runtime.engine.lifecycle import cancel
     from graphrun.runtime.errors import AnswerError, RunError
-    from graphrun.runtime.lifecycle import cancel
     from tests.conformance.store_contract import started
 
     db = tmp_path / "events.db"

@@ -58,8 +58,8 @@ def digest(path: Path) -> str:
 def record_run(db: Path, root: Path) -> str:
     """A completed run in ``db``, made through the library (faster than the CLI)."""
     from graphrun.eventstore.store import SqliteStore
-    from graphrun.runtime.loader import load_graph
-    from graphrun.runtime.supervisor import Driver, drive, start_run
+    from graphrun.runtime.engine.driver import Driver, drive, start_run
+    from graphrun.runtime.graph.loader import load_graph
 
     store = SqliteStore(db)
     try:
@@ -508,8 +508,8 @@ GROW = """
 def test_database_grows_linearly_with_visits(agent: Any, tmp_path: Path) -> None:
     from graphrun.eventstore.fold import fold
     from graphrun.eventstore.store import SqliteStore
-    from graphrun.runtime.loader import load_graph
-    from graphrun.runtime.supervisor import Driver, drive, start_run
+    from graphrun.runtime.engine.driver import Driver, drive, start_run
+    from graphrun.runtime.graph.loader import load_graph
 
     logged: dict[int, int] = {}
     files: dict[int, int] = {}

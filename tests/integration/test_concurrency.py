@@ -13,8 +13,8 @@ import pytest
 from graphrun.eventstore.errors import LeaseHeldError
 from graphrun.eventstore.events import NodeEntered, RunCompleted, ScriptFinished
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime.loader import load_graph
-from graphrun.runtime.supervisor import Driver, drive, start_run
+from graphrun.runtime.engine.driver import Driver, drive, start_run
+from graphrun.runtime.graph.loader import load_graph
 from tests.integration.test_crash_resume import SIX_STEPS, check_log, kill_after, step_script
 
 

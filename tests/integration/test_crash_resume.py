@@ -24,8 +24,8 @@ from graphrun.eventstore.events import (
 )
 from graphrun.eventstore.fold import fold
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime.loader import load_graph
-from graphrun.runtime.supervisor import Driver, drive, start_run
+from graphrun.runtime.engine.driver import Driver, drive, start_run
+from graphrun.runtime.graph.loader import load_graph
 
 SIX_STEPS = """
     name: six

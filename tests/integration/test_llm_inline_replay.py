@@ -7,8 +7,8 @@ from typing import Any
 
 from graphrun.eventstore.events import LlmCalled
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime.loader import load_graph
-from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
+from graphrun.runtime.graph.loader import load_graph
 from tests.support.fake_llm import text, tool_calls
 
 GRAPH = """

@@ -431,7 +431,7 @@ def test_report_of_a_parallel_run_has_one_lane_per_branch(graphrun, agent, page,
     mermaid = graphrun("graph", str(root), "--run", run_id).stdout
     assert '-->|"fan-out"|' in mermaid and '-.->|"each item"|' in mermaid
     from graphrun.eventstore.store import SqliteStore
-    from graphrun.runtime.loader import load_graph
+    from graphrun.runtime.graph.loader import load_graph
     from graphrun.runtime.observe.graphpic import build_picture, run_path
 
     store = SqliteStore(graphrun.db)

@@ -23,8 +23,8 @@ from graphrun.eventstore.events import (
 )
 from graphrun.eventstore.fold import fold
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime.loader import load_graph
-from graphrun.runtime.supervisor import Driver, RunOptions, RunOutcome, drive, start_run
+from graphrun.runtime.engine.driver import Driver, RunOptions, RunOutcome, drive, start_run
+from graphrun.runtime.graph.loader import load_graph
 from tests.support.fake_llm import text
 
 
@@ -302,7 +302,7 @@ def test_max_concurrency_one_runs_branches_one_at_a_time(
 def test_a_parallel_run_replays_without_performing_anything(
     store: SqliteStore, tmp_path: Path
 ) -> None:
-    from graphrun.runtime.replay import replay_events
+    from graphrun.runtime.replay.divergence import replay_events
 
     root = agent(tmp_path, MAP.format(items="[1, 2, 3]", cap=3), {"double.py": DOUBLE})
     outcome = run(store, root)
@@ -459,7 +459,7 @@ EVERY_SCRIPTS = {
 def test_a_graph_with_every_parallel_feature_validates_and_runs(
     store: SqliteStore, tmp_path: Path
 ) -> None:
-    from graphrun.runtime.validate import Check, validate
+    from graphrun.runtime.graph.validate import Check, validate
     from tests.support.fake_llm import FakeLlm, text
 
     root = agent(tmp_path, EVERY_FEATURE, EVERY_SCRIPTS)

@@ -93,3 +93,27 @@ def test_changed_sources_warn_and_rebuild_reembeds_only_them(graphrun, tmp_path:
     assert line.startswith("retrieve: 0 added, 1 changed, 0 removed, ")
     assert "reused" in line
     assert graphrun("validate", str(root)).stderr.strip().endswith("0 warning(s)")
+
+
+def test_rerun_retrieval_fails_a_recording_when_the_knowledge_base_changed(
+    graphrun, tmp_path: Path
+) -> None:
+    root = _agent(tmp_path)
+    assert graphrun("run", str(root), "How do bees turn nectar into honey?").code == 0
+    run_id = graphrun.last_run()
+    export = tmp_path / "rag.run.jsonl"
+    assert graphrun("export", run_id, "-o", str(export)).code == 0
+    # Unchanged knowledge base: retrieval re-run offline finds the same passages.
+    same = graphrun("test", "--rerun-retrieval", str(export))
+    assert same.code == 0, same.stdout
+    assert "retrieval re-run against today's knowledge base" in same.stdout
+    # The bees documents go and the index is rebuilt: served retrievals still pass,
+    # a re-run retrieval is a divergence naming the node.
+    shutil.rmtree(root / "knowledge" / "bees")
+    assert graphrun("rag", "rebuild", str(root)).code == 0
+    assert graphrun("test", str(export)).code == 0
+    changed = graphrun("test", "--rerun-retrieval", str(export))
+    assert changed.code == 1, changed.stdout
+    assert "node 'retrieve'" in changed.stdout and "RetrievalDone" in changed.stdout
+    replayed = graphrun("replay", run_id, "--graph", str(root), "--rerun-retrieval")
+    assert replayed.code == 1 and "RetrievalDone" in replayed.stdout

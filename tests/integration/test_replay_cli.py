@@ -317,4 +317,4 @@ def test_replay_of_unknown_run_is_one_line(graphrun, shipit) -> None:  # type: i
     assert missing.code == 2
     assert missing.stderr.startswith("error:") and "Traceback" not in missing.stderr
     live = graphrun("replay", last_run(graphrun), "--live")
-    assert live.code == 2 and "--live needs --graph" in live.stderr
+    assert live.code == 2 and "--live and --update need --graph" in live.stderr

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime.loader import load_graph
-from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
-from graphrun.runtime.testing import run_suite
-from graphrun.runtime.transfer import write_export
+from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
+from graphrun.runtime.graph.loader import load_graph
+from graphrun.runtime.replay.testing import run_suite
+from graphrun.runtime.replay.transfer import write_export
 
 pytest_plugins = ["pytester"]
 

@@ -18,9 +18,9 @@ import pytest
 from graphrun.eventstore.events import NodeCompleted, ScriptFinished
 from graphrun.eventstore.fold import fold
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime.decider import state_json
-from graphrun.runtime.loader import load_graph
-from graphrun.runtime.supervisor import Driver, RunOptions, RunOutcome, drive, start_run
+from graphrun.runtime.engine.decider import state_json
+from graphrun.runtime.engine.driver import Driver, RunOptions, RunOutcome, drive, start_run
+from graphrun.runtime.graph.loader import load_graph
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ import pytest
 from graphrun.eventstore.events import NodeCompleted, NodeEntered, ScriptFinished, TimeoutFired
 from graphrun.eventstore.fold import apply, fold
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime.decider import Perform, decide
-from graphrun.runtime.loader import load_graph
-from graphrun.runtime.supervisor import Driver, RunOptions, drive, graph_of, start_run
+from graphrun.runtime.engine.decider import Perform, decide
+from graphrun.runtime.engine.driver import Driver, RunOptions, drive, graph_of, start_run
+from graphrun.runtime.graph.loader import load_graph
 
 SLEEPER = {
     "scripts/sleep.sh": """

@@ -389,14 +389,16 @@ def test_a_live_replay_against_a_changed_graph_keeps_the_recorded_values(
     run_id = graphrun.last_run()
     # A changed script is performed anew; the environment now gives another mode.
     changed = vars_agent(tmp_path / "changed", GRAPH.replace("name: vars", "name: changed"))
-    (changed / "show.py").write_text(SHOW_VARS + "# changed\n", encoding="utf-8")
+    (changed / "show.py").write_text(
+        SHOW_VARS.replace('"in_state"', '"changed": True, "in_state"'), encoding="utf-8"
+    )
     listed = [{"name": "mode", "description": "Run mode", "default": "env"}]
 
     live = graphrun(
         "replay", run_id, "--graph", str(changed), "--live", CHANGED_VARIABLES=json.dumps(listed)
     )
 
-    assert live.code == 1, live.stderr  # the script changed: the replay says it diverged
+    assert live.code == 1, live.stderr  # the script prints something else: diverged
     assert "performed 1 (show#1 (script changed))" in live.stderr
     new_runs = [r["run_id"] for r in started(graphrun) if r["run_id"] != run_id]
     assert scripts(graphrun, new_runs[0])[0]["seen"]["MODE"] == "recorded"

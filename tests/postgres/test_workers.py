@@ -180,7 +180,7 @@ def submit_many(ctx: dict[str, Any], agent: Path, jobs: list[str]) -> dict[str, 
     """Queue runs through the function ``graphrun submit`` calls (a process per
     run would only measure Python start-up); returns job -> run id."""
     from graphrun.runtime.agents import load_agent
-    from graphrun.runtime.workers import submit_run
+    from graphrun.runtime.engine.workers import submit_run
 
     loaded = load_agent(agent, config_dir=None)
     with store_of(ctx) as store:

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from graphrun.cli import COMMANDS, cli
-from graphrun.runtime.schema import SCHEMA_FILE, generate
+from graphrun.runtime.graph.schema import SCHEMA_FILE, generate
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -36,8 +36,8 @@ def test_committed_schema_is_generated_from_the_structs() -> None:
 
 
 def test_examples_validate_against_the_shipped_schema() -> None:
-    from graphrun.runtime.loader import parse_yaml
-    from graphrun.runtime.schema import schema_errors
+    from graphrun.runtime.graph.loader import parse_yaml
+    from graphrun.runtime.graph.schema import schema_errors
 
     for graph in sorted((ROOT / "examples").glob("*/graph.yaml")):
         data, _lines, _problems = parse_yaml(graph.read_text(encoding="utf-8"), str(graph))
@@ -45,7 +45,7 @@ def test_examples_validate_against_the_shipped_schema() -> None:
 
 
 def test_schema_rejects_what_the_loader_rejects() -> None:
-    from graphrun.runtime.schema import schema_errors
+    from graphrun.runtime.graph.schema import schema_errors
 
     bad = {
         "name": "x",

@@ -29,9 +29,16 @@ from graphrun.eventstore.events import (
     VisitCapExceeded,
 )
 from graphrun.eventstore.fold import RunState, apply, fold
-from graphrun.runtime.decider import Append, Finished, Perform, decide, match_choice, state_json
-from graphrun.runtime.graph import Graph
-from graphrun.runtime.loader import load_text
+from graphrun.runtime.engine.decider import (
+    Append,
+    Finished,
+    Perform,
+    decide,
+    match_choice,
+    state_json,
+)
+from graphrun.runtime.graph.loader import load_text
+from graphrun.runtime.graph.model import Graph
 
 Effect = Callable[[Perform, RunState], list[Any]]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from graphrun.runtime.errors import GraphLoadError, GraphValidationError
-from graphrun.runtime.graph import EndNode, ScriptNode
-from graphrun.runtime.loader import find_graph_file, load_graph, load_text, parse_yaml
+from graphrun.runtime.graph.loader import find_graph_file, load_graph, load_text, parse_yaml
+from graphrun.runtime.graph.model import EndNode, ScriptNode
 
 
 def load(text: str):  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from graphrun.runtime.errors import GraphError, GraphLoadError, GraphValidationError
-from graphrun.runtime.loader import MAX_DEPTH, MAX_GRAPH_BYTES, load_text
+from graphrun.runtime.graph.loader import MAX_DEPTH, MAX_GRAPH_BYTES, load_text
 
 HEAD = """\
 name: g

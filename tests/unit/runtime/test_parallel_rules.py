@@ -5,8 +5,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from graphrun.runtime.loader import load_text
-from graphrun.runtime.validate import Check, validate
+from graphrun.runtime.graph.loader import load_text
+from graphrun.runtime.graph.validate import Check, validate
 
 
 def check(tmp_path: Path, text: str) -> list[str]:

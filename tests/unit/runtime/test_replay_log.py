@@ -20,8 +20,8 @@ from graphrun.eventstore.events import (
     RunResumed,
     RunStarted,
 )
-from graphrun.runtime.loader import load_text
-from graphrun.runtime.replay import Replayer, ReplayError, replay_events
+from graphrun.runtime.graph.loader import load_text
+from graphrun.runtime.replay.divergence import ReplayError, replay_events
 
 GRAPH = """
 version: "1.0"
@@ -135,4 +135,4 @@ def test_a_log_that_continues_after_the_end_diverges() -> None:
 
 def test_a_log_without_run_started_is_an_error() -> None:
     with pytest.raises(ReplayError):
-        Replayer(recorded_log()[1:], load_text(GRAPH, path=Path("graph.yaml")).graph).run()
+        replay_events(recorded_log()[1:], load_text(GRAPH, path=Path("graph.yaml")))

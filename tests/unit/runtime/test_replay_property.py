@@ -16,10 +16,10 @@ from graphrun.eventstore import codec
 from graphrun.eventstore.events import DECISION_TYPES
 from graphrun.eventstore.fold import fold
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime.loader import load_graph
-from graphrun.runtime.replay import replay_events
-from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
-from graphrun.runtime.transfer import import_runs, write_export
+from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
+from graphrun.runtime.graph.loader import load_graph
+from graphrun.runtime.replay.divergence import replay_events
+from graphrun.runtime.replay.transfer import import_runs, write_export
 
 values = st.one_of(
     st.integers(-1000, 1000),

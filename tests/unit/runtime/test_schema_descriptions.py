@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphrun.runtime.schema import generate, schema_errors
+from graphrun.runtime.graph.schema import generate, schema_errors
 
 
 def _undescribed(node: Any, path: str = "$") -> list[str]:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphrun.runtime.errors import TemplateError
-from graphrun.runtime.templates import (
+from graphrun.runtime.graph.templates import (
     expressions,
     lookup,
     parse_path,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from graphrun.runtime.errors import GraphValidationError
-from graphrun.runtime.loader import load_text
-from graphrun.runtime.validate import Check, validate
+from graphrun.runtime.graph.loader import load_text
+from graphrun.runtime.graph.validate import Check, validate
 
 
 def check(tmp_path: Path, graph: str, files: dict[str, str] | None = None) -> list[str]:
@@ -466,7 +466,7 @@ def test_agent_node_must_name_an_existing_agent(tmp_path: Path) -> None:
 
 
 def test_validation_error_names_the_first_error_and_counts_the_rest(tmp_path: Path) -> None:
-    from graphrun.runtime.supervisor import check_graph
+    from graphrun.runtime.engine.driver import check_graph
 
     loaded = load_text(
         'name: g\nversion: "1.0"\nstart: x\nnodes:\n  a: {type: end}\n  b: {type: end, next: q}\n',

@@ -20,8 +20,8 @@ GRAPH = ROOT / "examples" / "ticket-triage" / "graph.yaml"
 SCRIPT = f"""
 import threading
 from pathlib import Path
-from graphrun.runtime.loader import load_text
-from graphrun.runtime.workers import prepare_graph_types
+from graphrun.runtime.graph.loader import load_text
+from graphrun.runtime.engine.workers import prepare_graph_types
 
 prepare_graph_types()
 source = Path({str(GRAPH)!r}).read_text()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphrun.runtime.errors import UsageError
-from graphrun.runtime.loader import LoadedGraph
+from graphrun.runtime.graph.loader import LoadedGraph
 
 __all__ = [
     "Declared",
@@ -212,7 +212,7 @@ def for_run(options: Any, store: Any, run_id: str) -> Any:
     the declared defaults)."""
     import copy
 
-    from graphrun.runtime.supervisor import recorded_config
+    from graphrun.runtime.engine.driver import recorded_config
 
     values = recorded_config(store, run_id).get("variables")
     out = copy.copy(options)

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from graphrun.eventstore.events import RetrievalDone
 from graphrun.runtime.errors import GraphrunError
-from graphrun.runtime.graph import RagNode
-from graphrun.runtime.loader import LoadedGraph
+from graphrun.runtime.graph.loader import LoadedGraph
+from graphrun.runtime.graph.model import RagNode
 
 if TYPE_CHECKING:
-    from graphrun.runtime.supervisor import Driver
+    from graphrun.runtime.engine.ports import RunPorts
 
 
 def rag_defaults(config_dir: Path | None) -> dict[str, Any]:
@@ -88,10 +88,10 @@ class RagActor:
 
     node_type = "rag"
 
-    def __init__(self, driver: Driver) -> None:
-        self.agent_dir = driver.agent_dir
-        self.config_dir = driver.options.config_dir
-        self.cache: dict[str, Any] = dict(driver.options.extra.get("knowledge_bases", {}))
+    def __init__(self, ports: RunPorts) -> None:
+        self.agent_dir = ports.agent_dir
+        self.config_dir = ports.options.config_dir
+        self.cache: dict[str, Any] = dict(ports.options.extra.get("knowledge_bases", {}))
 
     def _kb(self, node_id: str, config: dict[str, Any]) -> Any:
         kb = self.cache.get(node_id)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphrun.runtime.graph import (
+from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph
+from graphrun.runtime.graph.model import (
     AgentNode,
     ApprovalNode,
     EndNode,
@@ -24,7 +25,6 @@ from graphrun.runtime.graph import (
     ScriptNode,
     static_edges,
 )
-from graphrun.runtime.loader import Diagnostic, LoadedGraph
 
 SCRIPT_RUNTIMES = {".sh": ["bash"], ".py": ["python3"], ".ts": ["npx", "tsx"]}
 
@@ -63,7 +63,7 @@ class Check:
 
 
 def _npath(node_id: str, *fields: str) -> str:
-    from graphrun.runtime.loader import _child
+    from graphrun.runtime.graph.loader import _child
 
     path = _child("$.nodes", node_id)
     for f in fields:
@@ -351,7 +351,7 @@ def templates_terminated(c: Check) -> list[Diagnostic]:
     """Every ``{{`` in a node's text is closed by ``}}``."""
     import msgspec
 
-    from graphrun.runtime.templates import unterminated
+    from graphrun.runtime.graph.templates import unterminated
 
     out = []
 
@@ -374,7 +374,7 @@ def templates_terminated(c: Check) -> list[Diagnostic]:
             for i, item in enumerate(value):
                 walk(nid, f"{path}[{i}]", item)
         elif isinstance(value, dict):
-            from graphrun.runtime.loader import _child
+            from graphrun.runtime.graph.loader import _child
 
             for key, item in value.items():
                 walk(nid, _child(path, key), item)
@@ -570,7 +570,7 @@ def _did_you_mean(name: str, choices: list[str]) -> str | None:
 
 def validate(check: Check) -> list[Diagnostic]:
     """Run every rule; errors first, each group in file order."""
-    from graphrun.runtime import effect_rules, parallel_rules  # noqa: F401  (register rules)
+    from graphrun.runtime.graph import effect_rules, parallel_rules  # noqa: F401  (register rules)
 
     found: list[Diagnostic] = list(check.loaded.warnings)
     for fn in RULES:
@@ -613,7 +613,7 @@ def _sorted(found: list[Diagnostic]) -> list[Diagnostic]:
 def _salvaged(
     target: Path, first: list[Diagnostic], agents_dir: Path | None, config_dir: Path | None
 ) -> list[Diagnostic]:
-    from graphrun.runtime.loader import LoadedGraph, find_graph_file, parse_yaml, structure
+    from graphrun.runtime.graph.loader import LoadedGraph, find_graph_file, parse_yaml, structure
 
     try:
         path = find_graph_file(target)

@@ -2,7 +2,7 @@
 
 Structural problems (malformed YAML, a duplicate key, an unknown field, a wrong
 type, an unknown node type) are collected as :class:`Diagnostic` s pointing at
-``file:line ($.path)``; semantic rules live in :mod:`graphrun.runtime.validate`.
+``file:line ($.path)``; semantic rules live in :mod:`graphrun.runtime.graph.validate`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import msgspec
 import yaml
 
 from graphrun.runtime.errors import GraphLoadError
-from graphrun.runtime.graph import NODE_TYPES, Graph, NodeBase
+from graphrun.runtime.graph.model import NODE_TYPES, Graph, NodeBase
 
 try:  # the C loader is ~10x faster and still gives marks
     _BaseLoader: Any = yaml.CSafeLoader
@@ -479,7 +479,7 @@ def structure(data: Any, lines: dict[str, int], file: str) -> tuple[Graph | None
         )
     settings = data.get("settings")
     if isinstance(settings, dict):
-        from graphrun.runtime.graph import Settings
+        from graphrun.runtime.graph.model import Settings
 
         settings_problems = _check_fields(
             settings, Settings, "$.settings", lines, file, None, "settings"

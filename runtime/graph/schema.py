@@ -12,7 +12,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-SCHEMA_FILE = Path(__file__).with_name("graph.schema.json")
+# Kept at runtime/graph.schema.json: the examples' editor hints point there.
+SCHEMA_FILE = Path(__file__).parents[1] / "graph.schema.json"
 
 
 def _close_objects(node: Any) -> None:
@@ -218,7 +219,7 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
 
 def _describe(defs: dict[str, Any]) -> None:
     """Put the descriptions of :data:`_DESCRIPTIONS` into the schema's definitions."""
-    from graphrun.runtime.graph import NODE_TYPES
+    from graphrun.runtime.graph.model import NODE_TYPES
 
     node_defs = {cls.__name__ for cls in NODE_TYPES.values()}
     for name, definition in defs.items():
@@ -235,7 +236,7 @@ def _describe(defs: dict[str, Any]) -> None:
 def generate() -> dict[str, Any]:
     import msgspec
 
-    from graphrun.runtime.graph import NODE_TYPES, Graph
+    from graphrun.runtime.graph.model import NODE_TYPES, Graph
 
     schema = msgspec.json.schema(Graph)
     _close_objects(schema)

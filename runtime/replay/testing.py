@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from graphrun.eventstore.events import Event, RunStarted
-from graphrun.runtime.replay import ReplayResult, replay_events
+from graphrun.runtime.errors import GraphrunError
+from graphrun.runtime.replay.divergence import ReplayResult, replay_events
 
 #: The file name ending that marks a recorded run (collected from directories).
 SUFFIX = ".run.jsonl"
@@ -59,11 +60,11 @@ class CaseResult:
         if self.error:
             return self.error
         if self.result is not None and self.result.divergence is not None:
-            return self.result.divergence.format()
+            return self.result.describe()
         return ""
 
 
-class MissingAgentDir(Exception):
+class MissingAgentDir(GraphrunError):
     """The agent directory an export file names does not exist."""
 
 
@@ -98,7 +99,7 @@ class _Graphs:
     def load(self, agent_dir: Path) -> Any:
         """A graph agent's graph.yaml, or the graph an LLM-loop agent runs as."""
         from graphrun.runtime.agents import load_agent
-        from graphrun.runtime.config import config_dir
+        from graphrun.runtime.graph.config import config_dir
 
         found = self._cache.get(agent_dir)
         if found is None:
@@ -106,10 +107,12 @@ class _Graphs:
         return found
 
 
-def replay_file(file: Path, *, graphs: _Graphs | None = None) -> list[CaseResult]:
+def replay_file(
+    file: Path, *, graphs: _Graphs | None = None, rerun_retrieval: bool = False
+) -> list[CaseResult]:
     """Replay every run in one export file against the current graphs and scripts."""
     from graphrun.runtime.errors import GraphrunError
-    from graphrun.runtime.transfer import read_export, read_header
+    from graphrun.runtime.replay.transfer import read_export, read_header
 
     graphs = graphs or _Graphs()
     try:
@@ -141,7 +144,11 @@ def replay_file(file: Path, *, graphs: _Graphs | None = None) -> list[CaseResult
                 case.note = "agent directory not found: replayed against the recorded graph"
             sources = (header.get("sources") or {}).get(run_id)
             case.result = replay_events(
-                events, loaded, check_files=loaded is not None, sources=sources
+                events,
+                loaded,
+                check_files=loaded is not None,
+                sources=sources,
+                rerun_retrieval=rerun_retrieval,
             )
         except GraphrunError as exc:
             case.error = str(exc)
@@ -184,7 +191,9 @@ def case_line(case: CaseResult) -> str:
     return f"FAIL {label}: {case.why()}"
 
 
-def run_suite(paths: list[str], *, quiet: bool = False, as_json: bool = False) -> int:
+def run_suite(
+    paths: list[str], *, quiet: bool = False, as_json: bool = False, rerun_retrieval: bool = False
+) -> int:
     """``graphrun test``: one line per run, then ``N passed, M failed``.
 
     Returns the exit code: 0 all passed, 1 any failed, 2 nothing to test.
@@ -200,7 +209,7 @@ def run_suite(paths: list[str], *, quiet: bool = False, as_json: bool = False) -
         # A transient bar on a terminal's stderr, one step per file; nothing when piped.
         with progress_bar("graphrun test", len(files)) as advance:
             for file in files:
-                yield from replay_file(file, graphs=graphs)
+                yield from replay_file(file, graphs=graphs, rerun_retrieval=rerun_retrieval)
                 advance(1)
 
     for case in cases():
@@ -251,7 +260,7 @@ def file_stem(path: Path) -> str:
 
 def top_level_graphs(path: Path) -> list[tuple[str, str]]:
     """``(run id, graph name)`` of each top-level run of an export file, in file order."""
-    from graphrun.runtime.transfer import read_export
+    from graphrun.runtime.replay.transfer import read_export
 
     runs = read_export(path)
     out = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphrun.runtime.graph import LlmNode
-from graphrun.runtime.loader import LoadedGraph
+from graphrun.runtime.graph.loader import LoadedGraph
+from graphrun.runtime.graph.model import LlmNode
 
 
 def preflight(loaded: LoadedGraph, options: Any) -> None:
@@ -44,7 +44,7 @@ def check_answers(loaded: LoadedGraph, answers: dict[str, list[str]]) -> None:
     Graphs with agent nodes are not checked: an answer may be for a child run's node.
     """
     from graphrun.runtime.errors import UsageError
-    from graphrun.runtime.graph import AgentNode, ApprovalNode, InputNode
+    from graphrun.runtime.graph.model import AgentNode, ApprovalNode, InputNode
 
     nodes = loaded.graph.nodes
     if any(isinstance(n, AgentNode) for n in nodes.values()):

@@ -10,6 +10,7 @@ through the key's declared reducer; a key with no reducer may have one writer on
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from graphrun.runtime.errors import GraphrunError
@@ -117,7 +118,7 @@ def reduce(name: str, current: Any, incoming: Any) -> Any:
 
 
 def merge_writes(
-    live: dict[str, Any], writes: dict[str, dict[str, Any]], reducers: dict[str, str]
+    live: dict[str, Any], writes: dict[str, dict[str, Any]], reducers: Mapping[str, str]
 ) -> dict[str, Any]:
     """The state keys a set of branch writes sets: ``{key: final value}``.
 

@@ -11,16 +11,16 @@ the effect is performed for real and recorded in the new run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from graphrun.eventstore.events import Event, RunStarted
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime import decider
-from graphrun.runtime.loader import LoadedGraph
-from graphrun.runtime.replay import check_request, recorded_requests
+from graphrun.runtime.engine import decider
+from graphrun.runtime.graph.loader import LoadedGraph
+from graphrun.runtime.replay.divergence import check_request, recorded_requests
+from graphrun.runtime.replay.sources import Served
 
 
 @dataclass
@@ -40,8 +40,9 @@ class RecordedEffects:
         """Index a recorded run's effects by the requests its own graph made."""
         return cls(recorded_requests(events))
 
-    def take(self, step: decider.Perform, visit: int, agent_dir: Path | None) -> list[Event] | None:
+    def take(self, step: decider.Perform, visit: int, ctx: Any) -> Served | None:
         """The recorded events answering ``step``, or None to perform it for real."""
+        agent_dir = ctx.agent_dir
         branch = getattr(step, "branch", "")
         label = f"{step.node_id}#{visit}" + (f"@{branch}" if branch else "")
         found = self.requests.get((step.node_id, visit, branch))
@@ -56,7 +57,7 @@ class RecordedEffects:
             self.performed.append(f"{label} (script changed)")
             return None
         self.reused.append(label)
-        return [msgspec.structs.replace(e, run_id="", seq=0, ts=0.0) for e in outcome]
+        return Served([msgspec.structs.replace(e, run_id="", seq=0, ts=0.0) for e in outcome])
 
 
 @dataclass(frozen=True)
@@ -69,14 +70,24 @@ class LiveOutcome:
     error: str | None
     reused: list[str]
     performed: list[str]
+    waiting_at: str | None = None  # the node the new run waits at, if it waits
 
 
 def rerun_live(
-    store: SqliteStore, run_id: str, loaded: LoadedGraph, *, options: Any = None
+    store: SqliteStore,
+    run_id: str,
+    loaded: LoadedGraph,
+    *,
+    options: Any = None,
+    preflight: bool = True,
 ) -> LiveOutcome:
-    """Run ``loaded`` anew with ``run_id``'s prompt and state, reusing matching effects."""
+    """Run ``loaded`` anew with ``run_id``'s prompt and state, reusing matching effects.
+
+    ``preflight``: check the configuration first (models, keys). Off for
+    ``test --update``, where an LLM call is made only if its request changed (a
+    missing key then fails that call, with its message)."""
     from graphrun.actors.human import is_interactive
-    from graphrun.runtime.supervisor import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
 
     events = store.read(run_id)
     first = events[0]
@@ -84,7 +95,7 @@ def rerun_live(
     # Only what the recorded run was seeded with beyond its graph's initial_state
     # (its --set values): the new graph's own initial_state applies as written.
     from graphrun.eventstore.fold import fold
-    from graphrun.runtime.supervisor import graph_of
+    from graphrun.runtime.engine.driver import graph_of
 
     seeded = graph_of(fold(events[:1])).graph.initial_state
     overrides = {
@@ -93,7 +104,7 @@ def rerun_live(
         if k != "initial_prompt" and (k not in seeded or seeded[k] != v)
     }
     if options is None:
-        from graphrun.runtime.config import agents_dir, config_dir
+        from graphrun.runtime.graph.config import agents_dir, config_dir
         from graphrun.runtime.narrate import Narrator
 
         cfg = config_dir()
@@ -104,9 +115,10 @@ def rerun_live(
             agents_dir=agents_dir(config=cfg),
         )
     # Bad configuration (unknown model, missing key) fails before anything runs.
-    from graphrun.runtime.preflight import preflight
+    if preflight:
+        from graphrun.runtime.graph.preflight import preflight as check
 
-    preflight(loaded, options)
+        check(loaded, options)
     recorded = first.config.get("variables")
     if isinstance(recorded, dict):  # the agent variables the recorded run began with
         options.variables = dict(recorded)
@@ -128,6 +140,7 @@ def rerun_live(
         outcome.error,
         source.reused,
         source.performed,
+        outcome.waiting.node_id if outcome.waiting is not None else None,
     )
 
 

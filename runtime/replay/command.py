@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime.replay import ReplayResult, replay_events
-from graphrun.runtime.transfer import run_tree
+from graphrun.runtime.replay.divergence import ReplayResult, replay_events
+from graphrun.runtime.replay.transfer import run_tree
 
 
 def report(result: ReplayResult, label: str) -> str:
@@ -24,7 +24,7 @@ def report(result: ReplayResult, label: str) -> str:
             f"{result.effects} recorded effects reproduced; run {final}{note}"
         )
     assert result.divergence is not None
-    return f"DIVERGED: {label}: {result.divergence.format()}"
+    return f"DIVERGED: {label}: {result.describe()}"
 
 
 def result_dict(run_id: str, result: ReplayResult) -> dict[str, Any]:
@@ -38,6 +38,7 @@ def result_dict(run_id: str, result: ReplayResult) -> dict[str, Any]:
         "status": result.final.status if result.final else None,
         "notes": result.notes,
         "divergence": result.divergence.as_dict() if result.divergence else None,
+        "divergences": [d.as_dict() for d in result.divergences],
     }
 
 
@@ -49,6 +50,8 @@ def replay_command(
     live: bool,
     as_json: bool,
     db: str | None = None,
+    preflight: bool = True,
+    rerun_retrieval: bool = False,
 ) -> int:
     """Replay ``run_id`` and its child runs; 0 when all match, 1 on a divergence.
 
@@ -59,11 +62,13 @@ def replay_command(
     if live and not graph_path:
         from graphrun.runtime.errors import UsageError
 
-        raise UsageError("--live needs --graph (replaying a run's own graph never needs effects)")
+        raise UsageError(
+            "--live and --update need --graph (replaying a run's own graph never needs effects)"
+        )
     loaded = None
     if graph_path:
         from graphrun.runtime.agents import load_agent
-        from graphrun.runtime.config import config_dir
+        from graphrun.runtime.graph.config import config_dir
 
         loaded = load_agent(Path(graph_path), config_dir=config_dir())
     results = []
@@ -71,7 +76,7 @@ def replay_command(
         # A log that was tampered with is not replayed: its decisions prove nothing.
         problem = store.verify(rid)
         if problem is not None:
-            from graphrun.runtime.replay import Divergence
+            from graphrun.runtime.replay.divergence import Divergence
 
             broken = ReplayResult(rid, store.run(rid).last_seq)
             broken.divergence = Divergence(
@@ -85,16 +90,19 @@ def replay_command(
         events = store.read(rid)
         # Child runs are checked against their own recorded graphs.
         result = replay_events(
-            events, loaded if rid == run_id else None, check_files=bool(graph_path)
+            events,
+            loaded if rid == run_id else None,
+            check_files=bool(graph_path),
+            rerun_retrieval=rerun_retrieval,
         )
         results.append((rid, result))
     diverged = [(rid, r) for rid, r in results if not r.ok]
     live_data = None
     if live and diverged:
-        from graphrun.runtime.regression import rerun_live
+        from graphrun.runtime.replay.regression import rerun_live
 
         assert loaded is not None
-        outcome = rerun_live(store, run_id, loaded)
+        outcome = rerun_live(store, run_id, loaded, preflight=preflight)
         live_data = outcome.__dict__
         if not as_json:
             click.echo(

@@ -1,7 +1,7 @@
 """Actors for the node types whose effects need the run's configuration: llm, rag, agent.
 
 Each is a small class with ``perform(task, ctx)``; :func:`node_actor` builds it with
-what it needs from the driver (clients, the agent directory, recorded responses).
+what it needs from the run's ports (clients, the agent directory, recorded responses).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from graphrun.runtime.errors import GraphrunError
 
 if TYPE_CHECKING:
-    from graphrun.runtime.supervisor import Driver
+    from graphrun.runtime.engine.ports import RunPorts
 
 
 class LlmActor:
@@ -19,19 +19,19 @@ class LlmActor:
 
     node_type = "llm"
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, ports: RunPorts) -> None:
         from graphrun.actors.http import ClientFactory
         from graphrun.actors.llmconfig import load_llm_config
 
-        options = driver.options
+        options = ports.options
         config = load_llm_config(options.config_dir)
         if options.llm_replay is not None:
             self.clients = ClientFactory.replay(options.llm_replay, config)
         else:
             self.clients = ClientFactory(config)
-        self.graph = driver.graph
+        self.graph = ports.graph
         self.config_dir = options.config_dir
-        self.agent_dir = driver.agent_dir
+        self.agent_dir = ports.agent_dir
         self.variables = options.variables  # the run's, given to its tools
         self._toolboxes: dict[tuple[str, ...], Any] = {}
 
@@ -69,15 +69,15 @@ class LlmActor:
         return perform_llm(task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools))
 
 
-def node_actor(node_type: str, driver: Driver) -> tuple[type, tuple[Any, ...]]:
+def node_actor(node_type: str, ports: RunPorts) -> tuple[type, tuple[Any, ...]]:
     if node_type == "llm":
-        return LlmActor, (driver,)
+        return LlmActor, (ports,)
     if node_type == "rag":
-        from graphrun.runtime.rag_node import RagActor
+        from graphrun.runtime.nodes.rag import RagActor
 
-        return RagActor, (driver,)
+        return RagActor, (ports,)
     if node_type == "agent":
-        from graphrun.runtime.agent_node import AgentActor
+        from graphrun.runtime.nodes.agent import AgentActor
 
-        return AgentActor, (driver,)
+        return AgentActor, (ports,)
     raise GraphrunError(f"node type '{node_type}' has no actor")

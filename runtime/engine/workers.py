@@ -7,7 +7,7 @@ transaction (:meth:`PostgresStore.queue_on_start`). A :class:`Worker` runs
 1. claims the oldest queued run, or a running one whose worker is gone (its
    lease expired, or its process is dead on this host): ``FOR UPDATE SKIP
    LOCKED`` on the queue row, the lease taken in the same transaction;
-2. drives it with the same :class:`~graphrun.runtime.supervisor.Driver` that
+2. drives it with the same :class:`~graphrun.runtime.engine.driver.Driver` that
    ``graphrun run`` and ``resume`` use: a taken-over run continues from its log
    (an effect whose result was recorded is never performed again);
 3. hands it back: ``done`` when it ended, ``waiting`` when it waits for a
@@ -80,7 +80,7 @@ def submit_run(
     """Record a new run and queue it for workers; returns its id. ``config`` is
     recorded in its ``RunStarted`` (the variables it was submitted with)."""
     from graphrun.eventstore.ids import new_run_id
-    from graphrun.runtime.supervisor import start_run
+    from graphrun.runtime.engine.driver import start_run
 
     needs_queue(store)
     run_id = str(new_run_id())
@@ -104,7 +104,7 @@ def submit_run(
 
 
 def _options(settings: dict[str, Any]) -> Any:
-    from graphrun.runtime.supervisor import RunOptions
+    from graphrun.runtime.engine.driver import RunOptions
 
     def path(key: str) -> Path | None:
         value = settings.get(key)
@@ -122,8 +122,8 @@ def _options(settings: dict[str, Any]) -> Any:
 
 def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any:
     """Drive a claimed run to its end or to a wait; returns the outermost outcome."""
-    from graphrun.runtime.agent_node import resume_ancestors
-    from graphrun.runtime.supervisor import Driver, RunOutcome, drive, graph_of
+    from graphrun.runtime.engine.driver import Driver, RunOutcome, drive, graph_of
+    from graphrun.runtime.nodes.agent import resume_ancestors
 
     run_id = claim["run_id"]
     options = _options(claim.get("settings") or {})
@@ -133,12 +133,12 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any
         return RunOutcome(run_id, state.status, state.output, state.error)
     loaded = graph_of(fold(store.read(run_id)))
     if any(n.type == "rag" for n in loaded.graph.nodes.values()):
-        from graphrun.runtime.rag_node import prepare_knowledge_bases
+        from graphrun.runtime.nodes.rag import prepare_knowledge_bases
 
         options.extra["knowledge_bases"] = prepare_knowledge_bases(
             loaded, interactive=False, config_dir=options.config_dir
         )
-    from graphrun.runtime.variables import for_run
+    from graphrun.runtime.graph.variables import for_run
 
     options = for_run(options, store, target)  # the variables it was started with
     outcome = drive(Driver(store, target, options, resumed_by=worker_name))
@@ -157,7 +157,7 @@ def prepare_graph_types() -> None:
     graphs concurrently, so the worker prepares them before any slot starts."""
     import msgspec
 
-    from graphrun.runtime import graph
+    from graphrun.runtime.graph import model as graph
 
     for value in vars(graph).values():
         if isinstance(value, type) and issubclass(value, msgspec.Struct):

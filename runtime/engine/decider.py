@@ -43,8 +43,9 @@ from graphrun.eventstore.events import (
     VisitCapExceeded,
 )
 from graphrun.eventstore.fold import RunState, effect_output
+from graphrun.runtime.engine.reducers import ABSENT, ReducerError, merge_writes, reduce, writes_of
 from graphrun.runtime.errors import GraphrunError, TemplateError
-from graphrun.runtime.graph import (
+from graphrun.runtime.graph.model import (
     AgentNode,
     ApprovalNode,
     EndNode,
@@ -57,8 +58,7 @@ from graphrun.runtime.graph import (
     ScriptNode,
     next_targets,
 )
-from graphrun.runtime.reducers import ABSENT, ReducerError, merge_writes, reduce, writes_of
-from graphrun.runtime.templates import _MISSING, lookup, render, render_updates
+from graphrun.runtime.graph.templates import _MISSING, lookup, render, render_updates
 
 #: The state key that holds the last tolerated failure (script/llm routed on).
 ERROR_KEY = "_error"
@@ -191,6 +191,7 @@ def _reduce_sequential(graph: Graph, state: RunState, step: Append) -> Append:
 def _enter(graph: Graph, state: RunState) -> Step:
     if state.last_node is not None and len(state.targets) > 1:
         return _enter_step(graph, state)
+    target: str | None
     if state.last_node is None:
         target = graph.start
         if target not in graph.nodes:
@@ -326,7 +327,7 @@ def _merge_step(graph: Graph, state: RunState, outcomes: dict[str, tuple[Event, 
     snapshot = state.state
     events: list[Event] = []
     failures: list[tuple[str, NodeFailed]] = []
-    ends: list[tuple[str, NodeCompleted, Event]] = []
+    ends: list[tuple[str, NodeCompleted, RunCompleted | RunFailed]] = []
     writes: dict[str, dict[str, Any]] = {}
     targets: set[str] = set()
     for bid in sorted(outcomes):
@@ -372,14 +373,14 @@ def _merge_step(graph: Graph, state: RunState, outcomes: dict[str, tuple[Event, 
     try:
         merged = merge_writes(snapshot, branch_writes, graph.reducers)
         if ends:
-            bid, done, final = ends[0]
+            bid = ends[0][0]
             live = {**snapshot, **merged}
             merged.update(merge_writes(live, {bid: writes[f"\x00end:{bid}"]}, graph.reducers))
             branch_writes[bid] = writes[f"\x00end:{bid}"]
     except ReducerError as exc:
         events.append(RunFailed(error=str(exc)))
         return Append(tuple(events))
-    used = {k: graph.reducers[k] for k in merged if k in graph.reducers}
+    used: dict[str, str] = {k: graph.reducers[k] for k in merged if k in graph.reducers}
     events.append(
         BranchesMerged(
             step=step_no,

@@ -26,7 +26,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,9 +57,11 @@ from graphrun.eventstore.events import (
 from graphrun.eventstore.fold import RunState, apply, fold
 from graphrun.eventstore.ids import Clock, new_run_id
 from graphrun.eventstore.store import SqliteStore
-from graphrun.runtime import decider
+from graphrun.runtime.engine import decider
+from graphrun.runtime.engine.ports import ChildRuns, RunPorts
 from graphrun.runtime.errors import GraphValidationError, WaitingForHuman
-from graphrun.runtime.loader import Diagnostic, LoadedGraph, load_text
+from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph, load_text
+from graphrun.runtime.graph.model import Graph
 
 _replace = msgspec.structs.replace
 log = logging.getLogger("graphrun.run")
@@ -86,7 +88,7 @@ class RunOptions:
     effect_source: Any = None
     # The agent variables the run was started with (None: not resolved here).
     variables: dict[str, str] | None = None
-    # Node types -> actor factories, filled in by graphrun.runtime.effects.
+    # Node types -> actor factories, filled in by graphrun.runtime.engine.effects.
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -134,16 +136,26 @@ class _Context:
         # The effect events this visit already has in the log (a resumed tool loop
         # serves its recorded turns and tool results instead of repeating them).
         self.prior = prior
-        self.driver = driver
+        self._driver = driver
         self.recorded = 0
 
     def record(self, *events: Event) -> None:
         self.recorded += len(events)
-        self.driver.record_effects(events, self.branch)
+        self._driver.record_effects(events, self.branch)
 
     def checkpoint(self) -> None:
         """Make what this effect recorded durable before it acts again."""
-        self.driver.checkpoint(self.branch)
+        self._driver.checkpoint(self.branch)
+
+    def state(self) -> RunState:
+        """The run's working state as the effect starts (an effect source compares
+        the request the decider makes now with the recorded one against it)."""
+        return self._driver.state
+
+    def absorb(self) -> None:
+        """Queue what was recorded so far for the next commit, now (a recording
+        that ends inside this effect: what it holds is kept)."""
+        self._driver.absorb_effects()
 
 
 def graph_of(state: RunState) -> LoadedGraph:
@@ -178,7 +190,7 @@ def check_graph(
     loaded: LoadedGraph, *, agents_dir: Path | None, config_dir: Path | None, deep: bool = True
 ) -> list[Diagnostic]:
     """Run the validator; raise on errors, return the warnings."""
-    from graphrun.runtime.validate import Check, validate
+    from graphrun.runtime.graph.validate import Check, validate
 
     found = validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir, deep=deep))
     errors = [d for d in found if d.severity == "error"]
@@ -242,7 +254,7 @@ def run_config(loaded: LoadedGraph, options: RunOptions) -> dict[str, Any]:
         config["variables"] = dict(options.variables)
     graph = loaded.graph
     models = {
-        node_id: node.model or graph.model or ""
+        node_id: getattr(node, "model", None) or graph.model or ""
         for node_id, node in graph.nodes.items()
         if node.type == "llm"
     }
@@ -274,6 +286,13 @@ def recorded_config(store: SqliteStore, run_id: str) -> dict[str, Any]:
 class Driver:
     """Drives one run to its end, to a wait for a person, or to cancellation."""
 
+    # Set when driving starts (from the log): the committed state, the working state
+    # (committed + buffered events), the run's graph and its agent directory.
+    durable: RunState
+    state: RunState
+    graph: Graph
+    agent_dir: Path
+
     def __init__(
         self,
         store: SqliteStore,
@@ -299,9 +318,8 @@ class Driver:
         self._actors: dict[str, Any] = {}
         self._effects_by_type: dict[str, Any] = {}
         self._tmp_dir: Path | None = None
-        # Child runs started by this driver's agent nodes: child run id -> its cancel token.
-        self.child_tokens: dict[str, CancelToken] = {}
-        self.child_drivers: dict[str, Driver] = {}
+        # Child runs started by this run's agent nodes (their tokens and drivers).
+        self.children = ChildRuns(interrupted=lambda: self.interrupted)
         # Set by interrupt(): (signal name, reason); the run stops resumable.
         self.interrupted: tuple[str, str] | None = None
         # The cancel tokens of effects in flight (a super-step runs several at once).
@@ -317,7 +335,7 @@ class Driver:
 
     # -- buffering ----------------------------------------------------------------
 
-    def _stamp(self, events: tuple[Event, ...] | list[Event]) -> list[Event]:
+    def _stamp(self, events: Sequence[Event]) -> list[Event]:
         """The events with their envelope (run id, next seqs, time); under the lock.
 
         Stamping here, not in the store, lets the working state be folded from
@@ -458,6 +476,19 @@ class Driver:
                 shutil.rmtree(self._tmp_dir, ignore_errors=True)
 
     @property
+    def ports(self) -> RunPorts:
+        """What this run's effects get (made when driving starts)."""
+        return RunPorts(
+            run_id=self.run_id,
+            graph=self.graph,
+            agent_dir=self.agent_dir,
+            options=self.options,
+            store=self.store,
+            scratch=lambda: self.tmp_dir,
+            children=self.children,
+        )
+
+    @property
     def tmp_dir(self) -> Path:
         """The run's scratch directory (large script states), made on first use."""
         if self._tmp_dir is None:
@@ -494,6 +525,8 @@ class Driver:
             self.options.listener(events, self.durable)
         timeout = self.graph.settings.timeout
         deadline = self.clock.monotonic() + timeout if timeout else None
+        # A recorded source stops the loop where its log stops (``LogEnds``).
+        before_decide = getattr(self.options.effect_source, "before_decide", None)
         while True:
             # A policy that ended the run mid-effect (a timeout) must not fire again.
             if self.state.terminal:
@@ -507,6 +540,8 @@ class Driver:
             if deadline is not None and self.clock.monotonic() > deadline:
                 self._timeout(timeout, None)
                 break
+            if before_decide is not None:
+                before_decide(self.state)
             step = decider.decide(self.graph, self.state)
             if isinstance(step, decider.Finished):
                 break
@@ -554,12 +589,12 @@ class Driver:
         is recorded. Callable from any thread or a signal handler."""
         if self.interrupted is None:
             self.interrupted = (signal_name, reason)
-        for child in list(self.child_drivers.values()):
+        for child in list(self.children.drivers.values()):
             child.interrupt(signal_name, reason)
         for token in list(self._tokens):
             token.cancel(reason)
         self.node_cancel.cancel(reason)
-        for token in list(self.child_tokens.values()):
+        for token in list(self.children.tokens.values()):
             token.cancel(reason)
 
     def _only_resumed(self) -> bool:
@@ -573,11 +608,11 @@ class Driver:
             if status != "running":
                 continue
             reason = f"parent run {self.run_id} ended ({self.state.status})"
-            token = self.child_tokens.get(child)
+            token = self.children.tokens.get(child)
             if token is not None:
                 token.cancel(reason)
             else:
-                from graphrun.runtime.lifecycle import cancel_run
+                from graphrun.runtime.engine.lifecycle import cancel_run
 
                 with contextlib.suppress(GraphrunError):
                     if not fold(self.store.read(child)).terminal:
@@ -597,10 +632,18 @@ class Driver:
         ctx = _Context(self, node_id, visit, cancel=self.node_cancel, prior=self.state.effects)
         source = self.options.effect_source
         if source is not None:
-            recorded = source.take(step, visit, self.agent_dir)
-            if recorded is not None:
-                self.record_effects(recorded)
+            # A recorded outcome (replay, regression) instead of the effect; the log
+            # ending here (``LogEnds``) stops the loop.
+            try:
+                served = source.take(step, visit, ctx)
+            except WaitingForHuman:  # the recording waits for a person here
                 self.absorb_effects()
+                return self.state.waiting
+            if served is not None:
+                self.record_effects(served.events)
+                self.absorb_effects()
+                if served.error is not None:
+                    self._effect_failed(node_id, visit, served.error)
                 return None
         try:
             effect = self._effect(step.node_type)
@@ -754,9 +797,14 @@ class Driver:
         )
         source = self.options.effect_source
         if source is not None:
-            recorded = source.take(task, task.visit, self.agent_dir)
-            if recorded is not None:
-                self.record_effects(recorded, task.branch)
+            try:
+                served = source.take(task, task.visit, ctx)
+            except WaitingForHuman as exc:
+                return "waiting", getattr(exc, "request", None)
+            if served is not None:
+                self.record_effects(served.events, task.branch)
+                if served.error is not None:
+                    return "failed", served.error
                 return "ok", None
         try:
             self._effect(task.node_type).perform(task.task, ctx)
@@ -854,9 +902,9 @@ class Driver:
             with self._effect_lock:
                 effect = self._effects_by_type.get(node_type)
                 if effect is None:
-                    from graphrun.runtime.effects import actor_class
+                    from graphrun.runtime.engine.effects import actor_class
 
-                    cls, args = actor_class(node_type, self)
+                    cls, args = actor_class(node_type, self.ports)
                     effect = self._effects_by_type[node_type] = cls(*args)
         return effect
 
@@ -908,7 +956,7 @@ def drive(driver: Driver) -> RunOutcome:
         future = ref.ask("drive", block=False)
         while True:
             try:
-                return future.get(timeout=0.2)  # type: ignore[no-any-return]
+                return future.get(timeout=0.2)
             except KeyboardInterrupt:
                 driver.interrupt("SIGINT", "interrupted (Ctrl-C)")
             except Exception as exc:

@@ -20,7 +20,7 @@ from graphrun.eventstore.ids import new_run_id
 from graphrun.runtime.errors import GraphrunError, WaitingForHuman
 
 if TYPE_CHECKING:
-    from graphrun.runtime.supervisor import Driver
+    from graphrun.runtime.engine.ports import RunPorts
 
 
 class ChildWaiting(WaitingForHuman):
@@ -36,24 +36,23 @@ class AgentActor:
 
     node_type = "agent"
 
-    def __init__(self, driver: Driver) -> None:
-        self.driver = driver
+    def __init__(self, ports: RunPorts) -> None:
+        self.ports = ports
 
     def perform(self, task: Any, ctx: Any) -> None:
         from graphrun.runtime.agents import load_agent, resolve_agent_dir
-        from graphrun.runtime.supervisor import Driver, check_graph, drive, graph_of, start_run
-        from graphrun.runtime.variables import for_run, with_variables
-        from graphrun.runtime.variables import resolve as resolve_variables
+        from graphrun.runtime.engine.driver import Driver, check_graph, drive, graph_of, start_run
+        from graphrun.runtime.graph.variables import for_run, with_variables
+        from graphrun.runtime.graph.variables import resolve as resolve_variables
 
-        parent = self.driver
+        parent = self.ports
         store = parent.store
         options = parent.options
         started = time.monotonic()
-        prior = getattr(ctx, "prior", None)
         existing = next(
             (
                 e
-                for e in reversed(prior if prior is not None else parent.state.effects)
+                for e in reversed(ctx.prior)
                 if isinstance(e, ChildRunStarted) and e.visit == task.visit
             ),
             None,
@@ -99,14 +98,11 @@ class AgentActor:
                 config={"variables": variables},
             )
         token = CancelToken()
-        parent.child_tokens[child_id] = token
         unhook = ctx.cancel.on_cancel(lambda: token.cancel(ctx.cancel.reason or "cancelled"))
         # The child's own variables, as recorded when it began (never the parent's).
         child_options = for_run(_child_options(options, knowledge), store, child_id)
         child = Driver(store, child_id, child_options, cancel=token)
-        parent.child_drivers[child_id] = child
-        if parent.interrupted is not None:
-            child.interrupt(*parent.interrupted)
+        parent.children.attach(child_id, token, child)
         timer_reason = f"agent node '{task.node_id}' timed out after {task.timeout:g}s"
         import threading
 
@@ -118,8 +114,7 @@ class AgentActor:
         finally:
             timer.cancel()
             unhook()
-            parent.child_tokens.pop(child_id, None)
-            parent.child_drivers.pop(child_id, None)
+            parent.children.detach(child_id)
         duration = round((time.monotonic() - started) * 1000, 3)
         if outcome.status == "waiting":
             raise ChildWaiting(
@@ -165,14 +160,14 @@ class AgentActor:
         from graphrun.actors.llm import extract_structured
         from graphrun.actors.llmconfig import load_llm_config
 
-        options = self.driver.options
+        options = self.ports.options
         config = load_llm_config(options.config_dir)
         if options.llm_replay is not None:
             factory = ClientFactory.replay(options.llm_replay, config)
         else:
             factory = ClientFactory(config)
         # The extractor uses the child's model when the child ran an LLM, else the graph's.
-        model = _child_model(self.driver, child_id) or self.driver.graph.model or ""
+        model = _child_model(self.ports.store, child_id) or self.ports.graph.model or ""
         if not model:
             raise GraphrunError(
                 f"agent node '{task.node_id}': output_schema needs a model for extraction",
@@ -196,16 +191,16 @@ def _knowledge(loaded: Any, options: Any) -> dict[str, Any] | None:
     """The child's knowledge bases, when it has rag nodes (built once, never silently)."""
     if not any(n.type == "rag" for n in loaded.graph.nodes.values()):
         return None
-    from graphrun.runtime.rag_node import prepare_knowledge_bases
+    from graphrun.runtime.nodes.rag import prepare_knowledge_bases
 
     return prepare_knowledge_bases(loaded, interactive=False, config_dir=options.config_dir)
 
 
-def _child_model(driver: Driver, child_id: str) -> str | None:
-    from graphrun.runtime.supervisor import graph_of
+def _child_model(store: Any, child_id: str) -> str | None:
+    from graphrun.runtime.engine.driver import graph_of
 
     try:
-        graph = graph_of(fold(driver.store.read(child_id, upto=1))).graph
+        graph = graph_of(fold(store.read(child_id, upto=1))).graph
     except GraphrunError:
         return None
     return graph.model
@@ -241,7 +236,7 @@ class _Indented:
 def resume_ancestors(store: Any, run_id: str, options: Any, outcome: Any) -> Any:
     """After a child run ends (e.g. once a person answered it), continue the parents
     that were waiting on it; returns the outermost outcome."""
-    from graphrun.runtime.supervisor import Driver, drive
+    from graphrun.runtime.engine.driver import Driver, drive
 
     current = outcome
     row = store.run(run_id)
@@ -249,7 +244,7 @@ def resume_ancestors(store: Any, run_id: str, options: Any, outcome: Any) -> Any
         parent_id = row.parent_run_id
         if fold(store.read(parent_id)).terminal:
             break
-        from graphrun.runtime.variables import for_run
+        from graphrun.runtime.graph.variables import for_run
 
         current = drive(Driver(store, parent_id, for_run(options, store, parent_id)))
         row = store.run(parent_id)

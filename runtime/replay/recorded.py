@@ -13,7 +13,7 @@ def load_llm_calls(source: str, store: Any) -> list[LlmCalled]:
     including those of its child runs."""
     path = Path(source)
     if path.exists():
-        from graphrun.runtime.transfer import read_export
+        from graphrun.runtime.replay.transfer import read_export
 
         runs = read_export(path)
         events = [e for run in runs.values() for e in run]

@@ -3,7 +3,7 @@
 A *parallel group* is the entries of one node's ``next`` list when it has two or
 more. Only immediate successors count (no transitive analysis), as in Loki; the
 runtime single-writer rule catches what the validator cannot see. Registered with
-:func:`graphrun.runtime.validate.register_rule`.
+:func:`graphrun.runtime.graph.validate.register_rule`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from graphrun.runtime.graph import (
+from graphrun.runtime.graph.loader import Diagnostic
+from graphrun.runtime.graph.model import (
     AgentNode,
     ApprovalNode,
     EndNode,
@@ -23,9 +24,8 @@ from graphrun.runtime.graph import (
     ScriptNode,
     static_edges,
 )
-from graphrun.runtime.loader import Diagnostic
-from graphrun.runtime.templates import expressions
-from graphrun.runtime.validate import Check, _npath, register_rule
+from graphrun.runtime.graph.templates import expressions
+from graphrun.runtime.graph.validate import Check, _npath, register_rule
 
 _ROOT = re.compile(r"^([^.\[]+)")
 _LOKI_TOOLS = re.compile(r"\b(user|agent|todo|skill)__[a-z_]+\b")

@@ -2,7 +2,7 @@
 
 Unknown fields are errors (``forbid_unknown_fields``); nodes are one tagged union
 on ``type``. ``graph.schema.json`` is generated from these Structs
-(:mod:`graphrun.runtime.schema`) and a test keeps the committed copy in step.
+(:mod:`graphrun.runtime.graph.schema`) and a test keeps the committed copy in step.
 """
 
 from __future__ import annotations

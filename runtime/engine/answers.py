@@ -134,7 +134,7 @@ def _checked(
 
 
 def _graph_nodes(events: Sequence[Event]) -> dict[str, Any]:
-    from graphrun.runtime.supervisor import graph_of
+    from graphrun.runtime.engine.driver import graph_of
 
     return dict(graph_of(fold(events)).graph.nodes)
 
@@ -161,6 +161,8 @@ def check_flag_answers(nodes: Mapping[str, Any], answers: Mapping[str, Sequence[
 
     for node_id, given in answers.items():
         node = nodes.get(node_id)
+        if node is None:
+            continue
         kind = getattr(node, "type", None)
         for text in given:
             flag = "--other" if isinstance(text, FreeForm) else "--answer"
@@ -249,7 +251,7 @@ def _same_answer(given: str, recorded: HumanInputReceived, *, free: bool) -> boo
 
 def _waiting_run(store: SqliteStore, run_id: str, node: str | None) -> str:
     """The run to answer: ``run_id``, or the one descendant of it that waits."""
-    from graphrun.runtime.transfer import run_tree
+    from graphrun.runtime.replay.transfer import run_tree
 
     state = fold(store.read(run_id))
     if state.waiting is not None or state.terminal:
@@ -312,7 +314,7 @@ def _check_node(state: RunState, run_id: str, node: str, kind: str) -> None:
     """Raise when ``node`` is not a ``kind`` node of the run's graph."""
     import difflib
 
-    from graphrun.runtime.supervisor import graph_of
+    from graphrun.runtime.engine.driver import graph_of
 
     nodes = graph_of(state).graph.nodes
     found = nodes.get(node)

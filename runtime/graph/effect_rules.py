@@ -1,6 +1,6 @@
 """Validation rules that need the effect layer (tools, models, knowledge bases).
 
-They are registered with :func:`graphrun.runtime.validate.register_rule` and marked
+They are registered with :func:`graphrun.runtime.graph.validate.register_rule` and marked
 ``deep`` (``Check(deep=False)`` skips them).
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import difflib
 
 from graphrun.eventstore.errors import GraphrunError
-from graphrun.runtime.graph import LlmNode, RagNode
-from graphrun.runtime.loader import Diagnostic
-from graphrun.runtime.validate import Check, _npath, register_rule
+from graphrun.runtime.graph.loader import Diagnostic
+from graphrun.runtime.graph.model import LlmNode, RagNode
+from graphrun.runtime.graph.validate import Check, _npath, register_rule
 
 
 def deep(fn):  # type: ignore[no-untyped-def]
@@ -131,7 +131,7 @@ def rag_sources_unchanged(c: Check) -> list[Diagnostic]:
         if not isinstance(node, RagNode) or not node.documents:
             continue
         from graphrun.actors.retrieval import kb_file, sources_changed
-        from graphrun.runtime.rag_node import kb_config
+        from graphrun.runtime.nodes.rag import kb_config
 
         if not kb_file(c.loaded.agent_dir, nid).exists():
             continue

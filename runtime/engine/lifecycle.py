@@ -12,8 +12,8 @@ from graphrun.eventstore.events import ChildCancelled, Event, RunCancelled, RunS
 from graphrun.eventstore.fold import fold
 from graphrun.eventstore.ids import new_run_id
 from graphrun.eventstore.store import Lease, SqliteStore, Store
+from graphrun.runtime.engine.driver import whoami
 from graphrun.runtime.errors import AnswerError, RunError, UsageError
-from graphrun.runtime.supervisor import whoami
 
 #: How long ``graphrun cancel`` waits for the process driving a run to cancel it.
 CANCEL_WAIT_SECONDS = 30.0
@@ -114,8 +114,7 @@ def fork_run(store: SqliteStore, run_id: str, at_seq: int, *, by: str | None = N
     still going, or after the run ended.
     """
     from graphrun.eventstore.fold import RunState
-    from graphrun.runtime.replay import Replayer
-    from graphrun.runtime.supervisor import graph_of
+    from graphrun.runtime.replay.divergence import replay_events
 
     store.require_intact(run_id)  # a fork copies only a log that verifies
     last = store.run(run_id).last_seq
@@ -138,7 +137,7 @@ def fork_run(store: SqliteStore, run_id: str, at_seq: int, *, by: str | None = N
             f"{running[0]} is running; a fork cannot share that child",
             hint="fork before the node's ChildRunStarted or after its ChildRunFinished",
         )
-    replayed = Replayer(events, graph_of(state).graph).run()
+    replayed = replay_events(events)
     if replayed.ends_mid_step:
         raise UsageError(
             f"seq {at_seq} splits the decisions of one step of run {run_id} "

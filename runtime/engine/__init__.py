@@ -1,0 +1,1 @@
+"""The run loop: the pure decider, the driver, policies, reducers, answers, lifecycle."""

@@ -1,0 +1,1 @@
+"""graph.yaml: its Structs, loader, schema, validation, templates and configuration."""

@@ -1,0 +1,1 @@
+"""Recorded runs: replay, divergence, regression, export/import, the pytest plugin."""

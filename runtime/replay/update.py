@@ -1,0 +1,202 @@
+"""Accepting new behaviour: ``graphrun test --update`` re-records divergent runs.
+
+A recorded run that no longer replays against today's graph is run again on it,
+in a scratch database holding the file's runs: every effect whose request did not
+change is served from the recording (an LLM call, a retrieval, a child agent, a
+person's answer to the same question), and only what changed is performed — a
+changed script runs offline, a changed LLM request is the only thing that needs a
+model (and its key). The new run then replaces the old one in the export file.
+
+Nothing is written when the new run cannot be completed as the old one was (a
+question nobody answered yet, a failed LLM call): the file stays as it is and the
+reason is reported.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from graphrun.eventstore.events import ChildRunStarted, LlmResult, RunStarted
+from graphrun.eventstore.fold import fold
+from graphrun.eventstore.store import SqliteStore
+from graphrun.runtime.errors import GraphrunError
+from graphrun.runtime.replay.sources import slot_of
+
+
+@dataclass
+class Update:
+    """What ``--update`` did (or would do) to one export file."""
+
+    file: Path
+    run_id: str
+    new_run_id: str | None = None
+    reused: list[str] = field(default_factory=list)
+    performed: list[str] = field(default_factory=list)
+    error: str | None = None
+    written: bool = False
+
+    def line(self, dry_run: bool) -> str:
+        if self.error:
+            return f"NOT UPDATED {self.file}: run {self.run_id}: {self.error}"
+        done = ", ".join(self.performed) or "nothing"
+        if dry_run:
+            return f"WOULD UPDATE {self.file}: run {self.run_id} would be re-recorded"
+        return (
+            f"UPDATED {self.file}: run {self.run_id} re-recorded as {self.new_run_id}; "
+            f"reused {len(self.reused)} recorded effect(s), performed {done}"
+        )
+
+
+def update_file(file: Path, *, dry_run: bool = False) -> Update:
+    """Re-record the run of ``file`` against today's graph and rewrite the file."""
+    from graphrun.runtime.agents import load_agent
+    from graphrun.runtime.engine.driver import RunOptions
+    from graphrun.runtime.graph.config import agents_dir, config_dir
+    from graphrun.runtime.replay.regression import rerun_live
+    from graphrun.runtime.replay.testing import _agent_dir
+    from graphrun.runtime.replay.transfer import (
+        import_runs,
+        read_header,
+        run_tree,
+        top_level_runs,
+        write_export,
+    )
+
+    tops = top_level_runs(file)
+    if len(tops) != 1:
+        return Update(
+            file,
+            ",".join(tops) or "?",
+            error=f"holds {len(tops)} top-level runs; --update re-records files of one run "
+            "(export each run to its own file)",
+        )
+    top = tops[0]
+    if dry_run:
+        return Update(file, top)
+    with tempfile.TemporaryDirectory(prefix="graphrun-update-") as tmp:
+        store = SqliteStore(Path(tmp) / "update.db")
+        try:
+            import_runs(store, file)
+            header = read_header(file)
+            events = store.read(top)
+            first = events[0]
+            assert isinstance(first, RunStarted)
+            agent_dir = _agent_dir(file, header, top, first)
+            if agent_dir is None:
+                return Update(file, top, error="its agent directory was not found")
+            cfg = config_dir(None)
+            loaded = load_agent(agent_dir, config_dir=cfg)
+            options = RunOptions(
+                interactive=False, config_dir=cfg, agents_dir=agents_dir(config=cfg)
+            )
+            outcome = rerun_live(store, top, loaded, options=options, preflight=False)
+            result = Update(
+                file, top, outcome.run_id, list(outcome.reused), list(outcome.performed)
+            )
+            was = fold(events)
+            if outcome.status != was.status:
+                why = f" ({outcome.error})" if outcome.error else ""
+                waiting = (
+                    f" at node '{outcome.waiting_at}'"
+                    if outcome.status == "waiting" and outcome.waiting_at
+                    else ""
+                )
+                result.error = (
+                    f"the re-recorded run ended {outcome.status}{waiting}{why}, the recording "
+                    f"{was.status}; the file is unchanged (re-record it by hand: graphrun run, "
+                    "then graphrun export)"
+                )
+                return result
+            # An LLM call made for a changed request must have succeeded: a node that
+            # goes on with the error as its output is no recording to keep.
+            before = {
+                slot_of(e) for e in events if isinstance(e, LlmResult) and e.error is not None
+            }
+            for event in store.read(outcome.run_id):
+                if (
+                    isinstance(event, LlmResult)
+                    and event.error is not None
+                    and slot_of(event) not in before
+                ):
+                    result.error = (
+                        f"node '{event.node_id}': the LLM call for its changed request failed "
+                        f"({event.error}); the file is unchanged"
+                    )
+                    return result
+            tree = run_tree(store, outcome.run_id)
+            for rid in tree:
+                for event in store.read(rid):
+                    if isinstance(event, ChildRunStarted) and event.child_run_id not in tree:
+                        result.error = (
+                            f"node '{event.node_id}' reuses the recorded child run "
+                            f"{event.child_run_id}; --update does not re-record files whose "
+                            "child agents are reused yet (the file is unchanged)"
+                        )
+                        return result
+            partial = file.with_name(file.name + ".partial")
+            with partial.open("w", encoding="utf-8") as fh:
+                write_export(store, outcome.run_id, fh, relative_to=file.parent)
+            os.replace(partial, file)
+            result.written = True
+            return result
+        except GraphrunError as exc:
+            return Update(file, top, error=str(exc))
+        finally:
+            store.close()
+
+
+__all__ = ["Update", "update_file"]
+
+
+def update_suite(paths: list[str], *, dry_run: bool = False) -> int:
+    """``graphrun test --update``: replay every file, re-record the divergent ones.
+
+    One line per file that passes, is updated, or cannot be; exit 0 when every file
+    replays now (after updating), 1 when one could not be updated (or, with
+    ``dry_run``, would be), 2 when there is nothing to test."""
+    import sys
+
+    from graphrun.runtime.replay.testing import find_files, replay_file
+
+    files = list(find_files(paths))
+    if not files:
+        print(f"no recorded runs in {', '.join(paths)}", file=sys.stderr)
+        return 2
+    code = 0
+    for file in files:
+        cases = replay_file(file)
+        failed = [c for c in cases if not c.ok]
+        if not failed:
+            print(f"PASS {file}")
+            continue
+        broken = [c for c in failed if c.result is None]
+        if broken:
+            print(f"NOT UPDATED {file}: {broken[0].why()}")
+            code = 1
+            continue
+        nodes = sorted(
+            {
+                d.node_id or "(run)"
+                for c in failed
+                for d in (c.result.divergences if c.result else [])
+            }
+        )
+        update = update_file(file, dry_run=dry_run)
+        line = update.line(dry_run)
+        if dry_run and not update.error:
+            line += f" (divergent: {', '.join(nodes) or '?'})"
+        print(line)
+        if dry_run or update.error:
+            code = 1
+            continue
+        again = [c for c in replay_file(file) if not c.ok]
+        if again:
+            print(f"  but it still does not replay: {again[0].why().splitlines()[0]}")
+            code = 1
+    return code
+
+
+__all__ += ["update_suite"]
