@@ -266,6 +266,13 @@ def test_an_agent_directory_that_does_not_resolve_fails_the_run(
     assert f"{moved}: agent directory ../agents/count of run" in line
     assert f"not found: no directory {missing}" in line
     assert res.stdout.endswith("0 passed, 1 failed\n")
+    # --update cannot re-record it either, and says why (the file is left as it is).
+    before = moved.read_bytes()
+    res = graphrun("test", "--update", str(moved))
+    assert res.code == 1, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert "agent directory ../agents/count of run" in res.stdout + res.stderr
+    assert moved.read_bytes() == before
     # The pytest plugin fails the item with the same message.
     shutil.copytree(project / "elsewhere", pytester.path / "elsewhere")
     result = pytester.runpytest("-p", "no:cacheprovider", "elsewhere")
