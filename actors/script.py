@@ -18,8 +18,8 @@ from typing import Any
 
 from graphrun.actors import process
 from graphrun.actors.base import EffectContext
-from graphrun.actors.lokienv import script_env
 from graphrun.actors.messages import ScriptTask
+from graphrun.actors.tools.lokienv import script_env
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.events import ScriptFinished
 

@@ -157,7 +157,7 @@ def bench_calls(
 
     # Both sides make a client per round or run, and both reuse one TLS context
     # (loading the CA bundle into a new one costs ~26 ms, which is not a call's cost).
-    from graphrun.actors.http import shared_ssl_context
+    from graphrun.actors.llm.client import shared_ssl_context
 
     def bare() -> None:
         with httpx.Client(timeout=60.0, verify=shared_ssl_context()) as client:

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from graphrun.actors.retrieval import KbConfig, load_or_build
+    from graphrun.actors.rag.retrieval import KbConfig, load_or_build
 
     rng = random.Random(SEED)
     with tempfile.TemporaryDirectory() as tmp:

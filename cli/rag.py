@@ -22,7 +22,7 @@ def rebuild_cmd(
 
     Only files whose sha256 changed are re-embedded.
     """
-    from graphrun.actors.retrieval import rebuild
+    from graphrun.actors.rag.retrieval import rebuild
     from graphrun.runtime.errors import UsageError
     from graphrun.runtime.graph.config import agents_dir as resolve_agents
     from graphrun.runtime.graph.config import config_dir as resolve_config

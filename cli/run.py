@@ -93,7 +93,7 @@ def _flag_order() -> list[str]:
 def _answers(values: tuple[str, ...], others: tuple[str, ...] = ()) -> dict[str, list[str]]:
     """``--answer NODE=VALUE`` and ``--other NODE=TEXT`` (free-form) answers by node,
     in the order given on the command line (a second visit takes the next)."""
-    from graphrun.actors.human import FreeForm
+    from graphrun.actors.human.prompt import FreeForm
 
     plain = _parse_pairs(values, "--answer")
     free = [(node, FreeForm(text)) for node, text in _parse_pairs(others, "--other")]
@@ -123,7 +123,7 @@ def _options(
     """The run options of a command. ``recorded``: the configuration the run began
     with, used where the command line does not say otherwise (so ``resume``,
     ``approve`` and ``answer`` need no ``--loki-dir`` the run was started with)."""
-    from graphrun.actors.human import is_interactive
+    from graphrun.actors.human.prompt import is_interactive
     from graphrun.runtime.engine.driver import RunOptions
     from graphrun.runtime.graph.config import agents_dir as resolve_agents
     from graphrun.runtime.graph.config import config_dir as resolve_config

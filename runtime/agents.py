@@ -77,7 +77,7 @@ def resolve_agent_dir(
     """An agent by name in the agents directory, or a path inside ``graph_dir`` (the
     folder of the graph naming it). Anything else (an absolute path, a path leaving
     the graph's folder) needs the user's ``GRAPHRUN_ALLOW_OUTSIDE_PATHS=1``."""
-    from graphrun.actors.kb_loaders import OUTSIDE_PATHS_ENV, outside_paths_allowed
+    from graphrun.actors.rag.loaders import OUTSIDE_PATHS_ENV, outside_paths_allowed
 
     candidates = []
     if "/" in name or os.sep in name or name.startswith("."):
@@ -124,8 +124,8 @@ def _warn_once(key: str, message: str) -> None:
 def _tool_names(
     agent_dir: Path, global_tools: list[str], mcp_servers: list[str], config_dir: Path | None
 ) -> list[str]:
-    from graphrun.actors.mcp import META_PREFIXES
-    from graphrun.actors.tools import discover_tools
+    from graphrun.actors.tools.mcp import META_PREFIXES
+    from graphrun.actors.tools.toolbox import discover_tools
 
     names = sorted(discover_tools(agent_dir, global_tools=global_tools, config_dir=config_dir))
     # As Loki offers them to its agents: three meta-functions per server.
@@ -137,8 +137,8 @@ def _tools_text(
 ) -> str:
     """Loki's ``{{__tools__}}``: every enabled tool (global, agent, and each MCP
     server's three meta-functions) with its description. Nothing is started."""
-    from graphrun.actors.mcp import McpHub, meta_tools
-    from graphrun.actors.tools import discover_tools
+    from graphrun.actors.tools.mcp import McpHub, meta_tools
+    from graphrun.actors.tools.toolbox import discover_tools
 
     specs = dict(discover_tools(agent_dir, global_tools=global_tools, config_dir=config_dir))
     hub = McpHub({})  # the specs only: nothing is called through it
@@ -250,8 +250,8 @@ def dynamic_instructions(agent_dir: Path, *, config_dir: Path | None) -> str:
     Raises:
         GraphLoadError: there is no ``_instructions`` function, or it failed.
     """
-    from graphrun.actors.providers.base import ToolSpec
-    from graphrun.actors.tools import BashTool, PythonTool, _context, parse_argc
+    from graphrun.actors.llm.providers.base import ToolSpec
+    from graphrun.actors.tools.toolbox import BashTool, PythonTool, _context, parse_argc
 
     ctx = _context(agent_dir.resolve(), config_dir, agent=True)
     tool: Any = None
@@ -426,14 +426,14 @@ def _keep_variables(template: str, variables: dict[str, Any]) -> str:
 def default_model(agent: str, config_dir: Path | None) -> str | None:
     """The model of an agent that names none, as Loki chooses it: ``$<AGENT>_MODEL``,
     else the config directory's ``config.yaml`` ``model:``."""
-    from graphrun.actors.lokienv import env_name
+    from graphrun.actors.tools.lokienv import env_name
 
     model = os.environ.get(f"{env_name(agent)}_MODEL")
     if model:
         return model
     if config_dir is None or not (Path(config_dir) / "config.yaml").is_file():
         return None
-    from graphrun.actors.llmconfig import load_llm_config
+    from graphrun.actors.llm.config import load_llm_config
 
     try:
         return load_llm_config(config_dir).default_model
@@ -470,7 +470,7 @@ def _with_default_model(loaded: LoadedGraph, config_dir: Path | None) -> LoadedG
 
 
 def _env_var(agent: str) -> str:
-    from graphrun.actors.lokienv import env_name
+    from graphrun.actors.tools.lokienv import env_name
 
     return f"{env_name(agent)}_MODEL"
 

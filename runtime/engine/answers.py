@@ -20,8 +20,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from graphrun.actors.human import identity
-from graphrun.actors.human_actor import check_approver
+from graphrun.actors.human.actor import check_approver
+from graphrun.actors.human.prompt import identity
 from graphrun.eventstore.errors import LeaseHeldError
 from graphrun.eventstore.events import Event, HumanInputReceived, HumanInputRequested
 from graphrun.eventstore.fold import RunState, fold
@@ -121,7 +121,7 @@ def _checked(
     events: Sequence[Event], request: HumanInputRequested, text: str, *, other: bool
 ) -> str:
     """The answer as it will be recorded, or InvalidAnswer (nothing recorded)."""
-    from graphrun.actors.human import check_free_form, check_input, pick_option
+    from graphrun.actors.human.prompt import check_free_form, check_input, pick_option
 
     if request.kind == "approval":
         if other:
@@ -151,7 +151,7 @@ def check_flag_answers(nodes: Mapping[str, Any], answers: Mapping[str, Sequence[
     Raises:
         InvalidAnswer: The first answer that would be refused, with its flag.
     """
-    from graphrun.actors.human import (
+    from graphrun.actors.human.prompt import (
         FreeForm,
         InvalidAnswer,
         check_free_form,
@@ -196,7 +196,7 @@ def pending_answers(events: Sequence[Event], answers: dict[str, list[str]]) -> d
     Raises:
         UsageError: The list is ambiguous.
     """
-    from graphrun.actors.human import FreeForm
+    from graphrun.actors.human.prompt import FreeForm
     from graphrun.runtime.errors import UsageError
 
     state = fold(events)
@@ -237,7 +237,7 @@ def pending_answers(events: Sequence[Event], answers: dict[str, list[str]]) -> d
 def _same_answer(given: str, recorded: HumanInputReceived, *, free: bool) -> bool:
     """Whether ``given`` is the answer ``recorded`` holds (an option may be given by
     its number or in another case)."""
-    from graphrun.actors.human import InvalidAnswer, pick_option
+    from graphrun.actors.human.prompt import InvalidAnswer, pick_option
 
     if given == recorded.answer:
         return True

@@ -526,8 +526,8 @@ def _complete_script(
 
 def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
     """The rendered request of an llm node (schema hint placed as the spec says)."""
-    from graphrun.actors.llm import LlmTask
-    from graphrun.actors.structured import schema_hint
+    from graphrun.actors.llm.call import LlmTask
+    from graphrun.actors.llm.structured import schema_hint
 
     system = (
         render(node.instructions, s, strict=True, field=f"{node_id}.instructions")
@@ -565,7 +565,7 @@ def structured_value(
     schema: dict[str, Any], text: str | None, extracted: str | None, extract_error: str | None
 ) -> tuple[Any, str | None]:
     """The structured output of a node: the fast path, else the extractor's text."""
-    from graphrun.actors.structured import parse_json_output
+    from graphrun.actors.llm.structured import parse_json_output
 
     value, error = parse_json_output(text or "", schema)
     if error is None:
@@ -655,7 +655,7 @@ def _complete_approval(
 def _complete_input(
     node: InputNode, node_id: str, visit: int, s: dict[str, Any], answer: HumanInputReceived
 ) -> Step:
-    from graphrun.actors.human import parse_validation
+    from graphrun.actors.human.prompt import parse_validation
 
     text = answer.answer
     substituted = False

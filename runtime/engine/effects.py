@@ -22,7 +22,7 @@ def actor_class(node_type: str, ports: RunPorts) -> tuple[type, tuple[Any, ...]]
 
         return ScriptActor, (ports.scratch(),)
     if node_type in ("approval", "input"):
-        from graphrun.actors.human_actor import HumanActor
+        from graphrun.actors.human.actor import HumanActor
 
         return HumanActor, (options.answers, options.as_user, options.interactive, _waiting)
     factory = options.extra.get(node_type)

@@ -23,7 +23,7 @@ def deep(fn):  # type: ignore[no-untyped-def]
 @deep
 def llm_tools_known(c: Check) -> list[Diagnostic]:
     """Each ``tools:`` entry must name a known tool or ``mcp:<server>``."""
-    from graphrun.actors.tools import validate_whitelist
+    from graphrun.actors.tools.toolbox import validate_whitelist
 
     out = []
     for nid, node in c.nodes():
@@ -54,7 +54,7 @@ def mcp_servers_known(c: Check) -> list[Diagnostic]:
     """Each graph-level ``mcp_servers`` entry must be a server in ``functions/mcp.json``."""
     if not c.graph.mcp_servers:
         return []
-    from graphrun.actors.mcp import load_mcp_config
+    from graphrun.actors.tools.mcp import load_mcp_config
 
     try:
         configured = load_mcp_config(c.config_dir)
@@ -88,7 +88,7 @@ def mcp_servers_known(c: Check) -> list[Diagnostic]:
 @deep
 def llm_models_known(c: Check) -> list[Diagnostic]:
     """Each llm node's model (or the graph's default) must resolve to a provider or client."""
-    from graphrun.actors.llmconfig import load_llm_config
+    from graphrun.actors.llm.config import load_llm_config
 
     nodes = [(nid, n) for nid, n in c.nodes() if isinstance(n, LlmNode)]
     if not nodes:
@@ -130,7 +130,7 @@ def rag_sources_unchanged(c: Check) -> list[Diagnostic]:
     for nid, node in c.nodes():
         if not isinstance(node, RagNode) or not node.documents:
             continue
-        from graphrun.actors.retrieval import kb_file, sources_changed
+        from graphrun.actors.rag.retrieval import kb_file, sources_changed
         from graphrun.runtime.nodes.rag import kb_config
 
         if not kb_file(c.loaded.agent_dir, nid).exists():

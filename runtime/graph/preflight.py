@@ -22,7 +22,7 @@ def preflight(loaded: LoadedGraph, options: Any) -> None:
             users.setdefault(node.model or graph.model or "", []).append(node_id)
     if not users or options.llm_replay is not None:
         return
-    from graphrun.actors.llmconfig import LlmConfigError, load_llm_config
+    from graphrun.actors.llm.config import LlmConfigError, load_llm_config
 
     config = load_llm_config(options.config_dir)
     for model in sorted(users):

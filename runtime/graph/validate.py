@@ -330,7 +330,7 @@ def approval_options_routed(c: Check) -> list[Diagnostic]:
 
 @rule
 def input_validation_grammar(c: Check) -> list[Diagnostic]:
-    from graphrun.actors.human import parse_validation
+    from graphrun.actors.human.prompt import parse_validation
 
     out = []
     for nid, node in c.nodes():

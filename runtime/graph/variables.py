@@ -74,7 +74,7 @@ def _agent_names(loaded: LoadedGraph) -> list[str]:
 
 
 def _env_name(agent: str) -> str:
-    from graphrun.actors.lokienv import env_name
+    from graphrun.actors.tools.lokienv import env_name
 
     return f"{env_name(agent)}_VARIABLES"
 
@@ -141,7 +141,7 @@ def _describe(var: Declared) -> str:
 
 def prompt_variable(var: Declared) -> str:
     """Ask for ``var`` on the terminal until the answer is not empty."""
-    from graphrun.actors.human import ask_text
+    from graphrun.actors.human.prompt import ask_text
 
     while True:
         text = ask_text(f"{_describe(var)}:", default=None).text

@@ -20,8 +20,8 @@ class LlmActor:
     node_type = "llm"
 
     def __init__(self, ports: RunPorts) -> None:
-        from graphrun.actors.http import ClientFactory
-        from graphrun.actors.llmconfig import load_llm_config
+        from graphrun.actors.llm.client import ClientFactory
+        from graphrun.actors.llm.config import load_llm_config
 
         options = ports.options
         config = load_llm_config(options.config_dir)
@@ -40,7 +40,7 @@ class LlmActor:
             return None
         box = self._toolboxes.get(whitelist)
         if box is None:
-            from graphrun.actors.tools import load_toolbox
+            from graphrun.actors.tools.toolbox import load_toolbox
 
             box = self._toolboxes[whitelist] = load_toolbox(
                 self.agent_dir,
@@ -64,7 +64,7 @@ class LlmActor:
     def perform(self, task: Any, ctx: Any) -> Any:
         # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
         # supervisor prefixes the node id, so they carry none of their own.
-        from graphrun.actors.llm import perform_llm
+        from graphrun.actors.llm.call import perform_llm
 
         return perform_llm(task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools))
 

@@ -151,14 +151,14 @@ class AgentActor:
 
     def _extract(self, task: Any, ctx: Any, text: str, child_id: str) -> None:
         """Structured output for agents: no schema hint, extraction afterwards."""
-        from graphrun.actors.structured import parse_json_output
+        from graphrun.actors.llm.structured import parse_json_output
 
         _value, problem = parse_json_output(text, task.output_schema)
         if problem is None:
             return
-        from graphrun.actors.http import ClientFactory
-        from graphrun.actors.llm import extract_structured
-        from graphrun.actors.llmconfig import load_llm_config
+        from graphrun.actors.llm.call import extract_structured
+        from graphrun.actors.llm.client import ClientFactory
+        from graphrun.actors.llm.config import load_llm_config
 
         options = self.ports.options
         config = load_llm_config(options.config_dir)

@@ -42,7 +42,7 @@ def rag_defaults(config_dir: Path | None) -> dict[str, Any]:
 
 
 def kb_config(node: RagNode | dict[str, Any]) -> Any:
-    from graphrun.actors.retrieval import KbConfig
+    from graphrun.actors.rag.retrieval import KbConfig
 
     get = node.get if isinstance(node, dict) else lambda k, d=None: getattr(node, k, d)
     return KbConfig(
@@ -57,7 +57,7 @@ def kb_config(node: RagNode | dict[str, Any]) -> Any:
 
 
 def _ask(prompt: str, default: str | None) -> str:
-    from graphrun.actors.human import ask_text
+    from graphrun.actors.human.prompt import ask_text
 
     return ask_text(prompt, default=default).text
 
@@ -66,7 +66,7 @@ def prepare_knowledge_bases(
     loaded: LoadedGraph, *, interactive: bool, config_dir: Path | None
 ) -> dict[str, Any]:
     """Load or build every rag node's knowledge base (at agent load time)."""
-    from graphrun.actors.retrieval import load_or_build
+    from graphrun.actors.rag.retrieval import load_or_build
 
     out: dict[str, Any] = {}
     defaults = rag_defaults(config_dir)
@@ -96,7 +96,7 @@ class RagActor:
     def _kb(self, node_id: str, config: dict[str, Any]) -> Any:
         kb = self.cache.get(node_id)
         if kb is None:
-            from graphrun.actors.retrieval import load_or_build
+            from graphrun.actors.rag.retrieval import load_or_build
 
             kb = self.cache[node_id] = load_or_build(
                 self.agent_dir,

@@ -86,7 +86,7 @@ def rerun_live(
     ``preflight``: check the configuration first (models, keys). Off for
     ``test --update``, where an LLM call is made only if its request changed (a
     missing key then fails that call, with its message)."""
-    from graphrun.actors.human import is_interactive
+    from graphrun.actors.human.prompt import is_interactive
     from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
 
     events = store.read(run_id)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from graphrun.actors.tools import load_toolbox
+from graphrun.actors.tools.toolbox import load_toolbox
 from graphrun.eventstore import redaction
 from tests.conftest import GraphrunCli
 from tests.support.fake_llm import FakeLlm, text, tool_calls

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from graphrun.actors.mcp import McpHub, load_mcp_config
-from graphrun.actors.tools import load_toolbox
+from graphrun.actors.tools.mcp import McpHub, load_mcp_config
+from graphrun.actors.tools.toolbox import load_toolbox
 from graphrun.eventstore import redaction
 from tests.conftest import ROOT, GraphrunCli, write_agent
 from tests.support.fake_llm import FakeLlm, text, tool_calls

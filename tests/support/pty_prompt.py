@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
-from graphrun.actors.human import HumanInputAborted, ask_choice, ask_text
+from graphrun.actors.human.prompt import HumanInputAborted, ask_choice, ask_text
 
 
 def main(argv: list[str]) -> int:

@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from graphrun.actors.base import CancelToken
-from graphrun.actors.http import ClientFactory, ReplayTransport
-from graphrun.actors.llmconfig import load_llm_config
-from graphrun.actors.providers import get_provider
-from graphrun.actors.providers.base import ChatRequest, LlmCallError
+from graphrun.actors.llm.client import ClientFactory, ReplayTransport
+from graphrun.actors.llm.config import load_llm_config
+from graphrun.actors.llm.providers import get_provider
+from graphrun.actors.llm.providers.base import ChatRequest, LlmCallError
 from graphrun.eventstore.events import LlmCalled
 from tests.support.fake_llm import FakeLlm, raw, text
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from graphrun.actors.human import (
+from graphrun.actors.human.prompt import (
     OTHER_LABEL,
     Answer,
     HumanInputAborted,
@@ -333,7 +333,7 @@ def test_is_interactive_on_a_terminal(no_tty, expected):
     env.pop("GRAPHRUN_NO_TTY", None)
     if no_tty is not None:
         env["GRAPHRUN_NO_TTY"] = no_tty
-    code = "from graphrun.actors.human import is_interactive; print(is_interactive())"
+    code = "from graphrun.actors.human.prompt import is_interactive; print(is_interactive())"
     output, status = pexpect.run(
         f"{sys.executable} -c '{code}'", env=env, withexitstatus=True, timeout=10, encoding="utf-8"
     )

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from graphrun.actors.kb_chunk import (
+from graphrun.actors.rag.chunk import (
     DEFAULT_SEPARATORS,
     RecursiveSplitter,
     separators_for,

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from graphrun.actors.kb_embed import HashEmbedder, OpenAIEmbedder, make_embedder
-from graphrun.actors.kb_loaders import RagError
+from graphrun.actors.rag.embed import HashEmbedder, OpenAIEmbedder, make_embedder
+from graphrun.actors.rag.loaders import RagError
 
 TEXTS = ["Varroa mites feed on honey bees.", "Sourdough starter needs feeding.", ""]
 
@@ -36,7 +36,7 @@ def test_morphological_variants_share_features() -> None:
 
 def test_identical_in_another_process_with_another_hash_seed() -> None:
     code = (
-        "import sys; from graphrun.actors.kb_embed import HashEmbedder;"
+        "import sys; from graphrun.actors.rag.embed import HashEmbedder;"
         "sys.stdout.write(HashEmbedder(64).embed([sys.argv[1]]).tobytes().hex())"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

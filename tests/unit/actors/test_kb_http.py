@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from graphrun.actors.kb_embed import HashEmbedder, make_embedder
-from graphrun.actors.kb_index import make_reranker
-from graphrun.actors.kb_loaders import RagError, load_documents
-from graphrun.actors.retrieval import KbConfig, load_or_build, rebuild
+from graphrun.actors.rag.embed import HashEmbedder, make_embedder
+from graphrun.actors.rag.index import make_reranker
+from graphrun.actors.rag.loaders import RagError, load_documents
+from graphrun.actors.rag.retrieval import KbConfig, load_or_build, rebuild
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 

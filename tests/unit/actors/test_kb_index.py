@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphrun.actors.kb_embed import HashEmbedder
-from graphrun.actors.kb_index import (
+from graphrun.actors.rag.embed import HashEmbedder
+from graphrun.actors.rag.index import (
     HybridIndex,
     make_reranker,
     reciprocal_rank_fusion,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from graphrun.actors import kb_loaders
-from graphrun.actors.kb_loaders import RagError, load_documents
+from graphrun.actors.rag import loaders as kb_loaders
+from graphrun.actors.rag.loaders import RagError, load_documents
 
 
 def test_a_loader_that_runs_too_long_is_killed_with_its_group(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from graphrun.actors.kb_loaders import (
+from graphrun.actors.rag.loaders import (
     RagError,
     html_to_text,
     load_documents,

@@ -12,10 +12,10 @@ import msgspec
 import pytest
 
 from graphrun.actors.base import CancelToken, ListContext
-from graphrun.actors.http import ClientFactory, LlmReplayMissError
-from graphrun.actors.llm import LlmTask, perform_llm
-from graphrun.actors.llmconfig import load_llm_config
-from graphrun.actors.providers.base import RetryPolicy, ToolResult, ToolSpec
+from graphrun.actors.llm.call import LlmTask, perform_llm
+from graphrun.actors.llm.client import ClientFactory, LlmReplayMissError
+from graphrun.actors.llm.config import load_llm_config
+from graphrun.actors.llm.providers.base import RetryPolicy, ToolResult, ToolSpec
 from graphrun.eventstore.events import LlmCalled, LlmResult, ToolCalled
 from tests.support.fake_llm import FakeLlm, RecordedRequest, http_error, text, tool_calls
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from graphrun.actors.llmconfig import LlmConfigError, load_llm_config
+from graphrun.actors.llm.config import LlmConfigError, load_llm_config
 from graphrun.actors.secrets import child_env, redact_url
 from graphrun.eventstore import redaction
 from graphrun.eventstore.events import LlmCalled, ToolCalled

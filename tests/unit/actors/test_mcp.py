@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from graphrun.actors.base import CancelToken
-from graphrun.actors.mcp import McpError, McpHub, load_mcp_config, mcp_tool_name
-from graphrun.actors.tools import ToolError, load_toolbox, validate_whitelist
+from graphrun.actors.tools.mcp import McpError, McpHub, load_mcp_config, mcp_tool_name
+from graphrun.actors.tools.toolbox import ToolError, load_toolbox, validate_whitelist
 
 SERVER = Path(__file__).resolve().parents[2] / "support" / "mcp_server.py"
 

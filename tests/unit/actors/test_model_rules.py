@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from graphrun.actors.http import ClientFactory
-from graphrun.actors.llmconfig import load_llm_config
-from graphrun.actors.providers.base import ChatRequest
-from graphrun.actors.providers.openai import OpenAIProvider, model_rule
+from graphrun.actors.llm.client import ClientFactory
+from graphrun.actors.llm.config import load_llm_config
+from graphrun.actors.llm.providers.base import ChatRequest
+from graphrun.actors.llm.providers.openai import OpenAIProvider, model_rule
 from tests.support.fake_llm import FakeLlm, text
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from graphrun.actors.http import ClientFactory, LlmReplayMissError
-from graphrun.actors.llmconfig import LlmConfig, LlmConfigError, load_llm_config
-from graphrun.actors.providers import get_provider
-from graphrun.actors.providers.base import (
+from graphrun.actors.llm.client import ClientFactory, LlmReplayMissError
+from graphrun.actors.llm.config import LlmConfig, LlmConfigError, load_llm_config
+from graphrun.actors.llm.providers import get_provider
+from graphrun.actors.llm.providers.base import (
     ChatRequest,
     ChatResponse,
     LlmCallError,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from graphrun.actors.kb_embed import HashEmbedder
-from graphrun.actors.retrieval import (
+from graphrun.actors.rag.embed import HashEmbedder
+from graphrun.actors.rag.retrieval import (
     KbConfig,
     KnowledgeBase,
     RagError,

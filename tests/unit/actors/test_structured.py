@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphrun.actors.structured import (
+from graphrun.actors.llm.structured import (
     extractor_system,
     parse_json_output,
     schema_hint,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from graphrun.actors.base import CancelToken
-from graphrun.actors.providers.base import ToolSpec
-from graphrun.actors.tools import (
+from graphrun.actors.llm.providers.base import ToolSpec
+from graphrun.actors.tools.toolbox import (
     ToolError,
     discover_tools,
     load_toolbox,

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graphrun.actors.human import FreeForm
+from graphrun.actors.human.prompt import FreeForm
 from graphrun.eventstore import codec
 from graphrun.eventstore.events import DECISION_TYPES
 from graphrun.eventstore.fold import fold

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from graphrun.actors.providers.base import ChatRequest, Provider, ToolCall
+from graphrun.actors.llm.providers.base import ChatRequest, Provider, ToolCall
 
 #: The API version this module speaks.
 ANTHROPIC_VERSION = "2023-06-01"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from graphrun.actors.providers.anthropic import AnthropicProvider
-from graphrun.actors.providers.base import (
+from graphrun.actors.llm.providers.anthropic import AnthropicProvider
+from graphrun.actors.llm.providers.base import (
     ChatRequest,
     ChatResponse,
     LlmCallError,
@@ -13,7 +13,7 @@ from graphrun.actors.providers.base import (
     ToolResult,
     ToolSpec,
 )
-from graphrun.actors.providers.openai import OpenAIProvider
+from graphrun.actors.llm.providers.openai import OpenAIProvider
 
 PROVIDERS: dict[str, Provider] = {
     "openai": OpenAIProvider(),

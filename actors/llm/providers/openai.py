@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from graphrun.actors.providers.base import ChatRequest, Provider, ToolCall
+from graphrun.actors.llm.providers.base import ChatRequest, Provider, ToolCall
 
 
 class OpenAIProvider(Provider):

@@ -71,7 +71,7 @@ class HumanActor:
 
     def perform(self, task: HumanTask, ctx: EffectContext) -> None:
         """Record the answer to ``task``, or raise ``on_wait(task)`` to leave the run waiting."""
-        from graphrun.actors.human import HumanInputError, identity
+        from graphrun.actors.human.prompt import HumanInputError, identity
 
         queued = self.answers.get(task.node_id)
         if not queued and not self.interactive:
@@ -106,7 +106,7 @@ class HumanActor:
     def _queued(task: HumanTask, given: str) -> str:
         """A supplied answer as recorded: an approval's option by name or number, or
         free-form text given as such (``--other``); anything else is refused."""
-        from graphrun.actors.human import FreeForm, check_free_form, pick_option
+        from graphrun.actors.human.prompt import FreeForm, check_free_form, pick_option
 
         if task.kind != "approval":
             return str(given)
@@ -116,7 +116,7 @@ class HumanActor:
 
     @staticmethod
     def _ask(task: HumanTask) -> tuple[str, str]:
-        from graphrun.actors.human import ask_choice, ask_text
+        from graphrun.actors.human.prompt import ask_choice, ask_text
 
         if task.kind == "approval":
             asked = ask_choice(task.question, list(task.options))

@@ -26,7 +26,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from graphrun.actors.kb_loaders import RagError
+from graphrun.actors.rag.loaders import RagError
 
 if TYPE_CHECKING:
     import numpy as np

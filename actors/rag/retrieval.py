@@ -31,10 +31,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graphrun.actors.kb_chunk import split_text
-from graphrun.actors.kb_embed import Embedder, make_embedder
-from graphrun.actors.kb_index import HybridIndex, Reranker, make_reranker
-from graphrun.actors.kb_loaders import (
+from graphrun.actors.rag.chunk import split_text
+from graphrun.actors.rag.embed import Embedder, make_embedder
+from graphrun.actors.rag.index import HybridIndex, Reranker, make_reranker
+from graphrun.actors.rag.loaders import (
     LoadedDocument,
     RagError,
     is_url,

@@ -9,7 +9,7 @@ A graph's tool universe has three sources, laid out as Loki lays them out:
 - **agent tools**: ``tools.py`` (every public top-level function is a tool) and
   ``tools.sh`` (argc comment tags, one tool per ``# @cmd`` function) in the
   agent directory.
-- **MCP servers** (:mod:`graphrun.actors.mcp`), selected per server with
+- **MCP servers** (:mod:`graphrun.actors.tools.mcp`), selected per server with
   ``mcp:<server>`` or per function.
 
 Declarations are read without running anything: Python files with :mod:`ast`
@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from graphrun.actors import process
 from graphrun.actors.base import CancelToken
-from graphrun.actors.providers.base import ToolResult, ToolSpec
+from graphrun.actors.llm.providers.base import ToolResult, ToolSpec
 from graphrun.eventstore import redaction
 from graphrun.eventstore.errors import GraphrunError
 
 if TYPE_CHECKING:
-    from graphrun.actors.mcp import McpHub
+    from graphrun.actors.tools.mcp import McpHub
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -686,8 +686,8 @@ def _tool_env(
 ) -> dict[str, str]:
     """Loki's environment for a tool process; key variables only if the tool
     declares them (``needs``)."""
-    from graphrun.actors.lokienv import loki_env
     from graphrun.actors.secrets import child_env
+    from graphrun.actors.tools.lokienv import loki_env
 
     env = loki_env(
         dict(os.environ),
@@ -1092,7 +1092,7 @@ def _resolve(
     def get_hub() -> McpHub:
         nonlocal hub
         if hub is None:
-            from graphrun.actors.mcp import default_hub
+            from graphrun.actors.tools.mcp import default_hub
 
             hub = default_hub(config_dir)
         return hub
@@ -1103,7 +1103,7 @@ def _resolve(
     def configured() -> Mapping[str, object]:
         if hub is not None:
             return hub.servers
-        from graphrun.actors.mcp import load_mcp_config
+        from graphrun.actors.tools.mcp import load_mcp_config
 
         return load_mcp_config(config_dir)
 
@@ -1124,7 +1124,7 @@ def _resolve(
             return
         selected[tool.spec.name] = tool
 
-    from graphrun.actors.mcp import meta_server
+    from graphrun.actors.tools.mcp import meta_server
 
     if start_mcp and mcp_servers:
         # Start every server this whitelist lists tools of at once, not one by one.
@@ -1147,7 +1147,7 @@ def _resolve(
             try:
                 configured()[meta]  # a missing server raises KeyError
                 if start_mcp:
-                    from graphrun.actors.mcp import meta_tools
+                    from graphrun.actors.tools.mcp import meta_tools
 
                     get_hub().tools(meta)  # started with the agent, as Loki does
                     select(meta_tools(get_hub(), meta)[entry])

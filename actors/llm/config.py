@@ -242,7 +242,7 @@ def load_llm_config(config_dir: Path | None, *, env: Mapping[str, str] | None = 
     path = Path(config_dir) / "config.yaml" if config_dir is not None else None
     if path is not None and path.is_file():
         source = str(path)
-        from graphrun.actors.lokienv import dotenv_values
+        from graphrun.actors.tools.lokienv import dotenv_values
 
         # {{NAME}} comes from the environment, else from the config dir's .env.
         environ = {**dotenv_values(path.parent / ".env"), **environ}

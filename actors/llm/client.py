@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 import msgspec
 
 from graphrun.actors.base import CancelToken
-from graphrun.actors.llmconfig import LlmConfig, LlmConfigError, ResolvedModel, load_llm_config
-from graphrun.actors.providers.base import RetryPolicy
+from graphrun.actors.llm.config import LlmConfig, LlmConfigError, ResolvedModel, load_llm_config
+from graphrun.actors.llm.providers.base import RetryPolicy
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import LlmCalled
 

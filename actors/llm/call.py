@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from graphrun.actors.base import CancelToken, EffectContext
-from graphrun.actors.http import ClientFactory
-from graphrun.actors.llmconfig import LlmConfigError, ResolvedModel
-from graphrun.actors.providers import get_provider
-from graphrun.actors.providers.base import (
+from graphrun.actors.llm.client import ClientFactory
+from graphrun.actors.llm.config import LlmConfigError, ResolvedModel
+from graphrun.actors.llm.providers import get_provider
+from graphrun.actors.llm.providers.base import (
     ChatRequest,
     ChatResponse,
     LlmCallError,
@@ -45,7 +45,7 @@ from graphrun.actors.providers.base import (
     ToolResult,
     ToolSpec,
 )
-from graphrun.actors.structured import extractor_system, parse_json_output
+from graphrun.actors.llm.structured import extractor_system, parse_json_output
 from graphrun.eventstore.events import LlmCalled, LlmResult, ToolCalled
 
 # The scope token's reason when the node's own timeout fired.

@@ -57,8 +57,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from graphrun.actors.base import CancelToken
-from graphrun.actors.providers.base import ToolResult, ToolSpec
-from graphrun.actors.tools import DEFAULT_TIMEOUT, ToolError
+from graphrun.actors.llm.providers.base import ToolResult, ToolSpec
+from graphrun.actors.tools.toolbox import DEFAULT_TIMEOUT, ToolError
 
 __all__ = [
     "META_PREFIXES",

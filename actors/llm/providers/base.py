@@ -32,7 +32,7 @@ from graphrun.eventstore.errors import GraphrunError
 if TYPE_CHECKING:
     import httpx
 
-    from graphrun.actors.llmconfig import ResolvedModel
+    from graphrun.actors.llm.config import ResolvedModel
 
 #: Substrings of an error message that make it worth retrying (the spec's list).
 TRANSIENT_MARKERS: tuple[str, ...] = (
@@ -103,7 +103,7 @@ class ChatRequest:
     max_tokens: int | None = None
     timeout: float | None = None
     #: ``low`` / ``medium`` / ``high`` (``minimal`` for gpt-5): sent only to models
-    #: that take it (see :data:`graphrun.actors.providers.openai.MODEL_RULES`).
+    #: that take it (see :data:`graphrun.actors.llm.providers.openai.MODEL_RULES`).
     reasoning_effort: str | None = None
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graphrun.actors.kb_loaders import RagError
+from graphrun.actors.rag.loaders import RagError
 
 if TYPE_CHECKING:
     import numpy as np

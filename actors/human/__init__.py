@@ -1,0 +1,1 @@
+"""People: the terminal prompts, answer parsing and validation, the human actor."""

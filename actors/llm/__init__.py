@@ -1,0 +1,1 @@
+"""LLM calls: wire protocols, the httpx client factory, structured output, model config."""

@@ -1,0 +1,1 @@
+"""Retrieval: document loaders, chunking, embeddings, the hybrid index."""

@@ -1,0 +1,1 @@
+"""Tools: Python and bash (argc) tools, toolboxes, MCP servers, Loki's environment."""
