@@ -24,8 +24,10 @@ def export_cmd(run_id: str, output: str | None, with_origin: bool, db: str | Non
     ending with a trailer of each run's event count and head hash).
 
     Paths in the events are made relative to the file's folder (to the working
-    directory when writing to stdout); host names, OS accounts and process ids are
-    left out unless --with-origin. Names given with --as are kept.
+    directory when writing to stdout); host names, OS accounts, process ids and
+    configuration directories outside the folder the file and the agent share (a
+    config dir in your home) are left out unless --with-origin. Names given with
+    --as are kept.
     """
     from graphrun.runtime.replay.transfer import write_export
 
@@ -72,7 +74,8 @@ def import_cmd(file: str, agent_dirs: tuple[str, ...], db: str | None) -> None:
 
     The file is untrusted: it is checked whole before anything is written. A run
     that has not ended is imported only if its agent directory is named with
-    --agent-dir, since resuming it runs that folder's scripts.
+    --agent-dir, since resuming it runs that folder's scripts. Paths the file
+    holds relative to its folder are stored resolved against that folder.
     """
     from graphrun.runtime.replay.transfer import import_runs
 

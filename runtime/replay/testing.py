@@ -4,13 +4,18 @@ A recorded run is an export file (``graphrun export RUN -o replays/name.run.json
 Testing it replays it offline against its agent's *current* graph.yaml and
 scripts: a changed prompt, route, template or script shows up as a divergence
 naming the node. The agent directory is found through the file header's
-``agent_dirs`` (paths relative to the file, written by ``export -o``), else the
-directory the run was recorded in; with neither, the run is replayed against the
-graph recorded in its log (and says so).
+``agent_dirs`` (paths relative to the file, written by ``export -o``); a path
+there that does not resolve fails the run, naming the file and the path (never
+another checkout's directory). A file without ``agent_dirs`` (written to stdout)
+uses the absolute directory its log records, when it exists; else the run is
+replayed against the graph recorded in its log (and says so).
 
 The pytest plugin (entry point ``graphrun``) collects every ``*.run.jsonl`` file
 as test items, one per recorded top-level run (its child runs are part of it), so
-users put recorded runs into their own suites.
+users put recorded runs into their own suites. An item is named
+``<file stem>[<graph>]`` (``ticket-triage[ticket-triage]`` for
+``ticket-triage.run.jsonl``); a file with several top-level runs of one graph
+names them in file order ``<stem>[<graph>]``, ``<stem>[<graph>-2]``, ...
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from graphrun.eventstore.events import Event, RunStarted
+from graphrun.runtime.errors import GraphrunError
 from graphrun.runtime.replay.divergence import ReplayResult, replay_events
 
 #: The file name ending that marks a recorded run (collected from directories).
@@ -58,13 +64,28 @@ class CaseResult:
         return ""
 
 
+class MissingAgentDir(GraphrunError):
+    """The agent directory an export file names does not exist."""
+
+
 def _agent_dir(file: Path, header: dict[str, Any], run_id: str, first: RunStarted) -> Path | None:
-    rel = (header.get("agent_dirs") or {}).get(run_id)
+    """The run's agent directory today: the header's path relative to the file, else
+    (a file without one) the absolute directory the log records; None when neither
+    is known. A path the header names that does not resolve is an error: the run
+    must not pass against a directory it does not name."""
+    import os
+
+    dirs = header.get("agent_dirs")
+    rel = dirs.get(run_id) if isinstance(dirs, dict) else None
     if rel:
-        candidate = (file.parent / rel).resolve()
-        if candidate.is_dir():
-            return candidate
-    if first.agent_dir and Path(first.agent_dir).is_dir():
+        candidate = (file.parent / str(rel)).resolve()
+        if not candidate.is_dir():
+            raise MissingAgentDir(
+                f"{file}: agent directory {rel} of run {run_id} ({first.graph_name}) "
+                f"not found: no directory {candidate}"
+            )
+        return candidate
+    if first.agent_dir and os.path.isabs(first.agent_dir) and Path(first.agent_dir).is_dir():
         return Path(first.agent_dir)
     return None
 
@@ -110,7 +131,11 @@ def replay_file(
             continue
         case = CaseResult(file, run_id, first.graph_name, None, parent_run_id=first.parent_run_id)
         out.append(case)
-        agent_dir = _agent_dir(file, header, run_id, first)
+        try:
+            agent_dir = _agent_dir(file, header, run_id, first)
+        except MissingAgentDir as exc:
+            case.error = str(exc)
+            continue
         loaded = None
         try:
             if agent_dir is not None:
@@ -227,6 +252,43 @@ def run_suite(
     return 1 if failed else 0
 
 
+def file_stem(path: Path) -> str:
+    """``ticket-triage`` for ``ticket-triage.run.jsonl``; the plain stem otherwise."""
+    name = path.name
+    return name[: -len(SUFFIX)] if name.endswith(SUFFIX) else path.stem
+
+
+def top_level_graphs(path: Path) -> list[tuple[str, str]]:
+    """``(run id, graph name)`` of each top-level run of an export file, in file order."""
+    from graphrun.runtime.replay.transfer import read_export
+
+    runs = read_export(path)
+    out = []
+    for run_id, events in runs.items():
+        first = events[0]
+        parent = getattr(first, "parent_run_id", None)
+        if parent is None or parent not in runs:
+            out.append((run_id, str(getattr(first, "graph_name", "") or "?")))
+    return out
+
+
+def item_names(stem: str, runs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``(test id, run id)`` per run: ``<stem>[<graph>]``, and ``<stem>[<graph>-N]``
+    for the Nth run of a graph the file holds more than once (in file order)."""
+    seen: dict[str, int] = {}
+    used: set[str] = set()
+    out = []
+    for run_id, graph in runs:
+        seen[graph] = seen.get(graph, 0) + 1
+        label = graph if seen[graph] == 1 else f"{graph}-{seen[graph]}"
+        while label in used:  # a graph named like another's second run
+            seen[graph] += 1
+            label = f"{graph}-{seen[graph]}"
+        used.add(label)
+        out.append((f"{stem}[{label}]", run_id))
+    return out
+
+
 # --- pytest plugin ----------------------------------------------------------------
 
 try:
@@ -274,15 +336,14 @@ if pytest is not None:
 
         def collect(self) -> Any:
             from graphrun.runtime.errors import GraphrunError
-            from graphrun.runtime.replay.transfer import top_level_runs
 
             try:
-                runs = top_level_runs(self.path)
+                runs = top_level_graphs(self.path)
             except GraphrunError:
                 # An unreadable file is still an item: it fails, saying why.
-                runs = ["?"]
-            for run_id in runs:
-                yield RecordedRunItem.from_parent(self, name=f"replay[{run_id}]", run_id=run_id)
+                runs = [("?", "unreadable")]
+            for name, run_id in item_names(file_stem(self.path), runs):
+                yield RecordedRunItem.from_parent(self, name=name, run_id=run_id)
 
     def pytest_collect_file(parent: Any, file_path: Path) -> Any:
         """Collect ``*.run.jsonl`` files as recorded-run tests."""

@@ -53,7 +53,7 @@ from typing import Any, TextIO
 import msgspec
 
 from graphrun.eventstore import codec
-from graphrun.eventstore.events import SCHEMA_VERSION, Event
+from graphrun.eventstore.events import SCHEMA_VERSION, Event, RunStarted
 from graphrun.eventstore.store import SqliteStore, Store
 from graphrun.runtime.errors import GraphrunError
 
@@ -136,9 +136,10 @@ def write_export(
     for rid in runs:
         prev = codec.GENESIS
         users = _os_users(store, rid) if not with_origin else set()
+        project = _project(base, store.run(rid).agent_dir)
         for _seq, body, _prev, digest in store.raw_rows(rid):
             if not with_origin:
-                body = _portable(body, base, users)
+                body = _portable(body, base, users, project)
                 digest = codec.chain_hash(prev, body)
                 prev = digest
             fh.write('{"hash":"' + digest + '","event":' + body.decode("utf-8") + "}\n")
@@ -155,7 +156,14 @@ _ORIGIN_FIELDS = {
     "HumanInputReceived": ("host", "os_user"),
 }
 #: Identity fields that hold the OS account unless a name was given with --as.
-_ACCOUNT_FIELDS = {"RunStarted": "started_by", "RunResumed": "by", "RunCancelled": "by"}
+_ACCOUNT_FIELDS = {
+    "RunStarted": "started_by",
+    "RunResumed": "by",
+    "RunCancelled": "by",
+    "RunInterrupted": "by",
+}
+#: Identity fields an event cannot do without: an OS account there is written as "".
+_REQUIRED_ACCOUNT_FIELDS = {"HumanInputReceived": "by"}
 #: Paths made relative to the export file.
 _PATH_FIELDS = {"RunStarted": ("agent_dir", "graph_path")}
 #: Paths in ``RunStarted.config`` (the configuration a run began with), likewise.
@@ -163,35 +171,65 @@ _CONFIG_PATHS = ("config_dir", "agents_dir", "loki_dir")
 
 
 def _os_users(store: SqliteStore, run_id: str) -> set[str]:
-    """The OS accounts a run records (and this process's): never written to an export."""
+    """The OS accounts a run records (and this process's): never written to an export.
+
+    A name that is one of the run's approvers stays: it is the identity an approval
+    was given as, and the file's approvals are checked against it on import."""
     import getpass
+    import os
 
     users = set()
     try:
         users.add(getpass.getuser())
     except Exception:  # no account name in this environment
         pass
+    if hasattr(os, "getuid"):
+        users.add(f"uid:{os.getuid()}")  # what a run records when there is no name
+    approvers: set[str] = set()
     for event in store.read(run_id):
         os_user = getattr(event, "os_user", "")
         if os_user:
             users.add(os_user)
-    return users
+        approvers.update(getattr(event, "approvers", None) or ())
+    return users - approvers
 
 
-def _portable(body: bytes, base: Path, os_users: set[str]) -> bytes:
+def _project(base: Path, agent_dir: str | None) -> str:
+    """The folder the export file and the run's agent directory share: paths outside
+    it (a config directory in the user's home) say where the run was made, not
+    where its files are, and are left out of an export."""
+    import os
+
+    if not agent_dir or not os.path.isabs(agent_dir):
+        return str(base)
+    return os.path.commonpath([str(base), str(Path(agent_dir).resolve())])
+
+
+def _portable(body: bytes, base: Path, os_users: set[str], project: str | None = None) -> bytes:
     """An event's canonical bytes without its origin: no host, OS account or pid;
-    paths relative to ``base``. Claimed identities (``--as``) and answers stay."""
+    paths relative to ``base``; configuration paths outside ``project`` (the folder
+    the file and the agent share) left out. Claimed identities (``--as``) and
+    answers stay."""
     import os
 
     data = codec.decode_any(body)
     kind = data.get("type") if isinstance(data, dict) else None
-    if kind not in _ORIGIN_FIELDS and kind not in _ACCOUNT_FIELDS and kind not in _PATH_FIELDS:
+    if (
+        kind not in _ORIGIN_FIELDS
+        and kind not in _ACCOUNT_FIELDS
+        and kind not in _PATH_FIELDS
+        and kind not in _REQUIRED_ACCOUNT_FIELDS
+    ):
         return body
     for name in _ORIGIN_FIELDS.get(kind, ()):
         data.pop(name, None)
     account = _ACCOUNT_FIELDS.get(kind)
     if account is not None and data.get(account) in os_users:
         data.pop(account)
+    account = _REQUIRED_ACCOUNT_FIELDS.get(kind)
+    if account is not None and data.get(account) in os_users:
+        data[account] = ""
+    inside = project or str(base)
 
     def relative(value: Any) -> Any:
         if isinstance(value, str) and os.path.isabs(value):
@@ -204,8 +242,18 @@ def _portable(body: bytes, base: Path, os_users: set[str]) -> bytes:
     config = data.get("config") if kind == "RunStarted" else None
     if isinstance(config, dict):
         for name in _CONFIG_PATHS:
-            if config.get(name):
-                config[name] = relative(config[name])
+            value = config.get(name)
+            if not value:
+                continue
+            outside = (
+                isinstance(value, str)
+                and os.path.isabs(value)
+                and os.path.commonpath([inside, os.path.abspath(value)]) != inside
+            )
+            if outside:
+                config.pop(name)
+                continue
+            config[name] = relative(value)
     return codec.encode_any(data)
 
 
@@ -218,6 +266,7 @@ def _sans_origin(event: Event) -> dict[str, Any]:
         *_ORIGIN_FIELDS.get(kind, ()),
         *_PATH_FIELDS.get(kind, ()),
         _ACCOUNT_FIELDS.get(kind, ""),
+        _REQUIRED_ACCOUNT_FIELDS.get(kind, ""),
     ):
         data.pop(name, None)
     config = data.get("config") if kind == "RunStarted" else None
@@ -470,8 +519,38 @@ def import_runs(
                 raise ExportFileError(f"{path}: run {run_id} would become its own ancestor")
     for run_id, status in out:
         if status == "imported":
-            store.append(run_id, runs[run_id])
+            store.append(run_id, _anchored(runs[run_id], path.parent))
     return out
+
+
+def _anchored(events: list[Event], folder: Path) -> list[Event]:
+    """The run as this machine stores it: the relative paths of its ``RunStarted``
+    (the agent directory, graph.yaml, configuration directories; relative to the
+    file's folder) made absolute, so that resuming or forking it runs the scripts
+    next to the file, as a run recorded here would. Exporting it again makes them
+    relative again; importing the file a second time finds the same run."""
+    import os
+
+    first = events[0] if events else None
+    if not isinstance(first, RunStarted):
+        return events
+
+    def absolute(value: str) -> str:
+        if value and not os.path.isabs(value):
+            return os.path.normpath(os.path.join(folder.resolve(), value))
+        return value
+
+    config = dict(first.config)
+    for name in _CONFIG_PATHS:
+        if isinstance(config.get(name), str):
+            config[name] = absolute(config[name])
+    fixed = msgspec.structs.replace(
+        first,
+        agent_dir=absolute(first.agent_dir),
+        graph_path=absolute(first.graph_path),
+        config=config,
+    )
+    return [fixed, *events[1:]] if fixed != first else events
 
 
 def _check_agent_dirs(path: Path, runs: dict[str, list[Event]], trusted: list[Path]) -> None:

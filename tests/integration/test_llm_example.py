@@ -60,7 +60,8 @@ def _cli(graphrun, *args: str, cwd: Path = ROOT, **env: str) -> subprocess.Compl
 
 def _recorded_events() -> list[dict[str, object]]:
     lines = RECORDING.read_text(encoding="utf-8").splitlines()[1:]  # after the header
-    return [json.loads(line)["event"] for line in lines if line.strip()]
+    records = [json.loads(line) for line in lines if line.strip()]
+    return [record["event"] for record in records if "event" in record]  # not the trailer
 
 
 def _readme_command() -> list[str]:
