@@ -130,7 +130,7 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
             ended = process.run(
                 [*runtime, real_path],
                 env=env,
-                cwd=ctx.agent_dir,
+                cwd=None,  # the invocation directory, as Loki runs scripts
                 timeout=task.timeout,
                 cancel=ctx.cancel,
             )
