@@ -18,7 +18,7 @@ from typing import Any
 
 from graphrun.actors import process
 from graphrun.actors.base import EffectContext
-from graphrun.actors.lokienv import script_env
+from graphrun.actors.lokienv import script_env, work_dir
 from graphrun.actors.messages import ScriptTask
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.events import ScriptFinished
@@ -130,7 +130,7 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
             ended = process.run(
                 [*runtime, real_path],
                 env=env,
-                cwd=None,  # the invocation directory, as Loki runs scripts
+                cwd=work_dir(ctx.agent_dir),
                 timeout=task.timeout,
                 cancel=ctx.cancel,
             )

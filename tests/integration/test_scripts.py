@@ -172,13 +172,8 @@ def test_failure_without_fallback_or_next_fails_the_run(store: SqliteStore, agen
     assert outcome.error == "node 's': script exited with code 4: oops"
 
 
-def test_sh_runs_with_bash_in_the_invocation_dir(
-    store: SqliteStore, agent: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_sh_runs_with_bash_in_the_agent_dir(store: SqliteStore, agent: Any) -> None:
     # No shebang, no exec bit, bash-only syntax: the extension decides the runtime.
-    # The working directory is where graphrun was started (as in Loki), not the agent dir.
-    (tmp_path / "project").mkdir()
-    monkeypatch.chdir(tmp_path / "project")
     root = agent(
         ONE_SCRIPT.format(script="scripts/s.sh"),
         {
@@ -190,7 +185,7 @@ def test_sh_runs_with_bash_in_the_invocation_dir(
         name="agentdir",
     )
     outcome = run(store, root, "p")
-    assert (outcome.status, outcome.output) == ("completed", "bash project")
+    assert (outcome.status, outcome.output) == ("completed", "bash agentdir")
     assert fold(store.read(outcome.run_id)).state["seen"] == "p"  # lenient: missing -> ""
 
 

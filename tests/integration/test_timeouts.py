@@ -23,8 +23,8 @@ from graphrun.runtime.supervisor import Driver, RunOptions, drive, graph_of, sta
 SLEEPER = {
     "scripts/sleep.sh": """
         sleep 10 &
-        echo $! > "$LLM_AGENT_DATA_DIR/child.pid"
-        echo $$ > "$LLM_AGENT_DATA_DIR/self.pid"
+        echo $! > child.pid
+        echo $$ > self.pid
         wait
         echo '{"late": true}'
     """
