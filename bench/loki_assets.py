@@ -235,7 +235,7 @@ def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> d
     ran = sorted({name for name, result in calls if _ok(name, result)})
     failed = sorted({name for name, result in calls if not _ok(name, result)} - set(ran))
     written = (scratch / "written.txt").is_file()
-    no_tools = not calls and not any(offered)
+    no_tools = bool(offered) and not any(offered) and not calls  # it asked the model
     effect = written or bool(ran) or no_tools
     if written:
         seen = f"{scratch.name}/written.txt written"
