@@ -19,7 +19,7 @@ from typing import Any
 from graphrun.actors import process
 from graphrun.actors.base import EffectContext
 from graphrun.actors.messages import ScriptTask
-from graphrun.actors.tools.lokienv import script_env
+from graphrun.actors.tools.lokienv import script_env, work_dir
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.events import ScriptFinished
 
@@ -130,7 +130,7 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
             ended = process.run(
                 [*runtime, real_path],
                 env=env,
-                cwd=ctx.agent_dir,
+                cwd=work_dir(ctx.agent_dir),
                 timeout=task.timeout,
                 cancel=ctx.cancel,
             )

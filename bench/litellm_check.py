@@ -4,6 +4,13 @@
     pip install 'litellm[proxy]'
     python bench/litellm_check.py
 
+LiteLLM may also live in a venv of its own (it is large); the proxy is found on
+``PATH``::
+
+    python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install 'litellm[proxy]'
+    PATH=/tmp/litellm-venv/bin:$PATH .venv/bin/python bench/litellm_check.py
+    PATH=/tmp/litellm-venv/bin:$PATH .venv/bin/python -m pytest tests/integration/test_litellm.py
+
 Three runs go through the proxy: an ordinary chat model, and OpenAI reasoning
 models (``o3``, ``gpt-5``) from a graph that sets ``temperature`` and ``top_p``;
 LiteLLM refuses sampling parameters for those (``UnsupportedParamsError``), so the

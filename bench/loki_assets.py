@@ -1,21 +1,32 @@
 """Run every agent of a Loki (or Coyote) ``assets/`` directory through graphrun, unchanged.
 
-    python bench/loki_assets.py --assets /path/to/loki/assets [--agent NAME ...]
+    python bench/loki_assets.py --assets /path/to/loki/assets [--agent NAME ...] [--offline-mcp]
 
 The assets are copied to a temporary config directory (nothing of Loki's is kept
 or committed) with a ``config.yaml`` whose default model is a client pointing at
-a local OpenAI-compatible server (tests/support/fake_llm.py on 127.0.0.1). Each
-agent gets one turn: the model calls one of the bash tools it was offered —
-``fs_write`` (writing a file) when the agent has it, else ``fs_ls``/``fs_read``/
-``fs_cat``, else its first tool — then answers. A row per agent says whether the
-run completed, which tool ran, and whether its side effect was observed (the
-file written, or non-empty tool output). Agents that need the internet (web
-search, Jira, ...) still run: only their tools' results differ.
+a local OpenAI-compatible server (tests/support/fake_llm.py on 127.0.0.1) and
+whose ``rag_embedding_model`` is graphrun's offline embedder (``local:hash-384``).
+Each agent runs once, in its own scratch directory (as Loki runs an agent in the
+user's project). Each time the model is offered tools it calls one —
+``fs_write``/``execute_command`` (writing ``written.txt``) when it has them, else
+``fs_ls``/``fs_read``/``fs_cat``, else its first tool — then answers (with a
+JSON value matching the schema when the node has an ``output_schema``).
+Approval nodes are answered with their first option, input nodes with a line
+(Loki would ask at the terminal). step-runner gets the plan repository its
+README asks for (``plans/steps/01-first-step.md``).
 
-``--offline-mcp`` replaces every server of ``functions/mcp.json`` by the test MCP
-server (tests/support/mcp_server.py), for agents whose servers need the internet.
+A row per agent: the exit code, the tools that really ran (a result that is
+neither graphrun's tool-failure message nor empty), the tools that only failed,
+and the side effect observed (``written.txt`` written, or a tool's output).
+Agents that need the internet (web search, Jira, ...) still run: only their
+tools' results differ.
 
-Exit 0 when every agent completed its turn and its tool really ran.
+``--offline-mcp`` serves every server of ``functions/mcp.json``, and every server
+an agent names that mcp.json lacks (said in the row), with the test MCP server
+(tests/support/mcp_server.py), for agents whose servers need the internet.
+``--narration`` prints each run's narration and output.
+
+Exit 0 when every agent completed and a tool of it really ran.
 """
 
 from __future__ import annotations
@@ -63,6 +74,54 @@ def _arguments(spec: dict[str, Any], scratch: Path) -> dict[str, Any]:
     return args
 
 
+def _instance(schema: dict[str, Any]) -> Any:
+    """The smallest value ``schema`` accepts (an llm node with ``output_schema``)."""
+    if "enum" in schema:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties") or {}
+        return {k: _instance(properties.get(k) or {}) for k in schema.get("required") or []}
+    if kind == "array":
+        return [_instance(schema.get("items") or {})] * int(schema.get("minItems") or 0)
+    return {
+        "string": "written by graphrun",
+        "integer": 1,
+        "number": 1,
+        "boolean": False,
+        "null": None,
+    }.get(str(kind), "written by graphrun")
+
+
+def _final(messages: list[dict[str, Any]]) -> str:
+    """The model's last answer: a JSON value matching the schema graphrun put in the
+    prompt (``Schema:`` and a JSON schema, for ``output_schema``), else plain text."""
+    for message in reversed(messages):
+        content = message.get("content")
+        if isinstance(content, str) and "\nSchema:\n" in content:
+            after = content.split("\nSchema:\n", 1)[1].lstrip()
+            try:
+                schema, _ = json.JSONDecoder().raw_decode(after)
+            except ValueError:
+                continue
+            return json.dumps(_instance(schema))
+    return "done"
+
+
+def _mcp_servers(agent_dir: Path) -> list[str]:
+    """The MCP servers an agent's graph.yaml or config.yaml names."""
+    import yaml
+
+    for name in ("graph.yaml", "config.yaml"):
+        path = agent_dir / name
+        if path.is_file():
+            data = yaml.safe_load(path.read_text()) or {}
+            return [str(s) for s in data.get("mcp_servers") or [] if isinstance(s, str)]
+    return []
+
+
 def _variables(agent_dir: Path) -> dict[str, str]:
     """``<AGENT>_VARIABLES`` giving a value to each variable without a default (Loki
     would prompt for those)."""
@@ -83,26 +142,73 @@ def _variables(agent_dir: Path) -> dict[str, str]:
     return {f"{name}_VARIABLES": json.dumps(missing)}
 
 
+def _plan_repo(scratch: Path) -> None:
+    """The plan repository step-runner's README asks for, in the project it is
+    started in: ``plans/steps/NN-<slug>.md`` with frontmatter."""
+    steps = scratch / "plans" / "steps"
+    steps.mkdir(parents=True)
+    (steps / "01-first-step.md").write_text(
+        "---\nstep: 1\ntitle: First step\nstatus: pending\n---\n\n"
+        "# First step\n\nWrite written.txt in the project.\n"
+    )
+
+
+#: What an agent expects to find in the project it is started in (Loki runs agents
+#: from the project's directory; the bench runs each agent in its scratch dir).
+PROJECTS = {"step-runner": _plan_repo}
+
+
+def _answers(agent_dir: Path) -> list[str]:
+    """``--answer`` options for a graph's approval and input nodes (Loki would ask
+    at the terminal): each approval takes its first option, each input a line."""
+    import yaml
+
+    path = agent_dir / "graph.yaml"
+    if not path.is_file():
+        return []
+    nodes = (yaml.safe_load(path.read_text()) or {}).get("nodes") or {}
+    out = []
+    for node_id, node in nodes.items():
+        if not isinstance(node, dict):
+            continue
+        if node.get("type") == "approval" and node.get("options"):
+            out += ["--answer", f"{node_id}={node['options'][0]}"]
+        elif node.get("type") == "input":
+            out += ["--answer", f"{node_id}=written by graphrun"]
+    return out
+
+
+def _ok(name: str, result: str) -> bool:
+    """Whether a tool's result shows it really ran (graphrun's failure message is
+    ``tool '<name>' ...``; an empty result reads ``DONE``)."""
+    result = result.strip()
+    return bool(result) and result != "DONE" and not result.startswith(f"tool '{name}'")
+
+
 def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> dict[str, Any]:
-    chosen: dict[str, Any] = {}
+    calls: list[tuple[str, str]] = []  # (tool, result) of every tool the model called
+    offered: list[bool] = []  # per LLM request: were tools offered?
+    if agent in PROJECTS:
+        PROJECTS[agent](scratch)
 
     def answer(request: RecordedRequest) -> Reply:
         messages = request.body.get("messages") or []
-        if any(m.get("role") == "tool" for m in messages):
-            chosen["result"] = next(m for m in messages if m.get("role") == "tool")["content"]
-            return text("done")
+        if messages and messages[-1].get("role") == "tool":
+            asked = next(m for m in reversed(messages) if m.get("role") == "assistant")
+            names = {c["id"]: c["function"]["name"] for c in asked.get("tool_calls") or []}
+            for m in messages[messages.index(asked) + 1 :]:
+                calls.append((names.get(m.get("tool_call_id"), "?"), str(m.get("content"))))
+            return text(_final(messages))
         tools = {t["function"]["name"]: t["function"] for t in request.body.get("tools") or []}
+        offered.append(bool(tools))
         if not tools:
-            chosen["no_tools"] = True
-            return text("done (no tools offered)")
+            return text(_final(messages))
         name = next((n for n in PREFERRED if n in tools), None)
         plain = [n for n in tools if not n.startswith(("mcp_", "user__", "todo__"))]
         if name is None and not plain:  # only MCP servers: search one, as Loki's prompts do
             name = next(n for n in tools if n.startswith("mcp_search_"))
-            chosen["tool"] = name
             return tool_calls((name, {"query": "add two numbers"}))
         name = name or plain[0]
-        chosen["tool"] = name
         return tool_calls((name, _arguments(tools[name], scratch)))
 
     with FakeLlm() as fake:
@@ -116,8 +222,9 @@ def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> d
         }
         env.pop("GRAPHRUN_AGENTS_DIR", None)
         env.update(_variables(config / "agents" / agent))
+        prompt = "Please do one small thing with your tools."
         proc = subprocess.run(
-            [*graphrun, "run", agent, "Please do one small thing with your tools."],
+            [*graphrun, "run", agent, prompt, *_answers(config / "agents" / agent)],
             capture_output=True,
             text=True,
             env=env,
@@ -125,23 +232,31 @@ def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> d
             cwd=scratch,
             stdin=subprocess.DEVNULL,
         )
-    tool = chosen.get("tool")
-    result = str(chosen.get("result", ""))
-    failed = result.startswith(f"tool '{tool}'")  # graphrun's message for a failed tool
-    if tool in ("fs_write", "execute_command"):
-        effect = (scratch / "written.txt").is_file()
+    ran = sorted({name for name, result in calls if _ok(name, result)})
+    failed = sorted({name for name, result in calls if not _ok(name, result)} - set(ran))
+    written = (scratch / "written.txt").is_file()
+    no_tools = bool(offered) and not any(offered) and not calls  # it asked the model
+    effect = written or bool(ran) or no_tools
+    if written:
+        seen = f"{scratch.name}/written.txt written"
+    elif ran:
+        first = next(result for name, result in calls if name == ran[0])
+        seen = f"{ran[0]} returned: {first.strip()[:80]!r}"
+    elif no_tools:
+        seen = "(the agent offers no tools)"
     else:
-        effect = bool(result.strip()) and result.strip() != "DONE" and not failed
-    if chosen.get("no_tools"):
-        effect, result = True, "(the agent has no tools)"
+        seen = "; ".join(f"{n}: {r.strip()[:120]!r}" for n, r in calls[:2]) or "(no tool called)"
     last = (proc.stderr.strip().splitlines() or [""])[-1]
     return {
         "agent": agent,
         "exit": proc.returncode,
-        "tool": tool,
+        "tools_ran": ran,
+        "tools_failed": failed,
         "effect": effect,
-        "result": result[:300].replace("\n", " "),
+        "seen": seen.replace("\n", " "),
         "error": last if proc.returncode else "",
+        "narration": proc.stderr,
+        "output": proc.stdout,
     }
 
 
@@ -151,6 +266,9 @@ def main() -> int:
     parser.add_argument("--agent", action="append", help="only these agents")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
+        "--narration", action="store_true", help="print each run's narration and output"
+    )
+    parser.add_argument(
         "--offline-mcp",
         action="store_true",
         help="serve every mcp.json server with tests/support/mcp_server.py (no internet)",
@@ -158,21 +276,27 @@ def main() -> int:
     options = parser.parse_args()
     graphrun = [sys.executable, "-m", "graphrun.cli"]
     rows = []
+    added: list[str] = []
     with tempfile.TemporaryDirectory(prefix="graphrun-loki-") as tmp:
         config = Path(tmp) / "config"
         shutil.copytree(options.assets, config, symlinks=True)
         (config / "config.yaml").write_text(
-            "model: local:test-model\n"
+            "model: fake:test-model\n"
+            "rag_embedding_model: local:hash-384\n"  # graphrun's offline embedder
             "clients:\n"
             "  - type: openai-compatible\n"
-            "    name: local\n"
+            "    name: fake\n"
             "    api_base: '{{LOKI_ASSETS_API_BASE}}'\n"
         )
         mcp_json = config / "functions" / "mcp.json"
         if options.offline_mcp and mcp_json.is_file():
             servers = json.loads(mcp_json.read_text()).get("mcpServers") or {}
+            named = {s for d in (config / "agents").iterdir() for s in _mcp_servers(d)}
+            added = sorted(named - set(servers))
             stub = {"command": sys.executable, "args": [str(ROOT / "tests/support/mcp_server.py")]}
-            mcp_json.write_text(json.dumps({"mcpServers": {name: stub for name in servers}}))
+            mcp_json.write_text(
+                json.dumps({"mcpServers": {name: stub for name in [*servers, *added]}})
+            )
         agents = sorted(
             p.name
             for p in (config / "agents").iterdir()
@@ -181,15 +305,24 @@ def main() -> int:
         for agent in options.agent or agents:
             scratch = Path(tmp) / "work" / agent
             scratch.mkdir(parents=True)
-            rows.append(run_agent(graphrun, config, agent, scratch))
+            row = run_agent(graphrun, config, agent, scratch)
+            missing = sorted(set(_mcp_servers(config / "agents" / agent)) & set(added))
+            row["note"] = f"not in mcp.json, stubbed: {', '.join(missing)}" if missing else ""
+            rows.append(row)
+    if options.narration:
+        for row in rows:
+            print(f"== {row['agent']} (exit {row['exit']})\n{row['narration']}{row['output']}")
     if options.json:
         print(json.dumps(rows, indent=2))
     else:
         for row in rows:
             status = "ok " if row["exit"] == 0 and row["effect"] else "BAD"
+            ran = ",".join(row["tools_ran"]) or "-"
+            failed = f" failed={','.join(row['tools_failed'])}" if row["tools_failed"] else ""
             print(
-                f"{status} {row['agent']:<20} exit={row['exit']} tool={row['tool']} "
-                f"effect={row['effect']} {row['error'] or row['result']}"
+                f"{status} {row['agent']:<18} exit={row['exit']} ran={ran}{failed} "
+                f"effect={row['effect']}: {row['error'] or row['seen']}"
+                + (f" [{row['note']}]" if row.get("note") else "")
             )
         good = sum(1 for r in rows if r["exit"] == 0 and r["effect"])
         print(f"{good}/{len(rows)} agents completed a turn with a tool that really ran")

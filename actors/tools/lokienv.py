@@ -13,6 +13,10 @@ What Loki gives them, besides the inherited environment (keys excepted, see
 - ``.env`` files: ``<root_dir>/.env`` and ``<config_dir>/.env``; a variable already
   set wins, as in Loki's wrappers;
 - ``PATH``: ``<config_dir>/functions/bin`` and ``<agent_dir>/bin`` first, where they exist;
+- the working directory (:func:`work_dir`): an agent of a Loki configuration
+  directory (``<dir>/agents/<name>`` next to ``<dir>/functions``) runs its scripts
+  and tools where graphrun was started, as Loki does (its ``project_dir: '.'`` is
+  the user's project); any other agent folder runs them in the agent folder;
 - ``AUTO_CONFIRM=true``: graphrun runs headless (tools get no terminal), so
   prompt-utils' ``guard_operation`` / ``guard_path`` must not ask; approval nodes are
   how a graph asks a human.
@@ -38,6 +42,7 @@ __all__ = [
     "prompt_utils_file",
     "resolve_placeholders",
     "script_env",
+    "work_dir",
 ]
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
@@ -115,6 +120,16 @@ def agent_variables(agent_dir: Path, environ: Mapping[str, str] | None = None) -
     if isinstance(override, dict):
         values.update({str(k): str(v) for k, v in override.items()})
     return {k: resolve_placeholders(v, env)[0] for k, v in values.items()}
+
+
+def work_dir(agent_dir: Path) -> Path | None:
+    """Where an agent's scripts and tools run: ``None`` (the directory graphrun was
+    started in) for an agent of a Loki configuration directory, as Loki runs them,
+    else the agent folder."""
+    parent = Path(os.path.realpath(agent_dir)).parent
+    if parent.name == "agents" and (parent.parent / "functions").is_dir():
+        return None
+    return agent_dir
 
 
 def loki_env(

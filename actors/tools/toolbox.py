@@ -18,8 +18,10 @@ Declarations are read without running anything: Python files with :mod:`ast`
 
 Tools run as Loki runs them: arguments arrive as JSON, the tool writes its result
 to the file named by ``$LLM_OUTPUT`` (graphrun falls back to stdout when that
-file stays empty), with Loki's ``LLM_*`` environment, stdin closed and the agent
-directory as working directory. A Bash tool is called as
+file stays empty), with Loki's ``LLM_*`` environment, stdin closed, and as
+working directory the one graphrun was started in for an agent of a Loki
+configuration directory (Loki's: the user's project), else the agent folder
+(:func:`graphrun.actors.tools.lokienv.work_dir`). A Bash tool is called as
 ``bash <file> [<function>] --option value --flag ...``; scripts that end with
 ``eval "$(argc --argc-eval "$0" "$@")"`` get the variables argc would set from
 graphrun (argc need not be installed), and scripts Loki has already built parse
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from graphrun.actors import process
 from graphrun.actors.base import CancelToken
 from graphrun.actors.llm.providers.base import ToolResult, ToolSpec
+from graphrun.actors.tools.lokienv import work_dir
 from graphrun.eventstore import redaction
 from graphrun.eventstore.errors import GraphrunError
 
@@ -626,7 +629,7 @@ def _run_process(
     name: str,
     source: str,
     env: dict[str, str],
-    cwd: Path,
+    cwd: Path | None,
     cancel: CancelToken | None,
     timeout: float,
     started: float,
@@ -761,7 +764,7 @@ class PythonTool:
             name=self.spec.name,
             source=self.spec.source,
             env=env,
-            cwd=self.ctx.agent_dir,
+            cwd=work_dir(self.ctx.agent_dir),
             cancel=cancel,
             timeout=timeout,
             started=started,
@@ -904,7 +907,7 @@ class BashTool:
                 name=self.spec.name,
                 source=self.spec.source,
                 env=env,
-                cwd=self.ctx.agent_dir,
+                cwd=work_dir(self.ctx.agent_dir),
                 cancel=cancel,
                 timeout=timeout,
                 started=started,

@@ -176,6 +176,33 @@ def test_script_nodes_get_lokis_environment_and_no_keys(
     )
 
 
+def test_scripts_and_tools_run_where_graphrun_was_started(
+    loki_dir: Path, tmp_path: Path, fake_llm: FakeLlm, graphrun: GraphrunCli
+) -> None:
+    # Loki's step-runner resolves its ``project_dir: '.'`` in a script and its tools
+    # write relative paths: both mean the user's project (the directory the run was
+    # started in, here tmp_path), never the agent directory.
+    agent = loki_dir / "agents" / "stepper"
+    failed = graphrun("run", "stepper", "go", **run_env(fake_llm, loki_dir))
+    assert failed.code == 0, failed.stderr
+    assert failed.stdout.strip() == f"STEP_FAILED no plan at {tmp_path}/plans/next.md"
+    assert fake_llm.requests == []
+
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "next.md").write_text("write the notes")
+    fake_llm.script(
+        tool_calls(("fs_write", {"path": "notes/step.md", "contents": "step done"})),
+        text("wrote notes/step.md"),
+    )
+    result = graphrun("run", "stepper", "go", **run_env(fake_llm, loki_dir))
+    assert result.code == 0, result.stderr
+    assert result.stdout.strip() == "wrote notes/step.md"
+    prompt = fake_llm.requests[0].body["messages"][-1]["content"]
+    assert prompt == f"Carry out this plan in {tmp_path}: write the notes"
+    assert (tmp_path / "notes" / "step.md").read_text() == "step done"
+    assert not (agent / "notes").exists()
+
+
 def test_a_tool_that_names_a_key_gets_it_and_never_shows_it(loki_dir: Path) -> None:
     tool = loki_dir / "functions" / "tools" / "calls_api.sh"
     tool.write_text(

@@ -381,13 +381,19 @@ def test_python_tool_writes_to_llm_output(agent_dir: Path, config_dir: Path) -> 
     }
 
 
-def test_python_tool_environment_and_cwd(agent_dir: Path, config_dir: Path) -> None:
+def test_python_tool_environment_and_cwd(
+    agent_dir: Path, config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tool runs where graphrun was invoked (as Loki runs it), not in the agent dir.
+    invoked = tmp_path / "project"
+    invoked.mkdir()
+    monkeypatch.chdir(invoked)
     result = toolbox(agent_dir, config_dir, "env_report").call("env_report", "{}")
     report = json.loads(result.output)
     output_file = report.pop("LLM_OUTPUT")
     assert output_file.startswith("/") and not Path(output_file).exists()  # removed after
     assert report == {
-        "cwd": str(agent_dir.resolve()),
+        "cwd": str(invoked.resolve()),
         "LLM_AGENT_CACHE_DIR": str(config_dir / "cache" / "notes"),
         "LLM_AGENT_DATA_DIR": str(agent_dir.resolve()),
         "LLM_AGENT_RAW_JSON": "{}",
