@@ -1083,11 +1083,28 @@ def _resolve(
     hub: McpHub | None,
     start_mcp: bool,
 ) -> tuple[list[Tool], list[str]]:
-    """The tools a whitelist selects, and an error message per bad entry."""
+    """The tools a whitelist selects, and an error message per bad entry.
+
+    An agent of a Loki configuration directory sees each ``mcp:<server>`` entry as
+    Loki offers it: the server's three meta-functions (``mcp_search_``,
+    ``mcp_describe_``, ``mcp_invoke_<server>``), which Loki's prompts name; any
+    other agent gets the server's own tools (``<server>_<tool>``)."""
     try:
         local = _local_tools(agent_dir, global_tools=global_tools, config_dir=config_dir)
     except ToolError as exc:
         return [], [str(exc)]
+    if work_dir(agent_dir) is None:  # a Loki-layout agent (see lokienv.work_dir)
+        from graphrun.actors.tools.mcp import META_PREFIXES
+
+        whitelist = [
+            name
+            for entry in whitelist
+            for name in (
+                [f"{prefix}_{entry[4:]}" for prefix in META_PREFIXES]
+                if entry.startswith("mcp:") and entry[4:] in mcp_servers
+                else [entry]
+            )
+        ]
     selected: dict[str, Tool] = {}
     errors: list[str] = []
     mcp_tools: dict[str, list[Tool]] | None = None  # server -> tools, listed on demand

@@ -269,3 +269,25 @@ def test_graph_llm_node_lists_and_calls_tools_of_three_transports(
     fake_llm.stop()
     replayed = graphrun("replay", run_id)
     assert replayed.code == 0, replayed.stdout + replayed.stderr
+
+
+def test_a_loki_layout_agent_sees_mcp_servers_as_lokis_meta_functions(
+    tmp_path: Path, http_url: str
+) -> None:
+    # <config>/agents/<name> next to <config>/functions: Loki's layout, Loki's offer.
+    config_dir = write_mcp(tmp_path / "config", {"web": {"type": "http", "url": http_url}})
+    agent = write_agent(config_dir / "agents" / "helper", "name: helper\n")
+    other = write_agent(tmp_path / "elsewhere" / "helper", "name: helper\n")
+    with McpHub.from_config_dir(config_dir) as hub:
+        loki = load_toolbox(agent, ["mcp:web"], mcp_servers=["web"], config_dir=config_dir, hub=hub)
+        assert sorted(spec.name for spec in loki.specs) == [
+            "mcp_describe_web",
+            "mcp_invoke_web",
+            "mcp_search_web",
+        ]
+        called = loki.call("mcp_invoke_web", '{"tool": "add", "arguments": {"a": 1, "b": 2}}')
+        assert (called.output, called.is_error) == ("3", False)
+        direct = load_toolbox(
+            other, ["mcp:web"], mcp_servers=["web"], config_dir=config_dir, hub=hub
+        )
+        assert "web_add" in [spec.name for spec in direct.specs]
