@@ -368,8 +368,12 @@ class Replayer:
                 old = None
             if isinstance(old, decider.PerformMany):
                 recorded = {t.branch: t for t in old.tasks}
+        outcomes: dict[str, list[Event]] = {}
+        for e in consumed:
+            if isinstance(e, EFFECTS):
+                outcomes.setdefault(e.branch, []).append(e)
         for branch, task in sorted(by_branch.items()):
-            outcome = [e for e in consumed if e.branch == branch and isinstance(e, EFFECTS)]
+            outcome = outcomes.get(branch, [])
             if not outcome:
                 continue
             problem = check_request(task, outcome, self.agent_dir, self.check_files, self.sources)
