@@ -10,7 +10,8 @@
    is skipped, loudly.
 3. Replay of the recorded map run through the CLI: >= 20,000 events/s.
 
-A bare asyncio + httpx loop making the same calls is measured in the same run too:
+Bare asyncio loops making the same calls (httpx; aiohttp, the client graphrun uses
+live) are measured in the same run too:
 what the machine can do at all, so a loaded machine shows as a slow baseline rather
 than as a slow engine.
 
@@ -201,13 +202,41 @@ def bench_bare(url: str, items: int, concurrency: int) -> float:
     return asyncio.run(main())
 
 
+def bench_bare_aiohttp(url: str, items: int, concurrency: int) -> float:
+    """Seconds for the same calls from a bare asyncio + aiohttp loop (the client stack
+    graphrun's live calls use), no engine, no log: the floor for this machine."""
+    import aiohttp
+
+    async def main() -> float:
+        gate = asyncio.Semaphore(concurrency)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+            async def one(i: int) -> str:
+                body = json.dumps(
+                    {"model": "m", "messages": [{"role": "user", "content": f"item {i}"}]}
+                ).encode()
+                headers = {"authorization": "Bearer bench", "content-type": "application/json"}
+                async with (
+                    gate,
+                    session.post(f"{url}/chat/completions", data=body, headers=headers) as response,
+                ):
+                    data = json.loads(await response.read())
+                    return str(data["choices"][0]["message"]["content"])
+
+            started = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(items)))
+            return time.perf_counter() - started
+
+    return asyncio.run(main())
+
+
 def bench_langgraph(url: str, tmp: Path, items: int, concurrency: int) -> float | None:
     """Seconds for the same calls through LangGraph's Send with AsyncSqliteSaver."""
     try:
         import operator
         from typing import Annotated, TypedDict
 
-        import httpx
+        import aiohttp
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
         from langgraph.graph import END, START, StateGraph
         from langgraph.types import Send
@@ -220,21 +249,24 @@ def bench_langgraph(url: str, tmp: Path, items: int, concurrency: int) -> float 
     State = TypedDict("State", fields)  # type: ignore[misc]
 
     async def main() -> float:
-        async with httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        # The client graphrun's live calls use (aiohttp), so that only the engines differ.
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=concurrency)
         ) as client:
             # No annotations here: LangGraph reads them, and this module's are strings.
             async def call(item):  # type: ignore[no-untyped-def]
-                response = await client.post(
+                body = {
+                    "model": "gpt-bench",
+                    "messages": [{"role": "user", "content": f"item {item['item']}"}],
+                }
+                async with client.post(
                     f"{url}/chat/completions",
-                    json={
-                        "model": "gpt-bench",
-                        "messages": [{"role": "user", "content": f"item {item['item']}"}],
-                    },
+                    json=body,
                     headers={"authorization": "Bearer bench"},
-                    timeout=60,
-                )
-                text = response.json()["choices"][0]["message"]["content"]
+                    timeout=aiohttp.ClientTimeout(total=60),
+                ) as response:
+                    data = json.loads(await response.read())
+                text = data["choices"][0]["message"]["content"]
                 return {"answers": [text]}
 
             def fan(state):  # type: ignore[no-untyped-def]
@@ -320,14 +352,16 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     with Server() as url, tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        bare = min(bench_bare(url, args.items, args.concurrency) for _ in range(2))
+        bare_httpx = min(bench_bare(url, args.items, args.concurrency) for _ in range(2))
+        bare = min(bench_bare_aiohttp(url, args.items, args.concurrency) for _ in range(2))
         # A one-item run first: the modules an llm node needs are imported before the
         # timed run, as LangGraph's are before its own (and replay's start-up below).
         tiny = tmp / "one-item"
         tiny.mkdir()
         _, tiny_db, tiny_run = bench_graphrun(url, tiny, 1, args.concurrency)
         seconds, db, run_id = bench_graphrun(url, tmp, args.items, args.concurrency)
-        report["bare_httpx_s"] = round(bare, 3)
+        report["bare_httpx_s"] = round(bare_httpx, 3)
+        report["bare_aiohttp_s"] = round(bare, 3)
         report["ratio_to_bare"] = round(seconds / bare, 2)
         report["graphrun_s"] = round(seconds, 3)
         report["ideal_s"] = round(ideal, 3)
@@ -354,10 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         lg_s = report.get("langgraph_s", float("nan"))
         lines = [
             f"map of {args.items} llm calls (50 ms each) at concurrency {args.concurrency}:",
-            f"  bare httpx {report['bare_httpx_s']:.3f} s (asyncio, no engine, no log)",
+            f"  bare httpx {report['bare_httpx_s']:.3f} s, bare aiohttp "
+            f"{report['bare_aiohttp_s']:.3f} s (asyncio, no engine, no log)",
             f"  graphrun   {report['graphrun_s']:.3f} s = {report['ratio_to_ideal']}x the "
             f"ideal {ideal:.2f} s (target <= {IDEAL_RATIO_TARGET}x), "
-            f"{report['ratio_to_bare']}x the bare loop",
+            f"{report['ratio_to_bare']}x the bare aiohttp loop",
             f"  langgraph  {lg_s:.3f} s (Send + AsyncSqliteSaver): graphrun "
             f"{report.get('speedup_vs_langgraph', '?')}x faster (target >= {LANGGRAPH_TARGET}x)",
             f"  replay     {report['replay_events_per_s']} events/s over {events} events "
