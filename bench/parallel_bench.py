@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -341,6 +342,12 @@ def bench_replay(db: Path, run_id: str, tiny_db: Path, tiny_run: str) -> dict[st
     }
 
 
+def _cpu() -> float:
+    """CPU seconds of this process so far, every thread (the server is another process)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--items", type=int, default=1000)
@@ -353,13 +360,18 @@ def main(argv: list[str] | None = None) -> int:
     with Server() as url, tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         bare_httpx = min(bench_bare(url, args.items, args.concurrency) for _ in range(2))
+        cpu = _cpu()
         bare = min(bench_bare_aiohttp(url, args.items, args.concurrency) for _ in range(2))
+        bare_cpu = (_cpu() - cpu) / 2
         # A one-item run first: the modules an llm node needs are imported before the
         # timed run, as LangGraph's are before its own (and replay's start-up below).
         tiny = tmp / "one-item"
         tiny.mkdir()
         _, tiny_db, tiny_run = bench_graphrun(url, tiny, 1, args.concurrency)
+        cpu = _cpu()
         seconds, db, run_id = bench_graphrun(url, tmp, args.items, args.concurrency)
+        report["cpu_per_call_us"] = round((_cpu() - cpu) / args.items * 1e6)
+        report["bare_aiohttp_cpu_per_call_us"] = round(bare_cpu / args.items * 1e6)
         report["bare_httpx_s"] = round(bare_httpx, 3)
         report["bare_aiohttp_s"] = round(bare, 3)
         report["ratio_to_bare"] = round(seconds / bare, 2)
@@ -393,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
             f"  graphrun   {report['graphrun_s']:.3f} s = {report['ratio_to_ideal']}x the "
             f"ideal {ideal:.2f} s (target <= {IDEAL_RATIO_TARGET}x), "
             f"{report['ratio_to_bare']}x the bare aiohttp loop",
+            f"             CPU per call (this process, every thread): graphrun "
+            f"{report['cpu_per_call_us']} µs, bare aiohttp "
+            f"{report['bare_aiohttp_cpu_per_call_us']} µs",
             f"  langgraph  {lg_s:.3f} s (Send + AsyncSqliteSaver): graphrun "
             f"{report.get('speedup_vs_langgraph', '?')}x faster (target >= {LANGGRAPH_TARGET}x)",
             f"  replay     {report['replay_events_per_s']} events/s over {events} events "

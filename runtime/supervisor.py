@@ -361,6 +361,13 @@ class Driver:
         its results: those stay for the decisions that use them, since the decider
         takes a result as the effect's end (an agent node still extracts after its
         child's ``ChildRunFinished``)."""
+        with self._effects_lock:
+            # Nothing of this branch to commit (an llm node's first call): no wait for
+            # a commit in progress.
+            if not any(
+                e.branch == branch and not isinstance(e, RESULT_TYPES) for e in self._effects
+            ):
+                return
         with self._pending_lock:
             with self._effects_lock:
                 mine = [
