@@ -30,7 +30,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
@@ -330,9 +330,8 @@ def _env_proxy(scheme: str, host: str) -> dict[str, Any]:
     ``ALL_PROXY``, none for a host ``NO_PROXY`` names; credentials in the proxy's URL
     are sent to the proxy. (aiohttp's own ``trust_env`` looks them up again, on a
     worker thread, on every request.)"""
+    import base64
     import urllib.request
-
-    import aiohttp
 
     proxies = urllib.request.getproxies_environment()
     proxy = proxies.get(scheme) or proxies.get("all")
@@ -346,9 +345,12 @@ def _env_proxy(scheme: str, host: str) -> dict[str, Any]:
     netloc = parts.hostname or ""
     if parts.port is not None:
         netloc = f"{netloc}:{parts.port}"
+    credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
     return {
         "proxy": parts._replace(netloc=netloc).geturl(),
-        "proxy_auth": aiohttp.BasicAuth(parts.username, parts.password or ""),
+        "proxy_headers": {
+            "Proxy-Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()
+        },
     }
 
 
