@@ -30,7 +30,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import msgspec
 
@@ -273,6 +273,10 @@ class _LiveClient:
         if session is None:
             session = self._session = self._make()
         split = urlsplit(url)
+        if split.username is not None or split.password is not None:
+            # Credentials in the URL: sent as Basic auth, in place of any Authorization
+            # header, as httpx sends them.
+            url, headers = _userinfo_as_auth(split, headers)
         where = (split.scheme, split.hostname or "")
         proxy = self._proxies.get(where)
         if proxy is None:
@@ -324,13 +328,29 @@ class _LiveClient:
                 self._loop.submit(session.close()).result(timeout=10)
 
 
+def _basic(username: str, password: str) -> str:
+    import base64
+
+    credentials = f"{unquote(username)}:{unquote(password)}".encode()
+    return "Basic " + base64.b64encode(credentials).decode()
+
+
+def _userinfo_as_auth(split: SplitResult, headers: Any) -> tuple[str, dict[str, Any]]:
+    """The URL without its user info, and the headers with that user info as Basic auth."""
+    netloc = split.hostname or ""
+    if split.port is not None:
+        netloc = f"{netloc}:{split.port}"
+    kept = {k: v for k, v in dict(headers or {}).items() if k.lower() != "authorization"}
+    kept["Authorization"] = _basic(split.username or "", split.password or "")
+    return split._replace(netloc=netloc).geturl(), kept
+
+
 def _env_proxy(scheme: str, host: str) -> dict[str, Any]:
     """aiohttp's proxy options for a request to ``host`` over ``scheme``, from the
     environment as httpx reads it: ``HTTP_PROXY``/``HTTPS_PROXY`` by scheme, else
     ``ALL_PROXY``, none for a host ``NO_PROXY`` names; credentials in the proxy's URL
     are sent to the proxy. (aiohttp's own ``trust_env`` looks them up again, on a
     worker thread, on every request.)"""
-    import base64
     import urllib.request
 
     proxies = urllib.request.getproxies_environment()
@@ -345,12 +365,9 @@ def _env_proxy(scheme: str, host: str) -> dict[str, Any]:
     netloc = parts.hostname or ""
     if parts.port is not None:
         netloc = f"{netloc}:{parts.port}"
-    credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
     return {
         "proxy": parts._replace(netloc=netloc).geturl(),
-        "proxy_headers": {
-            "Proxy-Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()
-        },
+        "proxy_headers": {"Proxy-Authorization": _basic(parts.username, parts.password or "")},
     }
 
 

@@ -9,6 +9,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
@@ -24,8 +25,11 @@ class _Gzipped(BaseHTTPRequestHandler):
     """Answers every POST with a gzip-compressed chat completion; a path ending in
     ``/drop`` closes the connection without an answer."""
 
+    seen: ClassVar[list[tuple[str, str | None]]] = []
+
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
+        _Gzipped.seen.append((self.path, self.headers.get("authorization")))
         if self.path.endswith("/drop/chat/completions"):
             self.close_connection = True
             return
@@ -70,6 +74,15 @@ def _call(base_url: str) -> str:
 
 def test_a_compressed_body_is_decoded_by_httpx(gzip_server: str) -> None:
     assert _call(f"{gzip_server}/v1") == "zipped"
+
+
+def test_user_info_in_the_base_url_is_sent_as_basic_auth_as_httpx_sends_it(
+    gzip_server: str,
+) -> None:
+    assert _call(gzip_server.replace("http://", "http://me:p%40ss@") + "/v1") == "zipped"
+    path, auth = _Gzipped.seen[-1]
+    assert path == "/v1/chat/completions"
+    assert auth == "Basic " + base64.b64encode(b"me:p@ss").decode()
 
 
 def test_a_dropped_connection_is_a_transport_error(gzip_server: str) -> None:
