@@ -8,7 +8,8 @@ No I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -39,6 +40,66 @@ from graphrun.eventstore.events import (
 )
 
 _replace = msgspec.structs.replace
+
+#: Buckets of a :class:`BranchEffects` map.
+_BUCKETS = 64
+
+
+class BranchEffects(Mapping[str, tuple[Any, ...]]):
+    """An immutable map of branch id -> effect events whose :meth:`set` shares all but
+    one bucket with the map it came from.
+
+    A 1,000-item map records two events per item: copying a plain dict of every item
+    on each would make the fold quadratic in the number of items. Here an event copies
+    a tuple of 64 buckets and one bucket (~n/64 items). Buckets are chosen by CRC-32
+    of the branch id, so iteration order is the same in every process (``hash`` of
+    a string is not)."""
+
+    __slots__ = ("_buckets", "_len")
+
+    def __init__(self, items: Mapping[str, tuple[Any, ...]] | None = None) -> None:
+        buckets: list[dict[str, tuple[Any, ...]]] = [{} for _ in range(_BUCKETS)]
+        for key, value in (items or {}).items():
+            buckets[_bucket(key)][key] = value
+        self._buckets = tuple(buckets)
+        self._len = sum(len(b) for b in buckets)
+
+    def set(self, key: str, value: tuple[Any, ...]) -> BranchEffects:
+        """A new map with ``key`` set to ``value`` (this one is unchanged)."""
+        i = _bucket(key)
+        old = self._buckets[i]
+        bucket = dict(old)
+        bucket[key] = value
+        new = BranchEffects.__new__(BranchEffects)
+        new._buckets = (*self._buckets[:i], bucket, *self._buckets[i + 1 :])
+        new._len = self._len + (key not in old)
+        return new
+
+    def __getitem__(self, key: str) -> tuple[Any, ...]:
+        return self._buckets[_bucket(key)][key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._buckets[_bucket(key)].get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self._buckets[_bucket(key)]
+
+    def __iter__(self) -> Iterator[str]:
+        for bucket in self._buckets:
+            yield from bucket
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        return f"BranchEffects({dict(self)!r})"
+
+
+def _bucket(key: str) -> int:
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % _BUCKETS
+
+
+_NO_BRANCH_EFFECTS = BranchEffects()
 
 
 class Branch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -86,7 +147,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # Branch) and the effect events of every branch and map item (branch id -> events).
     step: int = 0
     branches: dict[str, Branch] = {}
-    branch_effects: dict[str, tuple[Any, ...]] = {}
+    branch_effects: Mapping[str, tuple[Any, ...]] = _NO_BRANCH_EFFECTS
     interrupted: bool = False
 
     @property
@@ -167,7 +228,7 @@ def apply(state: RunState, event: Event) -> RunState:
                 routed_to=event.routed_to,
                 targets=_targets(event),
                 last_node=event.node_id,
-                branch_effects={},
+                branch_effects=_NO_BRANCH_EFFECTS,
                 **base,
             )
         case NodeFailed():
@@ -185,7 +246,7 @@ def apply(state: RunState, event: Event) -> RunState:
                 state,
                 step=step,
                 branches={},
-                branch_effects={},
+                branch_effects=_NO_BRANCH_EFFECTS,
                 routed_to=None,
                 targets=(),
                 waiting=None,
@@ -197,7 +258,7 @@ def apply(state: RunState, event: Event) -> RunState:
                 state,
                 state=new_state,
                 branches={},
-                branch_effects={},
+                branch_effects=_NO_BRANCH_EFFECTS,
                 current=None,
                 routed_to=targets[0] if len(targets) == 1 else None,
                 targets=tuple(targets),
@@ -246,7 +307,7 @@ def _apply_branch(state: RunState, event: Event, base: dict[str, Any]) -> RunSta
         case HumanInputRequested():
             return _replace(state, status="waiting", waiting=event, **base)
         case HumanInputReceived():
-            effects = {**state.branch_effects, bid: (*state.branch_effects.get(bid, ()), event)}
+            effects = _add_effect(state.branch_effects, bid, event)
             return _replace(
                 state,
                 status="running" if not state.terminal else state.status,
@@ -256,15 +317,21 @@ def _apply_branch(state: RunState, event: Event, base: dict[str, Any]) -> RunSta
             )
         case ChildRunStarted(child_run_id=child) | ChildRunFinished(child_run_id=child):
             status = "running" if isinstance(event, ChildRunStarted) else event.status
-            effects = {**state.branch_effects, bid: (*state.branch_effects.get(bid, ()), event)}
+            effects = _add_effect(state.branch_effects, bid, event)
             children = {**state.children, child: status}
             return _replace(state, children=children, branch_effects=effects, **base)
         case ScriptFinished() | LlmCalled() | ToolCalled() | LlmResult() | RetrievalDone():
-            effects = {**state.branch_effects, bid: (*state.branch_effects.get(bid, ()), event)}
+            effects = _add_effect(state.branch_effects, bid, event)
             return _replace(state, branch_effects=effects, **base)
         case _:
             # Run-level facts never carry a branch; be lenient with one that does.
             return apply(state, _replace(event, branch=""))
+
+
+def _add_effect(effects: Mapping[str, tuple[Any, ...]], bid: str, event: Event) -> BranchEffects:
+    if not isinstance(effects, BranchEffects):
+        effects = BranchEffects(effects)
+    return effects.set(bid, (*effects.get(bid, ()), event))
 
 
 def fold(events: Iterable[Event], state: RunState | None = None) -> RunState:

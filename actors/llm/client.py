@@ -6,13 +6,17 @@ an ``httpx.Client`` over an ``httpx.MockTransport`` that answers from a
 :class:`ReplayTransport` of recorded ``LlmCalled`` events: the providers send,
 receive and decode exactly as they do live; only the transport differs.
 
-Live calls go through an ``httpx.AsyncClient`` on the factory's own event-loop
+Live calls go through an ``aiohttp.ClientSession`` on the factory's own event-loop
 thread, so that they can be aborted from another thread: :meth:`ClientFactory.abort_on`
 ties the calling thread's in-flight request to a :class:`CancelToken`; when the
 token fires, the request's task is cancelled, which closes its connection at
 once instead of waiting for the model to finish (and the server stops
-generating tokens nobody will read). Environment proxies apply (httpx mounts
-them), and nothing outside httpx's public API is used.
+generating tokens nobody will read). aiohttp, not httpx, on the wire: its HTTP
+parser and connection pool are compiled, and a map of 100 concurrent calls spent
+most of its time in httpx's pool; the providers still get httpx's own
+``Response`` (decoded by httpx, as a live httpx call is) and httpx's exceptions.
+Environment proxies apply (``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``), and
+nothing outside either library's public API is used.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import msgspec
 
@@ -37,6 +41,7 @@ from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import LlmCalled
 
 if TYPE_CHECKING:
+    import aiohttp
     import httpx
 
 #: Seconds to wait for a TCP (and TLS) connection.
@@ -129,8 +134,9 @@ class ClientFactory:
 
         Replaying, a :class:`_TransportClient` over an ``httpx.MockTransport``
         serving the recording (nothing leaves the process). Live, a
-        :class:`_LiveClient`: the call on an ``httpx.AsyncClient`` on the factory's
-        event-loop thread. Either way the providers get httpx's own ``Response``.
+        :class:`_LiveClient`: the call on an ``aiohttp.ClientSession`` on the
+        factory's event-loop thread. Either way the providers get httpx's own
+        ``Response``.
         """
         with self._lock:
             existing = self._clients.get(base_url)
@@ -147,24 +153,23 @@ class ClientFactory:
             self._clients[base_url] = created
             return created
 
-    def _async_client(self) -> httpx.AsyncClient:
-        """A pooled client (made on the loop thread, where it is used).
+    def _async_client(self) -> aiohttp.ClientSession:
+        """A pooled session (made on the loop thread, where it is used).
 
-        No transport passed in, so that httpx mounts the proxies the environment
-        names (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY): it does not for a client given
-        its transport. Retries are httpx's default, none: ours are counted,
+        The environment's proxies apply (see :func:`_env_proxy`). No connection cap: a
+        super-step's concurrent calls (a map at max_concurrency 100) never queue for
+        a connection behind a fixed pool. Compressed bodies are left for httpx to
+        decode, as a live httpx call would. Retries: none here; ours are counted,
         recorded, and only for transient errors.
         """
-        import httpx
+        import aiohttp
 
-        return httpx.AsyncClient(
-            verify=shared_ssl_context(),
-            # No connection cap: a super-step's concurrent calls (a map at
-            # max_concurrency 100) never queue for a connection behind a fixed pool.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
-            timeout=httpx.Timeout(self._read_timeout, connect=self._connect_timeout),
-            follow_redirects=False,
-            trust_env=True,
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ssl=shared_ssl_context()),
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=self._connect_timeout, sock_read=self._read_timeout
+            ),
+            auto_decompress=False,
         )
 
     def abort_on(self, token: CancelToken) -> contextlib.AbstractContextManager[None]:
@@ -243,79 +248,169 @@ class _LoopThread:
 
 
 class _LiveClient:
-    """``post`` and ``close`` of an ``httpx.AsyncClient`` run on a :class:`_LoopThread`,
-    for the providers' synchronous code: the response is httpx's own, read in full.
+    """``post`` and ``close`` of an ``aiohttp.ClientSession`` run on a :class:`_LoopThread`,
+    for the providers' synchronous code: the response is httpx's own, read in full,
+    and a failure is raised as the httpx exception a live httpx call raises.
 
     A request made inside :meth:`ClientFactory.abort_on` is cancelled when the
     token fires: its task is cancelled on the loop, and the call raises
     ``httpx.ReadError`` at once.
     """
 
-    #: At most this many pooled clients per base URL; each call goes to the least busy.
-    #: httpcore scans every connection of a pool on each request's start and end, so
-    #: one pool serving 100 concurrent calls costs ~100 checks per call; spread over
-    #: eight pools, ~13.
-    SHARDS = 8
-
     def __init__(self, loop: _LoopThread, aborts: _AbortRegistry, make: Any) -> None:
         self._loop = loop
         self._aborts = aborts
-        self._clients: list[httpx.AsyncClient] = []
-        self._busy: list[int] = []
+        self._session: aiohttp.ClientSession | None = None
         self._make = make
+        # Scheme and host -> the proxy options for it, read from the environment once.
+        self._proxies: dict[tuple[str, str], dict[str, Any]] = {}
 
-    async def _post(self, url: str, content: bytes, headers: Any, timeout: Any) -> httpx.Response:
-        # Runs on the loop thread only: no lock needed around the shard bookkeeping.
-        busy = self._busy
-        i = min(range(len(busy)), key=busy.__getitem__) if busy else -1
-        if i < 0 or (busy[i] > 0 and len(busy) < self.SHARDS):
-            self._clients.append(self._make())
-            busy.append(0)
-            i = len(busy) - 1
-        busy[i] += 1
-        try:
-            return await self._clients[i].post(
-                url, content=content, headers=headers, timeout=timeout
-            )
-        finally:
-            busy[i] -= 1
+    async def _post(
+        self, url: str, content: bytes, headers: Any, timeout: Any
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        # Runs on the loop thread only: no lock needed around the session.
+        session = self._session
+        if session is None:
+            session = self._session = self._make()
+        split = urlsplit(url)
+        if split.username is not None or split.password is not None:
+            # Credentials in the URL: sent as Basic auth, in place of any Authorization
+            # header, as httpx sends them.
+            url, headers = _userinfo_as_auth(split, headers)
+        where = (split.scheme, split.hostname or "")
+        proxy = self._proxies.get(where)
+        if proxy is None:
+            proxy = self._proxies[where] = _env_proxy(*where)
+        options: dict[str, Any] = dict(proxy)
+        if timeout is not None:
+            options["timeout"] = timeout
+        async with session.post(
+            url, data=content, headers=headers, allow_redirects=False, **options
+        ) as response:
+            body = await response.read()
+            return response.status, list(response.raw_headers), body
 
     def post(
         self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None
     ) -> httpx.Response:
         import httpx
 
-        if timeout is None:
-            timeout = httpx.USE_CLIENT_DEFAULT
         scope = self._aborts.current()
-        future = self._loop.submit(self._post(url, content, headers, timeout))
+        future = self._loop.submit(self._post(url, content, headers, _aiohttp_timeout(timeout)))
         if scope is not None:
             scope.watch(future)
         try:
-            return future.result()
-        except httpx.ConnectError as exc:
-            # asyncio's connect reports "All connection attempts failed" over the
-            # system's own error (kept as the cause): say what the system said, as a
-            # blocking connect does ("[Errno 111] Connection refused").
-            code = _os_errno(exc)
-            if code is None:
-                raise
-            message = f"[Errno {code}] {os.strerror(code)}"
-            raise httpx.ConnectError(message, request=exc.request) from exc
+            status, raw_headers, body = future.result()
         except concurrent.futures.CancelledError:
             raise httpx.ReadError("request cancelled", request=httpx.Request("POST", url)) from None
-        except BaseException:
+        except BaseException as exc:
             future.cancel()  # e.g. KeyboardInterrupt in the waiting thread
-            raise
+            mapped = _httpx_error(exc, httpx.Request("POST", url))
+            if mapped is None:
+                raise
+            raise mapped from exc
         finally:
             if scope is not None:
                 scope.unwatch()
+        response = httpx.Response(
+            status,
+            headers=raw_headers,
+            stream=httpx.ByteStream(body),
+            request=httpx.Request("POST", url, headers=headers),
+        )
+        response.read()  # decodes a compressed body, as httpx does live
+        return response
 
     def close(self) -> None:
-        clients, self._clients, self._busy = self._clients, [], []
-        for client in clients:
+        session, self._session = self._session, None
+        if session is not None:
             with contextlib.suppress(Exception):
-                self._loop.submit(client.aclose()).result(timeout=10)
+                self._loop.submit(session.close()).result(timeout=10)
+
+
+def _basic(username: str, password: str) -> str:
+    import base64
+
+    credentials = f"{unquote(username)}:{unquote(password)}".encode()
+    return "Basic " + base64.b64encode(credentials).decode()
+
+
+def _userinfo_as_auth(split: SplitResult, headers: Any) -> tuple[str, dict[str, Any]]:
+    """The URL without its user info, and the headers with that user info as Basic auth."""
+    netloc = split.hostname or ""
+    if split.port is not None:
+        netloc = f"{netloc}:{split.port}"
+    kept = {k: v for k, v in dict(headers or {}).items() if k.lower() != "authorization"}
+    kept["Authorization"] = _basic(split.username or "", split.password or "")
+    return split._replace(netloc=netloc).geturl(), kept
+
+
+def _env_proxy(scheme: str, host: str) -> dict[str, Any]:
+    """aiohttp's proxy options for a request to ``host`` over ``scheme``, from the
+    environment as httpx reads it: ``HTTP_PROXY``/``HTTPS_PROXY`` by scheme, else
+    ``ALL_PROXY``, none for a host ``NO_PROXY`` names; credentials in the proxy's URL
+    are sent to the proxy. (aiohttp's own ``trust_env`` looks them up again, on a
+    worker thread, on every request.)"""
+    import urllib.request
+
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if not proxy or (host and urllib.request.proxy_bypass_environment(host, proxies)):
+        return {}
+    if "://" not in proxy:
+        proxy = f"http://{proxy}"
+    parts = urlsplit(proxy)
+    if parts.username is None:
+        return {"proxy": proxy}
+    netloc = parts.hostname or ""
+    if parts.port is not None:
+        netloc = f"{netloc}:{parts.port}"
+    return {
+        "proxy": parts._replace(netloc=netloc).geturl(),
+        "proxy_headers": {"Proxy-Authorization": _basic(parts.username, parts.password or "")},
+    }
+
+
+def _aiohttp_timeout(timeout: Any) -> Any:
+    """aiohttp's timeout for an httpx ``timeout=`` argument (``None``: the session's)."""
+    import aiohttp
+    import httpx
+
+    if timeout is None or timeout is httpx.USE_CLIENT_DEFAULT:
+        return None
+    if isinstance(timeout, int | float):
+        return aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout)
+    if isinstance(timeout, httpx.Timeout):
+        return aiohttp.ClientTimeout(total=None, connect=timeout.connect, sock_read=timeout.read)
+    return None
+
+
+def _httpx_error(exc: BaseException, request: httpx.Request) -> Exception | None:
+    """The httpx exception a live httpx call raises where aiohttp raised ``exc``."""
+    import aiohttp
+    import httpx
+
+    if isinstance(exc, aiohttp.ClientProxyConnectionError):
+        return httpx.ProxyError(str(exc), request=request)
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return httpx.ConnectTimeout(str(exc) or "connect timed out", request=request)
+        # Say what the system said, as a blocking connect does
+        # ("[Errno 111] Connection refused").
+        code = _os_errno(exc)
+        message = f"[Errno {code}] {os.strerror(code)}" if code else str(exc)
+        return httpx.ConnectError(message, request=request)
+    if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors too
+        return httpx.ReadTimeout(str(exc) or "read timed out", request=request)
+    if isinstance(exc, aiohttp.InvalidURL):
+        return httpx.UnsupportedProtocol(f"invalid URL: {exc}", request=request)
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return httpx.RemoteProtocolError(str(exc) or type(exc).__name__, request=request)
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return httpx.RemoteProtocolError(str(exc), request=request)
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return httpx.ReadError(str(exc) or type(exc).__name__, request=request)
+    return None
 
 
 def _os_errno(exc: BaseException) -> int | None:

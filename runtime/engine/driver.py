@@ -312,6 +312,9 @@ class Driver:
         self.resumed_by = resumed_by
         self._pending: list[Event] = []
         self._effects: list[Event] = []
+        # Guards ``_effects`` alone, so that effects record while a commit holds
+        # ``_pending_lock`` (taken after it, never before it).
+        self._effects_lock = threading.Lock()
         self.timed_out: float | None = None
         self.refused: GraphrunError | None = None
         self._pending_lock = threading.Lock()
@@ -363,7 +366,7 @@ class Driver:
         one-call node commits once, with the decisions that use its result."""
         if branch:
             events = [e if e.branch == branch else _replace(e, branch=branch) for e in events]
-        with self._pending_lock:
+        with self._effects_lock:
             self._effects.extend(events)
 
     def uncommitted(self) -> list[Event]:
@@ -376,14 +379,24 @@ class Driver:
         its results: those stay for the decisions that use them, since the decider
         takes a result as the effect's end (an agent node still extracts after its
         child's ``ChildRunFinished``)."""
-        with self._pending_lock:
-            mine = [
-                e for e in self._effects if e.branch == branch and not isinstance(e, RESULT_TYPES)
-            ]
-            if not mine:
+        with self._effects_lock:
+            # Nothing of this branch to commit (an llm node's first call): no wait for
+            # a commit in progress.
+            if not any(
+                e.branch == branch and not isinstance(e, RESULT_TYPES) for e in self._effects
+            ):
                 return
-            taken = {id(e) for e in mine}
-            self._effects = [e for e in self._effects if id(e) not in taken]
+        with self._pending_lock:
+            with self._effects_lock:
+                mine = [
+                    e
+                    for e in self._effects
+                    if e.branch == branch and not isinstance(e, RESULT_TYPES)
+                ]
+                if not mine:
+                    return
+                taken = {id(e) for e in mine}
+                self._effects = [e for e in self._effects if id(e) not in taken]
             stamped = self._stamp(mine)
             self._pending.extend(stamped)
             state = self.state
@@ -395,7 +408,8 @@ class Driver:
     def absorb_effects(self) -> int:
         """Fold the effect events recorded so far and queue them for the next commit."""
         with self._pending_lock:
-            effects, self._effects = self._effects, []
+            with self._effects_lock:
+                effects, self._effects = self._effects, []
             stamped = self._stamp(effects)
             self._pending.extend(stamped)
             state = self.state
@@ -754,6 +768,8 @@ class Driver:
                     waiting = detail
                 elif kind == "failed" and not token.cancelled:
                     failures.append((task.branch, task, detail))
+            if done:
+                # One commit for every effect that finished since the last wake-up.
                 self.absorb_effects()
                 self.flush()
             if not done:
@@ -912,7 +928,7 @@ class Driver:
         """Forget the results of interrupted effects (of one branch, or all): an effect
         stopped by an interrupt did not complete, so resume performs it again. What
         it did complete before (an LLM turn, a tool's result) is kept and committed."""
-        with self._pending_lock:
+        with self._effects_lock:
             self._effects = [
                 e
                 for e in self._effects
