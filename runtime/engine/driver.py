@@ -735,6 +735,22 @@ class Driver:
         waiting: HumanInputRequested | None = None
         failures: list[tuple[str, decider.Perform, str]] = []
         timed_out = False
+        if self.options.effect_source is not None:
+            # Recorded outcomes (replay, regression) are served first, in step order;
+            # what is left is performed for real.
+            live = []
+            for task in queue:
+                outcome = self._serve(task)
+                if outcome is None:
+                    live.append(task)
+                elif outcome[0] == "waiting" and waiting is None:
+                    waiting = outcome[1]
+                elif outcome[0] == "failed":
+                    failures.append((task.branch, task, outcome[1]))
+            if len(live) < len(queue):
+                self.absorb_effects()
+                self.flush()
+            queue = live
         while queue or running:
             stopping = timed_out or self.interrupted is not None or self.cancel.cancelled
             if not stopping:
@@ -803,6 +819,25 @@ class Driver:
                 self._speculate((RunFailed(error=breach),))
         return waiting
 
+    def _serve(self, task: decider.Perform) -> tuple[str, Any] | None:
+        """A branch's recorded outcome from the effect source, on the driver's thread
+        (no hand-off: serving does no I/O); None when it is to be performed."""
+        source = self.options.effect_source
+        if source is None:
+            return None
+        prior = self.state.branch_effects.get(task.branch, ())
+        ctx = _Context(self, task.node_id, task.visit, branch=task.branch, prior=prior)
+        try:
+            served = source.take(task, task.visit, ctx)
+        except WaitingForHuman as exc:
+            return "waiting", getattr(exc, "request", None)
+        if served is None:
+            return None
+        self.record_effects(served.events, task.branch)
+        if served.error is not None:
+            return "failed", served.error
+        return "ok", None
+
     def _run_effect(self, task: decider.Perform, token: CancelToken) -> tuple[str, Any]:
         """One effect of a super-step, on a worker thread: ``(kind, detail)``."""
         if self.interrupted is not None:
@@ -811,17 +846,6 @@ class Driver:
         ctx = _Context(
             self, task.node_id, task.visit, branch=task.branch, cancel=token, prior=prior
         )
-        source = self.options.effect_source
-        if source is not None:
-            try:
-                served = source.take(task, task.visit, ctx)
-            except WaitingForHuman as exc:
-                return "waiting", getattr(exc, "request", None)
-            if served is not None:
-                self.record_effects(served.events, task.branch)
-                if served.error is not None:
-                    return "failed", served.error
-                return "ok", None
         try:
             self._effect(task.node_type).perform(task.task, ctx)
         except WaitingForHuman as exc:
