@@ -1,8 +1,8 @@
 """PostgreSQL store and workers: throughput with 1, 2 and 4 workers; per-step overhead.
 
 * Workers: ``graphrun worker`` processes (one slot each) drive submitted runs of
-  a chain of llm nodes whose every call waits 50 ms at the fake OpenAI server
-  (``tests/support/fake_llm.py``, its own process). Throughput is runs/s from
+  a chain of llm nodes whose every call waits 50 ms at a local OpenAI-protocol
+  server (parallel_bench's asyncio server, its own process). Throughput is runs/s from
   the first submit to the last run done; 2 and 4 workers are compared with 1
   worker measured in the same run (targets: >= 1.8x and >= 3.2x).
 * Per-step overhead: the same chain driven in this process by the supervisor on
@@ -33,17 +33,6 @@ from bench.common import ROOT, Check, Report, graphrun_cmd, isolated_env, mode_o
 DELAY = 0.05
 SCALE_TARGETS = {2: 1.8, 4: 3.2}
 
-_SERVER = """
-import sys
-from tests.support.fake_llm import FakeLlm, text
-fake = FakeLlm()
-fake.default = lambda request: text("ok", delay=float(sys.argv[1]))
-fake.start()
-print(fake.url_openai, flush=True)
-sys.stdin.read()
-fake.stop()
-"""
-
 
 def chain_graph(steps: int) -> str:
     lines = [
@@ -60,36 +49,6 @@ def chain_graph(steps: int) -> str:
         lines += [f"  n{i}:", "    type: llm", f'    prompt: "step {i}"', f"    next: {nxt}"]
     lines += ["  done:", "    type: end", '    output: "ok"']
     return "\n".join(lines) + "\n"
-
-
-class FakeServer:
-    """The fake OpenAI server, answering every call after ``delay`` seconds."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-
-    def __enter__(self) -> str:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, str(self.delay)],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        url = self.proc.stdout.readline().strip()
-        if not url.startswith("http://127.0.0.1:"):
-            self.proc.kill()
-            raise RuntimeError("the fake LLM server did not start")
-        return url
-
-    def __exit__(self, *exc: object) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def throughput(server: Any, agent: Path, env: dict[str, str], workers: int, runs: int) -> float:
@@ -194,7 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     agent.mkdir()
     (agent / "graph.yaml").write_text(chain_graph(chain), encoding="utf-8")
     try:
-        with FakeServer(DELAY) as llm_url:
+        # The same asyncio server as parallel_bench (its own process, a few times
+        # less CPU per request than the test server), so four workers' calls do not
+        # wait on the server: what is measured is the workers and the store.
+        from bench.parallel_bench import Server
+
+        with Server() as llm_url:
             os.environ.update(OPENAI_BASE_URL=llm_url, OPENAI_API_KEY="sk-bench")
             env = isolated_env(tmp, OPENAI_BASE_URL=llm_url, OPENAI_API_KEY="sk-bench")
             rates = {w: throughput(server, agent, env, w, runs) for w in (1, 2, 4)}
