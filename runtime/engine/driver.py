@@ -629,7 +629,7 @@ class Driver:
                 from graphrun.runtime.engine.lifecycle import cancel_run
 
                 with contextlib.suppress(GraphrunError):
-                    if not fold(self.store.read(child)).terminal:
+                    if self.store.has_run(child) and not fold(self.store.read(child)).terminal:
                         cancel_run(self.store, child, reason=reason)
             self._speculate((ChildCancelled(child_run_id=child, reason=reason),))
 

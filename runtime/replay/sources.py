@@ -185,7 +185,12 @@ class ScratchLog:
     def __init__(self, first: RunStarted) -> None:
         self.events: list[Event] = [first]
 
+    def has_run(self, run_id: str) -> bool:
+        return bool(self.events) and run_id == self.events[0].run_id
+
     def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
+        if not self.has_run(run_id):  # a child run: not part of this replay
+            return []
         return [e for e in self.events if e.seq > after and (upto is None or e.seq <= upto)]
 
     def append(self, run_id: str, events: Sequence[Event], *, sync: bool = False) -> list[Event]:
