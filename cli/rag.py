@@ -41,7 +41,9 @@ def rebuild_cmd(
     if not nodes:
         raise UsageError(f"{loaded.file} has no rag nodes")
     for nid, n in nodes.items():
-        report = rebuild(loaded.agent_dir, nid, kb_config(n), rag_defaults=rag_defaults(cfg))
+        report = rebuild(
+            loaded.agent_dir, nid, kb_config(n), rag_defaults=rag_defaults(cfg), config_dir=cfg
+        )
         click.echo(
             f"{nid}: {len(report.added)} added, {len(report.changed)} changed, "
             f"{len(report.removed)} removed, {len(report.unchanged)} unchanged; "

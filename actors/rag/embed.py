@@ -24,6 +24,7 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from graphrun.actors.rag.loaders import RagError
@@ -222,6 +223,31 @@ def make_embedder(
         api_key=key,
         batch_size=batch_size or DEFAULT_BATCH_SIZE,
         node_id=node_id,
+    )
+
+
+def client_embedder(
+    model_id: str,
+    *,
+    config_dir: Path | None,
+    batch_size: int | None = None,
+    node_id: str | None = None,
+) -> Embedder:
+    """:func:`make_embedder`, reaching a ``<client>`` of the config directory's
+    ``config.yaml`` (Loki's ``rag_embedding_model: <client>:<model>``) at its
+    ``api_base`` with its ``api_key``; the environment's ``<CLIENT>_BASE_URL`` and
+    ``<CLIENT>_API_KEY`` otherwise."""
+    client, sep, _ = model_id.partition(":")
+    base_url: str | None = None
+    api_key: str | None = None
+    if sep and client != "local" and config_dir is not None:
+        from graphrun.actors.llm.config import load_llm_config
+
+        found = load_llm_config(config_dir).clients.get(client)
+        if found is not None and found.provider == "openai":  # the embeddings wire protocol
+            base_url, api_key = found.base_url, found.api_key
+    return make_embedder(
+        model_id, batch_size=batch_size, base_url=base_url, api_key=api_key, node_id=node_id
     )
 
 

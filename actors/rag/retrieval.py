@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graphrun.actors.rag.chunk import split_text
-from graphrun.actors.rag.embed import Embedder, make_embedder
+from graphrun.actors.rag.embed import Embedder, client_embedder, make_embedder
 from graphrun.actors.rag.index import HybridIndex, Reranker, make_reranker
 from graphrun.actors.rag.loaders import (
     LoadedDocument,
@@ -206,14 +206,17 @@ class KnowledgeBase:
         self.chunk_texts: list[str] = [c for f in files for c in f.chunks]
         self._embedder: Embedder | None = None
         self._reranker: Reranker | None = None
+        # Where a <client>:<model> embedding model's client is configured (config.yaml).
+        self.config_dir: Path | None = None
 
     @property
     def embedder(self) -> Embedder:
         """The embedder the corpus was embedded with (for queries)."""
         if self._embedder is None:
             assert self.config.embedding_model
-            self._embedder = make_embedder(
+            self._embedder = client_embedder(
                 self.config.embedding_model,
+                config_dir=self.config_dir,
                 batch_size=self.config.batch_size,
                 node_id=self.node_id,
             )
@@ -495,13 +498,14 @@ def _build(
     previous: KnowledgeBase | None,
     loaders: Mapping[str, str] | None,
     embedder: Embedder | None,
+    config_dir: Path | None = None,
 ) -> tuple[KnowledgeBase, RebuildReport]:
     import numpy as np
 
     assert cfg.embedding_model and cfg.chunk_size is not None and cfg.chunk_overlap is not None
     cfg.check(node_id)
-    embedder = embedder or make_embedder(
-        cfg.embedding_model, batch_size=cfg.batch_size, node_id=node_id
+    embedder = embedder or client_embedder(
+        cfg.embedding_model, config_dir=config_dir, batch_size=cfg.batch_size, node_id=node_id
     )
     loaded = load_documents(cfg.documents, agent_dir, node_id=node_id, loaders=loaders)
     report = RebuildReport(skipped=[s for s, _ in loaded.skipped])
@@ -701,6 +705,7 @@ def load_or_build(
     rag_defaults: Mapping[str, Any] | None,
     loaders: Mapping[str, str] | None = None,
     embedder: Embedder | None = None,
+    config_dir: Path | None = None,
 ) -> KnowledgeBase:
     """Load a rag node's knowledge base, or build it following the spec's rules.
 
@@ -713,6 +718,8 @@ def load_or_build(
         rag_defaults: App-level ``rag_*`` settings for fields the node leaves unset.
         loaders: Loader commands by protocol, for ``protocol:resource`` documents.
         embedder: An embedder to use instead of the one ``embedding_model`` names.
+        config_dir: The config directory whose ``config.yaml`` clients a
+            ``<client>:<model>`` embedding model may name.
 
     Raises:
         RagError: the file is damaged; or it is missing and cannot be built
@@ -722,7 +729,9 @@ def load_or_build(
     agent_dir = Path(agent_dir)
     path = kb_file(agent_dir, node_id)
     if path.exists():
-        return load_knowledge_base(agent_dir, node_id)
+        loaded = load_knowledge_base(agent_dir, node_id)
+        loaded.config_dir = config_dir
+        return loaded
     full = cfg.with_defaults(rag_defaults)
     full.check(node_id)
     if not full.fully_specified:
@@ -737,7 +746,16 @@ def load_or_build(
         full = _complete_interactively(full, node_id, path, ask)
     if full.top_k is None:
         full = replace(full, top_k=DEFAULT_TOP_K)
-    kb, _ = _build(agent_dir, node_id, full, previous=None, loaders=loaders, embedder=embedder)
+    kb, _ = _build(
+        agent_dir,
+        node_id,
+        full,
+        previous=None,
+        loaders=loaders,
+        embedder=embedder,
+        config_dir=config_dir,
+    )
+    kb.config_dir = config_dir
     return kb
 
 
@@ -749,6 +767,7 @@ def rebuild(
     rag_defaults: Mapping[str, Any] | None = None,
     loaders: Mapping[str, str] | None = None,
     embedder: Embedder | None = None,
+    config_dir: Path | None = None,
 ) -> RebuildReport:
     """Bring a knowledge base up to date with ``cfg.documents``, re-embedding little.
 
@@ -792,7 +811,13 @@ def rebuild(
     if full.top_k is None:
         full = replace(full, top_k=DEFAULT_TOP_K)
     _, report = _build(
-        agent_dir, node_id, full, previous=previous, loaders=loaders, embedder=embedder
+        agent_dir,
+        node_id,
+        full,
+        previous=previous,
+        loaders=loaders,
+        embedder=embedder,
+        config_dir=config_dir,
     )
     return report
 

@@ -85,6 +85,7 @@ def prepare_knowledge_bases(
                 interactive=interactive,
                 ask=_ask if interactive else None,
                 rag_defaults=defaults,
+                config_dir=config_dir,
             )
     return out
 
@@ -111,6 +112,7 @@ class RagActor:
                 interactive=False,
                 ask=None,
                 rag_defaults=rag_defaults(self.config_dir),
+                config_dir=self.config_dir,
             )
         return kb
 

@@ -270,3 +270,27 @@ def test_reranker_http_error(server: Server) -> None:
     reranker = make_reranker("acme:r", base_url=f"{server.url}/nowhere")
     with pytest.raises(RagError, match=r"rerank endpoint .* returned HTTP 404"):
         reranker.rerank("q", ["a"], 1)
+
+
+def test_an_embedding_client_of_config_yaml_is_reached_at_its_api_base_with_its_key(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Loki's `rag_embedding_model: <client>:<model>` names a client of config.yaml.
+    from graphrun.actors.rag.embed import client_embedder
+
+    monkeypatch.setenv("EMBED_TEST_KEY", "sk-embed-test")
+    (tmp_path / "config.yaml").write_text(
+        "clients:\n"
+        "  - type: openai-compatible\n"
+        "    name: embedder\n"
+        f"    api_base: {server.url}/v1\n"
+        "    api_key: '{{EMBED_TEST_KEY}}'\n",
+        encoding="utf-8",
+    )
+    emb = client_embedder("embedder:nomic", config_dir=tmp_path)
+    assert emb.embed(["a", "b"]).shape == (2, 32)
+    assert server.requests[-1][0] == "/v1/embeddings"
+    assert server.requests[-1][1]["model"] == "nomic"
+    # Without the config directory only the environment names a client.
+    with pytest.raises(RagError, match="no base URL for client 'embedder'"):
+        client_embedder("embedder:nomic", config_dir=None)
