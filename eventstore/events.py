@@ -378,6 +378,15 @@ EFFECT_TYPES: tuple[type, ...] = (
     ChildRunFinished,
     HumanInputReceived,
 )
+#: Effect events that end an effect (its result); the others (an LLM turn, a tool's
+#: result, a child run's start) are facts recorded on the way.
+RESULT_TYPES: tuple[type, ...] = (
+    ScriptFinished,
+    LlmResult,
+    RetrievalDone,
+    ChildRunFinished,
+    HumanInputReceived,
+)
 DECISION_TYPES: tuple[type, ...] = (
     NodeEntered,
     NodeCompleted,
@@ -394,6 +403,7 @@ TERMINAL_TYPES: tuple[type, ...] = (RunCompleted, RunFailed, RunCancelled)
 __all__ = [
     "DECISION_TYPES",
     "EFFECT_TYPES",
+    "RESULT_TYPES",
     "SCHEMA_VERSION",
     "TERMINAL_TYPES",
     "BranchesMerged",

@@ -48,7 +48,14 @@ from graphrun.eventstore.errors import (
 )
 from graphrun.eventstore.events import Event, HumanInputReceived, RunStarted
 from graphrun.eventstore.ids import Clock
-from graphrun.eventstore.projections import COLUMNS, RunRow, apply_run_row, rebuild_rows
+from graphrun.eventstore.projections import (
+    COLUMNS,
+    RunRow,
+    apply_run_row,
+    prefix_match,
+    rebuild_rows,
+    runs_query,
+)
 from graphrun.eventstore.store import LEASE_SECONDS, Lease, _process_started, holder_alive
 
 #: The schema version once every migration below has run.
@@ -603,19 +610,7 @@ class PostgresStore:
     def runs(
         self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
     ) -> list[RunRow]:
-        sql = _SELECT_RUN
-        where: list[str] = []
-        args: list[Any] = []
-        if status:
-            where.append("status = %s")
-            args.append(status)
-        if parent:
-            where.append("parent_run_id = %s")
-            args.append(parent)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY started_at DESC, run_id DESC LIMIT %s"
-        args.append(limit)
+        sql, args = runs_query(_SELECT_RUN, "%s", status=status, parent=parent, limit=limit)
         with self._conn() as conn:
             return [RunRow(*r) for r in conn.execute(sql, args).fetchall()]
 
@@ -626,11 +621,7 @@ class PostgresStore:
                 "SELECT run_id FROM runs WHERE run_id >= %s AND run_id < %s LIMIT 3",
                 (prefix, prefix + "\uffff"),
             ).fetchall()
-        if len(rows) == 1:
-            return str(rows[0][0])
-        if not rows:
-            raise self.unknown_run(prefix)
-        raise UnknownRunError(f"run id prefix {prefix!r} is ambiguous", hint="give more characters")
+        return prefix_match(prefix, rows, self.unknown_run(prefix))
 
     def unknown_run(self, run_id: str) -> UnknownRunError:
         return UnknownRunError(

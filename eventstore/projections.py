@@ -182,6 +182,35 @@ class ChildLink:
     status: str | None
 
 
+def runs_query(
+    select: str, mark: str, *, status: str | None, parent: str | None, limit: int
+) -> tuple[str, list[Any]]:
+    """``select`` over the runs projection, filtered and newest first, with its
+    arguments; ``mark`` is the driver's placeholder (``?`` or ``%s``)."""
+    where: list[str] = []
+    args: list[Any] = []
+    if status:
+        where.append(f"status = {mark}")
+        args.append(status)
+    if parent:
+        where.append(f"parent_run_id = {mark}")
+        args.append(parent)
+    sql = select + (" WHERE " + " AND ".join(where) if where else "")
+    sql += f" ORDER BY started_at DESC, run_id DESC LIMIT {mark}"
+    return sql, [*args, limit]
+
+
+def prefix_match(prefix: str, found: list[Any], unknown: Exception) -> str:
+    """The one run id ``found`` for ``prefix`` (rows of at most three ids), or why not."""
+    from graphrun.eventstore.errors import UnknownRunError
+
+    if len(found) == 1:
+        return str(found[0][0])
+    if not found:
+        raise unknown
+    raise UnknownRunError(f"run id prefix {prefix!r} is ambiguous", hint="give more characters")
+
+
 def decisions(events: Iterable[Event], depth: int = 0) -> list[Decision]:
     """Every ``HumanInputReceived`` of one run, with when it was asked."""
     asked: dict[tuple[str, int], float] = {}

@@ -67,7 +67,9 @@ from graphrun.eventstore.projections import (
     RunRow,
     apply_run_row,
     entered_node,
+    prefix_match,
     rebuild_rows,
+    runs_query,
 )
 
 LEASE_SECONDS = 30.0
@@ -643,19 +645,7 @@ class SqliteStore:
     def runs(
         self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
     ) -> list[RunRow]:
-        sql = _SELECT_RUN
-        where: list[str] = []
-        args: list[Any] = []
-        if status:
-            where.append("status = ?")
-            args.append(status)
-        if parent:
-            where.append("parent_run_id = ?")
-            args.append(parent)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY started_at DESC, run_id DESC LIMIT ?"
-        args.append(limit)
+        sql, args = runs_query(_SELECT_RUN, "?", status=status, parent=parent, limit=limit)
         with self._lock:
             return [self._to_row(r) for r in self.conn.execute(sql, args).fetchall()]
 
@@ -667,11 +657,7 @@ class SqliteStore:
                 "SELECT run_id FROM run_heads WHERE run_id >= ? AND run_id < ? LIMIT 3",
                 (prefix, prefix + "\uffff"),
             ).fetchall()
-        if len(rows) == 1:
-            return str(rows[0][0])
-        if not rows:
-            raise self.unknown_run(prefix)
-        raise UnknownRunError(f"run id prefix {prefix!r} is ambiguous", hint="give more characters")
+        return prefix_match(prefix, rows, self.unknown_run(prefix))
 
     def unknown_run(self, run_id: str) -> UnknownRunError:
         return UnknownRunError(

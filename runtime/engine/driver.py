@@ -38,20 +38,17 @@ from graphrun.actors.messages import Execute
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import (
+    RESULT_TYPES,
     ChildCancelled,
-    ChildRunFinished,
     Event,
     HumanInputReceived,
     HumanInputRequested,
-    LlmResult,
     NodeFailed,
-    RetrievalDone,
     RunCancelled,
     RunFailed,
     RunInterrupted,
     RunResumed,
     RunStarted,
-    ScriptFinished,
     TimeoutFired,
 )
 from graphrun.eventstore.fold import RunState, apply, fold
@@ -106,11 +103,10 @@ class RunOutcome:
     signal: str | None = None
 
 
-#: Effect events that end an effect: committed together with the decisions that use
-#: them (one transaction), and dropped when an interrupt stopped the effect. The
-#: others (an LLM turn, a tool's result, a child run's start) are facts the effect
-#: makes durable (``ctx.checkpoint()``) before it acts on them.
-RESULT_TYPES = (ScriptFinished, LlmResult, RetrievalDone, ChildRunFinished, HumanInputReceived)
+# RESULT_TYPES (eventstore.events): an effect's result is committed together with the
+# decisions that use it (one transaction), and dropped when an interrupt stopped the
+# effect. Its other events are facts the effect makes durable (``ctx.checkpoint()``)
+# before it acts on them.
 
 
 class _Context:

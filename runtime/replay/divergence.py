@@ -26,6 +26,7 @@ from msgspec.structs import astuple
 from graphrun.actors.messages import AgentTask, HumanTask, RagTask, ScriptTask
 from graphrun.eventstore import codec
 from graphrun.eventstore.events import (
+    EFFECT_TYPES,
     BranchesMerged,
     ChildRunStarted,
     Event,
@@ -43,7 +44,6 @@ from graphrun.runtime.errors import GraphrunError
 from graphrun.runtime.graph.loader import LoadedGraph
 from graphrun.runtime.graph.model import Graph
 from graphrun.runtime.replay.sources import (
-    EFFECTS,
     IGNORED,
     LogEnds,
     RecordedSource,
@@ -412,7 +412,7 @@ def _comparable(events: list[Event]) -> list[Event]:
             else:
                 group.append(event)
             continue
-        if isinstance(event, EFFECTS) and event.branch:
+        if isinstance(event, EFFECT_TYPES) and event.branch:
             group.append(event)
             continue
         close()
@@ -541,7 +541,7 @@ def replay_events(
     if check_files:
         found = [*_script_problems(source, agent_dir, sources, found), *found]
     found = [*source.problems, *found]
-    result.decisions = sum(1 for e in made[:matched] if not isinstance(e, EFFECTS))
+    result.decisions = sum(1 for e in made[:matched] if not isinstance(e, EFFECT_TYPES))
     result.effects = source.served
     final = fold(events)
     result.final = final
@@ -625,19 +625,7 @@ def _script_problems(
             new_text = (agent_dir / task.script).read_text() if agent_dir else None
         except OSError:
             new_text = None
-        if old_text is not None and new_text is not None:
-            diff = "\n".join(
-                difflib.unified_diff(
-                    old_text.splitlines(),
-                    new_text.splitlines(),
-                    f"recorded {task.script}",
-                    f"now {task.script}",
-                    lineterm="",
-                    n=2,
-                )
-            )
-        else:
-            diff = ""
+        both = old_text is not None and new_text is not None  # else no source diff
         out.append(
             Divergence(
                 mine[0].seq,
@@ -646,17 +634,8 @@ def _script_problems(
                 f"script file {task.script} changed since the run was recorded, and its "
                 "output changed with it",
                 field="script",
-                recorded=old_text,
-                now=new_text,
-            )
-            if diff
-            else Divergence(
-                mine[0].seq,
-                step.node_id,
-                "request",
-                f"script file {task.script} changed since the run was recorded, and its "
-                "output changed with it",
-                field="script",
+                recorded=old_text if both else None,
+                now=new_text if both else None,
             )
         )
     return out

@@ -17,43 +17,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from graphrun.actors.messages import HumanTask, RagTask, ScriptTask
 from graphrun.eventstore import codec
 from graphrun.eventstore.events import (
+    EFFECT_TYPES,
+    RESULT_TYPES,
     ChildCancelled,
-    ChildRunFinished,
-    ChildRunStarted,
     Event,
-    HumanInputReceived,
-    LlmCalled,
-    LlmResult,
     NodeFailed,
-    RetrievalDone,
     RunCancelled,
     RunInterrupted,
     RunResumed,
     RunStarted,
     ScriptFinished,
     TimeoutFired,
-    ToolCalled,
 )
 from graphrun.eventstore.fold import RunState
 from graphrun.eventstore.store import Lease
 from graphrun.runtime.errors import WaitingForHuman
-
-#: The events an effect records (its outcome), as opposed to the decider's decisions.
-EFFECTS = (
-    ScriptFinished,
-    LlmCalled,
-    ToolCalled,
-    LlmResult,
-    RetrievalDone,
-    ChildRunStarted,
-    ChildRunFinished,
-    HumanInputReceived,
-)
-#: Effect events that end an effect (its result).
-RESULTS = (ScriptFinished, LlmResult, RetrievalDone, ChildRunFinished, HumanInputReceived)
 
 Slot = tuple[str, int, str]  # (node id, visit, branch)
 
@@ -82,8 +65,6 @@ def slot_of(event: Event) -> Slot:
 
 
 def _clean(event: Event) -> Event:
-    import msgspec
-
     return msgspec.structs.replace(event, run_id="", seq=0, ts=0.0)
 
 
@@ -118,7 +99,7 @@ class RecordedSource:
         comparable = 0
         stop: int | None = None
         for event in self.events[1:]:
-            if isinstance(event, EFFECTS):
+            if isinstance(event, EFFECT_TYPES):
                 self.slots.setdefault(slot_of(event), []).append(event)
             elif isinstance(event, NodeFailed):
                 self.failures.setdefault(slot_of(event), event.error)
@@ -149,7 +130,7 @@ class RecordedSource:
                 return None
         if self.on_effect is not None and outcome:
             self.on_effect(step, outcome)
-        done = any(isinstance(e, RESULTS) for e in outcome)
+        done = any(isinstance(e, RESULT_TYPES) for e in outcome)
         if not done:
             error = self.failures.get(slot)
             if error is not None:
@@ -243,9 +224,7 @@ def rag_rerun(step: Any, outcome: list[Event]) -> str | None:
 
 
 __all__ = [
-    "EFFECTS",
     "IGNORED",
-    "RESULTS",
     "LogEnds",
     "RecordedSource",
     "ScratchLog",

@@ -68,7 +68,7 @@ class MissingAgentDir(GraphrunError):
     """The agent directory an export file names does not exist."""
 
 
-def _agent_dir(file: Path, header: dict[str, Any], run_id: str, first: RunStarted) -> Path | None:
+def agent_dir_of(file: Path, header: dict[str, Any], run_id: str, first: RunStarted) -> Path | None:
     """The run's agent directory today: the header's path relative to the file, else
     (a file without one) the absolute directory the log records; None when neither
     is known. A path the header names that does not resolve is an error: the run
@@ -132,7 +132,7 @@ def replay_file(
         case = CaseResult(file, run_id, first.graph_name, None, parent_run_id=first.parent_run_id)
         out.append(case)
         try:
-            agent_dir = _agent_dir(file, header, run_id, first)
+            agent_dir = agent_dir_of(file, header, run_id, first)
         except MissingAgentDir as exc:
             case.error = str(exc)
             continue
@@ -352,4 +352,13 @@ if pytest is not None:
         return None
 
 
-__all__ = ["SUFFIX", "CaseResult", "Event", "case_line", "replay_file", "run_cases", "run_suite"]
+__all__ = [
+    "SUFFIX",
+    "CaseResult",
+    "Event",
+    "agent_dir_of",
+    "case_line",
+    "replay_file",
+    "run_cases",
+    "run_suite",
+]

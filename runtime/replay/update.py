@@ -56,7 +56,7 @@ def update_file(file: Path, *, dry_run: bool = False) -> Update:
     from graphrun.runtime.engine.driver import RunOptions
     from graphrun.runtime.graph.config import agents_dir, config_dir
     from graphrun.runtime.replay.regression import rerun_live
-    from graphrun.runtime.replay.testing import _agent_dir
+    from graphrun.runtime.replay.testing import agent_dir_of
     from graphrun.runtime.replay.transfer import (
         import_runs,
         read_header,
@@ -84,7 +84,7 @@ def update_file(file: Path, *, dry_run: bool = False) -> Update:
             events = store.read(top)
             first = events[0]
             assert isinstance(first, RunStarted)
-            agent_dir = _agent_dir(file, header, top, first)
+            agent_dir = agent_dir_of(file, header, top, first)
             if agent_dir is None:
                 return Update(file, top, error="its agent directory was not found")
             cfg = config_dir(None)

@@ -15,28 +15,7 @@ from graphrun.eventstore.fold import fold
 from graphrun.eventstore.store import SqliteStore
 from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
 from graphrun.runtime.graph.loader import load_text
-
-SLEEPY = """
-name: sleepy
-version: "1.0"
-start: nap
-nodes:
-  nap:
-    type: script
-    script: scripts/nap.sh
-    timeout: 120
-    next: done
-  done:
-    type: end
-    output: "{{slept}}"
-"""
-NAP_SH = """\
-echo $$ >> "$PIDS"
-sleep "${NAP:-0}" &
-echo $! >> "$PIDS"
-wait
-echo '{"slept": "yes"}'
-"""
+from tests.support.sleepy import NAP_SH, SLEEPY
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]

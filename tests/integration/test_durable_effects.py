@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from tests.support.fake_llm import text, tool_calls
+from tests.support.sleepy import NAP_SH, SLEEPY
 
 TOOLS_SH = """\
 #!/usr/bin/env bash
@@ -98,29 +99,6 @@ def test_kill_9_inside_a_tool_loop_never_repeats_a_recorded_tool_call(
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert [marked(e) for e in events if e["type"] == "ToolCalled"] == ["first", "slow"]
     assert graphrun("audit", run_id, "--verify").code == 0
-
-
-SLEEPY = """
-name: sleepy
-version: "1.0"
-start: nap
-nodes:
-  nap:
-    type: script
-    script: scripts/nap.sh
-    timeout: 120
-    next: done
-  done:
-    type: end
-    output: "{{slept}}"
-"""
-NAP_SH = """\
-echo $$ >> "$PIDS"
-sleep "${NAP:-0}" &
-echo $! >> "$PIDS"
-wait
-echo '{"slept": "yes"}'
-"""
 
 
 def _gone(pids: list[int]) -> bool:
