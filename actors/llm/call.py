@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +41,7 @@ from graphrun.actors.llm.providers.base import (
     ChatRequest,
     ChatResponse,
     LlmCallError,
+    Post,
     Provider,
     ToolCall,
     ToolResult,
@@ -97,7 +99,8 @@ def perform_llm(
     client_factory: ClientFactory,
     toolbox: ToolboxLike | None = None,
 ) -> LlmResult:
-    """Run an llm node's calls, recording each, and record and return the ``LlmResult``.
+    """Run an llm node's calls, recording each, and record and return the ``LlmResult``
+    (blocking: each request waits on the calling thread).
 
     Raises:
         LlmReplayMissError: when replaying and the recording has no answer for a
@@ -105,11 +108,54 @@ def perform_llm(
     """
     run = _LlmRun(task, ctx, client_factory, toolbox)
     try:
-        result = run.execute()
+        result = run.blocking(run.execute())
     finally:
         run.close()
     ctx.record(result)
     return result
+
+
+async def perform_llm_async(
+    task: LlmTask,
+    ctx: EffectContext,
+    *,
+    client_factory: ClientFactory,
+    toolbox: ToolboxLike | None = None,
+) -> LlmResult:
+    """:func:`perform_llm` as a task on ``client_factory``'s event loop
+    (:meth:`ClientFactory.run_on_loop`): the same calls, records and result, with each
+    request awaited instead of holding a thread. Tools, commits and waits between
+    attempts, which block, run on the loop's executor."""
+    run = _LlmRun(task, ctx, client_factory, toolbox)
+    try:
+        result = await run.awaiting(run.execute())
+    finally:
+        run.close()
+    ctx.record(result)
+    return result
+
+
+# What an llm node's steps yield to whoever drives them (blocking or on an event loop):
+# a request to send, a commit of what was recorded so far, a tool to run, a wait.
+@dataclass(frozen=True, slots=True)
+class _Checkpoint:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _RunTool:
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Sleep:
+    seconds: float
+
+
+_CHECKPOINT = _Checkpoint()
+_Op = Post | _Checkpoint | _RunTool | _Sleep
+Steps = Generator[_Op, Any, Any]
 
 
 class _LlmRun:
@@ -144,6 +190,8 @@ class _LlmRun:
         self.prior_tools = {
             (e.iteration, e.call_id, e.name): e for e in prior if isinstance(e, ToolCalled)
         }
+        # Whether something was recorded since the last commit (``_checkpoint``).
+        self._unsaved = False
         self.deadline: float | None = None
         self._timer: threading.Timer | None = None
         if task.timeout is not None:
@@ -160,9 +208,113 @@ class _LlmRun:
         unhook, self._unhook = self._unhook, _nothing
         unhook()
 
+    # --- driving the steps ---------------------------------------------------
+
+    def blocking(self, steps: Steps) -> Any:
+        """Drive ``steps`` on this thread; what they return."""
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                op = steps.throw(error) if error is not None else steps.send(value)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            try:
+                if isinstance(op, Post):
+                    with self.factory.abort_on(self.scope):
+                        value = self.client.post(
+                            op.url, content=op.content, headers=op.headers, timeout=op.timeout
+                        )
+                elif isinstance(op, _Checkpoint):
+                    self._commit()
+                elif isinstance(op, _RunTool):
+                    value = self._run_tool(op.name, op.arguments)
+                else:
+                    value = self.scope.wait(op.seconds)
+            except Exception as exc:  # the step that asked decides what it means
+                error = exc
+
+    async def awaiting(self, steps: Steps) -> Any:
+        """Drive ``steps`` as a task on the client's event loop; what they return.
+
+        A request is awaited; the scope token firing cancels it (``httpx.ReadError``,
+        as a blocking request gets). The rest blocks, so it runs on the loop's
+        executor, never on the loop itself."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                op = steps.throw(error) if error is not None else steps.send(value)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            try:
+                if isinstance(op, Post):
+                    value = await self._post_cancellable(loop, op)
+                elif isinstance(op, _Checkpoint):
+                    await loop.run_in_executor(None, self._commit)
+                elif isinstance(op, _RunTool):
+                    value = await loop.run_in_executor(None, self._run_tool, op.name, op.arguments)
+                else:
+                    value = await self._sleep(loop, op.seconds)
+            except Exception as exc:
+                error = exc
+
+    async def _post_cancellable(self, loop: Any, op: Post) -> Any:
+        import asyncio
+
+        request = asyncio.ensure_future(
+            self.client.post_async(
+                op.url, content=op.content, headers=op.headers, timeout=op.timeout
+            )
+        )
+        unhook = self.scope.on_cancel(lambda: loop.call_soon_threadsafe(request.cancel))
+        try:
+            return await request
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if request.cancelled() and current is not None and not current.cancelling():
+                # The token fired before the request started: aborted all the same.
+                import httpx
+
+                raise httpx.ReadError(
+                    "request cancelled", request=httpx.Request("POST", op.url)
+                ) from None
+            raise
+        finally:
+            unhook()
+
+    async def _sleep(self, loop: Any, seconds: float) -> bool:
+        """Wait ``seconds`` or until the scope token fires; whether it fired."""
+        import asyncio
+
+        woken = loop.create_future()
+
+        def wake() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        unhook = self.scope.on_cancel(lambda: loop.call_soon_threadsafe(wake))
+        try:
+            await asyncio.wait([woken], timeout=seconds)
+        finally:
+            unhook()
+        return self.scope.cancelled
+
+    def _commit(self) -> None:
+        """Make what this visit recorded durable (before it acts again)."""
+        checkpoint = getattr(self.ctx, "checkpoint", None)
+        if checkpoint is not None:
+            checkpoint()
+
     # --- the node ------------------------------------------------------------
 
-    def execute(self) -> LlmResult:
+    def execute(self) -> Steps:
+        """The node's steps; they return its :class:`LlmResult`."""
         try:
             resolved = self.factory.resolve(self.task.model)
         except LlmConfigError as err:
@@ -171,7 +323,7 @@ class _LlmRun:
         self.provider: Provider = get_provider(resolved.provider)
         self.client = self.factory.client(resolved.base_url)
 
-        outcome = self._tool_loop()
+        outcome = yield from self._tool_loop()
         if isinstance(outcome, str):
             return self._result(error=outcome)
         text = outcome.text
@@ -180,16 +332,19 @@ class _LlmRun:
         _, fast_error = parse_json_output(text, self.task.output_schema)
         if fast_error is None:
             return self._result(text=text)
-        extracted, extract_error = self._extract(text, self.task.output_schema)
+        extracted, extract_error = yield from self._extract(text, self.task.output_schema)
         return self._result(text=text, extracted=extracted, extract_error=extract_error)
 
-    def _tool_loop(self) -> ChatResponse | str:
+    def _tool_loop(self) -> Steps:
+        """The bounded tool-call loop; returns the last response, or why it failed."""
         task = self.task
         specs = list(self.toolbox.specs) if self.toolbox is not None else []
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
         previous: set[tuple[str, str]] = set()
         for iteration in range(1, task.max_iterations + 1):
-            response = self._call("main", iteration, task.system, messages, specs, sampling=True)
+            response = yield from self._call(
+                "main", iteration, task.system, messages, specs, sampling=True
+            )
             if isinstance(response, str):
                 return response
             if not response.tool_calls:
@@ -230,11 +385,13 @@ class _LlmRun:
                         source="",
                     )
                 else:
-                    self._checkpoint()  # the turn and earlier results, before the tool runs
-                    result = self._run_tool(call.name, call.arguments)
+                    # The turn and earlier results are durable before the tool runs.
+                    yield from self._checkpoint()
+                    result = yield _RunTool(call.name, call.arguments)
                 if self.scope.cancelled:
                     # Stopped mid-call: not a result; a resumed run calls it again.
                     return self._stop_message()
+                self._unsaved = True
                 self.ctx.record(
                     ToolCalled(
                         node_id=task.node_id,
@@ -260,10 +417,11 @@ class _LlmRun:
             previous = {(call.name, call.arguments) for call in response.tool_calls}
         return f"tool-call loop hit max_iterations={task.max_iterations}"
 
-    def _checkpoint(self) -> None:
-        checkpoint = getattr(self.ctx, "checkpoint", None)
-        if checkpoint is not None:
-            checkpoint()
+    def _checkpoint(self) -> Steps:
+        """Commit what this visit recorded since the last commit, if anything."""
+        if self._unsaved:
+            yield _CHECKPOINT
+            self._unsaved = False
 
     def _run_tool(self, name: str, arguments: str) -> ToolResult:
         if self.toolbox is None:
@@ -284,10 +442,11 @@ class _LlmRun:
                 source="",
             )
 
-    def _extract(self, text: str, schema: dict[str, Any]) -> tuple[str | None, str | None]:
+    def _extract(self, text: str, schema: dict[str, Any]) -> Steps:
+        """Structured output from ``text``: ``(json text, None)`` or ``(None, why not)``."""
         system = extractor_system(schema)
         messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
-        response = self._call("extract", 1, system, messages, [], sampling=False)
+        response = yield from self._call("extract", 1, system, messages, [], sampling=False)
         if isinstance(response, str):
             problem = response
         else:
@@ -305,7 +464,7 @@ class _LlmRun:
             ]
         if self.scope.cancelled:
             return None, f"structured output extraction failed: {self._stop_message()}"
-        repaired = self._call("repair", 1, system, messages, [], sampling=False)
+        repaired = yield from self._call("repair", 1, system, messages, [], sampling=False)
         if isinstance(repaired, str):
             return None, f"structured output extraction failed: {repaired}"
         value, problem = parse_json_output(repaired.text, schema)
@@ -324,8 +483,9 @@ class _LlmRun:
         tools: list[ToolSpec],
         *,
         sampling: bool,
-    ) -> ChatResponse | str:
-        """The response, or a description of why the call failed (every attempt recorded)."""
+    ) -> Steps:
+        """Returns the response, or a description of why the call failed (every attempt
+        recorded)."""
         task = self.task
         attempts = max(1, task.max_attempts)
         for attempt in range(1, attempts + 1):
@@ -346,7 +506,7 @@ class _LlmRun:
                 )
             # What this node recorded so far is durable before the next call goes out
             # (a failed attempt before an interruption is simply made again).
-            self._checkpoint()
+            yield from self._checkpoint()
             request = ChatRequest(
                 model=task.model,
                 system=system,
@@ -358,8 +518,7 @@ class _LlmRun:
                 timeout=self._remaining(),
             )
             try:
-                with self.factory.abort_on(self.scope):
-                    response = self.provider.call(self.client, self.resolved, request)
+                response = yield from self.provider.exchange(self.resolved, request)
             except LlmCallError as err:
                 # The request's own timeout is the node's remaining time, so it can fire
                 # just before the node's timer does: that is the node timeout too.
@@ -387,7 +546,7 @@ class _LlmRun:
                         if attempts > 1
                         else message
                     )
-                if self.scope.wait(self.factory.retry.delay(attempt, err.retry_after)):
+                if (yield _Sleep(self.factory.retry.delay(attempt, err.retry_after))):
                     return self._stop_message()
                 continue
             self._record(
@@ -408,6 +567,7 @@ class _LlmRun:
 
     def _record(self, purpose: str, iteration: int, attempt: int, **fields: Any) -> None:
         self.calls += 1
+        self._unsaved = True
         self.ctx.record(
             LlmCalled(
                 node_id=self.task.node_id,
@@ -449,7 +609,7 @@ class _LlmRun:
         )
 
 
-__all__ = ["LlmTask", "ToolboxLike", "perform_llm"]
+__all__ = ["LlmTask", "ToolboxLike", "extract_structured", "perform_llm", "perform_llm_async"]
 
 
 def extract_structured(
@@ -476,7 +636,7 @@ def extract_structured(
         else:
             run.provider = get_provider(run.resolved.provider)
             run.client = client_factory.client(run.resolved.base_url)
-            extracted, extract_error = run._extract(text, schema)
+            extracted, extract_error = run.blocking(run._extract(text, schema))
             result = run._result(text=text, extracted=extracted, extract_error=extract_error)
     finally:
         run.close()

@@ -28,7 +28,7 @@ import functools
 import os
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
@@ -153,6 +153,16 @@ class ClientFactory:
             self._clients[base_url] = created
             return created
 
+    def run_on_loop(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        """Run ``coro`` as a task on the factory's event-loop thread (started on first
+        use), where its live clients' :meth:`_LiveClient.post_async` may be awaited;
+        the returned future completes with it."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = _LoopThread()
+            loop = self._loop
+        return loop.start(coro)
+
     def _async_client(self) -> aiohttp.ClientSession:
         """A pooled session (made on the loop thread, where it is used).
 
@@ -226,7 +236,22 @@ class _LoopThread:
         self._thread.start()
 
     def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        """Run ``coro`` on the loop; cancelling the future cancels its task."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def start(self, coro: Any) -> concurrent.futures.Future[Any]:
+        """Run ``coro`` as a task on the loop; the future completes with it.
+
+        The task sets the future itself as it ends, so whoever waits on the future
+        (a callback starting the next call) hears of it in the same loop iteration,
+        not one later. Submitted from the loop's own thread (a call finishing starts
+        the next), the task is created at once, not via the loop's wake-up pipe."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if threading.get_ident() == self._thread.ident:
+            self.loop.create_task(_into(coro, future))
+        else:
+            self.loop.call_soon_threadsafe(self.loop.create_task, _into(coro, future))
+        return future
 
     def cancel_all(self) -> None:
         """Cancel every call in flight (its caller gets ``httpx.ReadError`` at once)."""
@@ -245,6 +270,22 @@ class _LoopThread:
         self._thread.join(timeout=10)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _into(coro: Any, future: concurrent.futures.Future[Any]) -> None:
+    """Await ``coro`` and hand its outcome to ``future`` (cancelled: cancelled)."""
+    if not future.set_running_or_notify_cancel():
+        coro.close()
+        return
+    try:
+        result = await coro
+    except asyncio.CancelledError as exc:
+        future.set_exception(exc)
+        raise
+    except BaseException as exc:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 class _LiveClient:
@@ -312,20 +353,49 @@ class _LiveClient:
         finally:
             if scope is not None:
                 scope.unwatch()
-        response = httpx.Response(
-            status,
-            headers=raw_headers,
-            stream=httpx.ByteStream(body),
-            request=httpx.Request("POST", url, headers=headers),
-        )
-        response.read()  # decodes a compressed body, as httpx does live
-        return response
+        return _httpx_response(url, headers, status, raw_headers, body)
+
+    async def post_async(
+        self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None
+    ) -> httpx.Response:
+        """:meth:`post` for a coroutine on the client's own loop (never another):
+        the same response and the same httpx exceptions. Cancelling the awaiting
+        task aborts the request (``httpx.ReadError``), as a token does for
+        :meth:`post`."""
+        import httpx
+
+        try:
+            status, raw_headers, body = await self._post(
+                url, content, headers, _aiohttp_timeout(timeout)
+            )
+        except asyncio.CancelledError:
+            raise httpx.ReadError("request cancelled", request=httpx.Request("POST", url)) from None
+        except Exception as exc:
+            mapped = _httpx_error(exc, httpx.Request("POST", url))
+            if mapped is None:
+                raise
+            raise mapped from exc
+        return _httpx_response(url, headers, status, raw_headers, body)
 
     def close(self) -> None:
         session, self._session = self._session, None
         if session is not None:
             with contextlib.suppress(Exception):
                 self._loop.submit(session.close()).result(timeout=10)
+
+
+def _httpx_response(
+    url: str, headers: Any, status: int, raw_headers: list[tuple[bytes, bytes]], body: bytes
+) -> httpx.Response:
+    """httpx's own ``Response`` for what aiohttp received, read in full (a compressed
+    body decoded, as httpx does live)."""
+    import httpx
+
+    # No ``request``: building one costs more than the rest (URL and headers parsed
+    # again), and nothing reads it.
+    response = httpx.Response(status, headers=raw_headers, stream=httpx.ByteStream(body))
+    response.read()
+    return response
 
 
 def _basic(username: str, password: str) -> str:

@@ -26,9 +26,11 @@ import socket
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Empty, SimpleQueue
 from typing import Any
 
 import msgspec
@@ -725,12 +727,9 @@ class Driver:
             self._workers = cf.ThreadPoolExecutor(
                 max_workers=self._workers_size, thread_name_prefix=f"graphrun-{self.run_id[:8]}"
             )
-        queue = list(tasks)
-        running: dict[Any, tuple[decider.Perform, CancelToken]] = {}
-        in_group = dict.fromkeys(caps, 0)
         waiting: HumanInputRequested | None = None
         failures: list[tuple[str, decider.Perform, str]] = []
-        timed_out = False
+        queue = list(tasks)
         if self.options.effect_source is not None:
             # Recorded outcomes (replay, regression) are served first, in step order;
             # what is left is performed for real.
@@ -747,32 +746,15 @@ class Driver:
                 self.absorb_effects()
                 self.flush()
             queue = live
-        while queue or running:
-            stopping = timed_out or self.interrupted is not None or self.cancel.cancelled
-            if not stopping:
-                rest = []
-                for task in queue:
-                    if in_group[task.group] >= caps[task.group]:
-                        rest.append(task)
-                        continue
-                    in_group[task.group] += 1
-                    token = CancelToken()
-                    self._tokens.add(token)
-                    running[self._workers.submit(self._run_effect, task, token)] = (task, token)
-                queue = rest
-            else:
-                queue = []
-            if not running:
-                break
+        step = _Slots(self, caps, queue)
+        step.fill()
+        while step.outstanding():
             slice_ = _CANCEL_POLL_EVERY
-            if deadline is not None and not timed_out:
+            if deadline is not None and not step.timed_out:
                 slice_ = max(0.0, min(slice_, deadline - self.clock.monotonic()))
-            done, _ = cf.wait(running, timeout=slice_, return_when=cf.FIRST_COMPLETED)
-            for future in done:
-                task, token = running.pop(future)
-                in_group[task.group] -= 1
-                self._tokens.discard(token)
-                kind, detail = future.result()
+            done = step.finished(slice_)
+            for task, token, ctx, future in done:
+                kind, detail = self._settle(task, token, ctx, future)
                 if token.cancelled and self.interrupted is not None:
                     self._discard_results(task.branch)
                     continue
@@ -784,16 +766,12 @@ class Driver:
                 # One commit for every effect that finished since the last wake-up.
                 self.absorb_effects()
                 self.flush()
-            if not done:
-                if deadline is not None and self.clock.monotonic() >= deadline and not timed_out:
-                    timed_out = True
-                    for _, token in running.values():
-                        token.cancel(f"run timeout ({timeout:g}s)")
-                else:
-                    self._while_in_flight()
-            else:
                 self._cancel_requested()
-        if timed_out:
+            elif deadline is not None and not step.timed_out and self.clock.monotonic() >= deadline:
+                step.time_out(f"run timeout ({timeout:g}s)")
+            else:
+                self._while_in_flight()
+        if step.timed_out:
             assert timeout is not None
             self._timeout(timeout, None)
             return None
@@ -834,26 +812,42 @@ class Driver:
             return "failed", served.error
         return "ok", None
 
-    def _run_effect(self, task: decider.Perform, token: CancelToken) -> tuple[str, Any]:
-        """One effect of a super-step, on a worker thread: ``(kind, detail)``."""
+    def _start_effect(self, task: decider.Perform, token: CancelToken) -> tuple[Any, _Context]:
+        """Start one effect of a super-step: its future and its context.
+
+        An effect that can run as a task on an event loop (``submit``: a live llm
+        call) holds no thread while it waits; any other runs on a worker thread."""
         if self.interrupted is not None:
             token.cancel(self.interrupted[1])
         prior = self.state.branch_effects.get(task.branch, ())
         ctx = _Context(
             self, task.node_id, task.visit, branch=task.branch, cancel=token, prior=prior
         )
-        try:
-            self._effect(task.node_type).perform(task.task, ctx)
-        except WaitingForHuman as exc:
+        effect = self._effect(task.node_type)
+        submit = getattr(effect, "submit", None)
+        future = submit(task.task, ctx) if submit is not None else None
+        if future is None:
+            future = self._workers.submit(effect.perform, task.task, ctx)
+        return future, ctx
+
+    def _settle(
+        self, task: decider.Perform, token: CancelToken, ctx: _Context, future: Any
+    ) -> tuple[str, Any]:
+        """What a finished effect of a super-step came to: ``(kind, detail)``."""
+        if future.cancelled():  # its event loop closed under it
+            return "failed", f"cancelled ({token.reason or 'the run ended'})"
+        exc = future.exception()
+        if exc is None:
+            if not ctx.recorded and not token.cancelled:
+                return "failed", f"{task.node_type} node produced no result"
+            return "ok", None
+        if isinstance(exc, WaitingForHuman):
             return "waiting", getattr(exc, "request", None)
-        except GraphrunError as exc:
+        if isinstance(exc, GraphrunError):
             return "failed", str(exc)
-        except Exception as exc:  # an effect bug must still end the run cleanly
-            log.debug("effect of node %s raised", task.node_id, exc_info=True)
-            return "failed", f"internal error: {type(exc).__name__}: {exc}"
-        if not ctx.recorded and not token.cancelled:
-            return "failed", f"{task.node_type} node produced no result"
-        return "ok", None
+        # An effect bug must still end the run cleanly.
+        log.debug("effect of node %s raised", task.node_id, exc_info=exc)
+        return "failed", f"internal error: {type(exc).__name__}: {exc}"
 
     def _wait(
         self, future: Any, deadline: float | None, timeout: float | None, node_id: str
@@ -968,6 +962,104 @@ class Driver:
         if s.status == "cancelled" and self.cancelled_by:
             error = f"{error} (requested by {self.cancelled_by})"
         return RunOutcome(self.run_id, s.status, s.output, error, s.waiting)
+
+
+class _Slots:
+    """A super-step's effects in flight, within their groups' caps.
+
+    A slot freed by a finishing effect starts the group's next effect at once, on the
+    thread that finished it (the HTTP event loop, a worker): the next call goes out
+    without waiting for the driver's thread. The driver only takes what finished
+    (:meth:`finished`), commits it, and decides what it came to. Nothing starts once
+    the run is stopping (an interrupt, a cancel, the run's timeout)."""
+
+    def __init__(self, driver: Driver, caps: dict[str, int], tasks: list[decider.Perform]) -> None:
+        self.driver = driver
+        self.caps = caps
+        self.queues: dict[str, deque[decider.Perform]] = {group: deque() for group in caps}
+        for task in tasks:
+            self.queues[task.group].append(task)
+        self.in_group = dict.fromkeys(caps, 0)
+        self.running: dict[Any, tuple[decider.Perform, CancelToken, _Context]] = {}
+        self.timed_out = False
+        self._done: SimpleQueue[Any] = SimpleQueue()
+        # Reentrant: an effect that is done as it starts runs its callback at once,
+        # on the thread that is starting it.
+        self._lock = threading.RLock()
+        self._filling = False  # a fill in progress on the thread holding the lock
+
+    def _stopping(self) -> bool:
+        driver = self.driver
+        return self.timed_out or driver.interrupted is not None or driver.cancel.cancelled
+
+    def fill(self, group: str | None = None) -> None:
+        """Start queued effects (of ``group``, or of every group) while their caps allow."""
+        with self._lock:
+            if self._filling:  # an effect that finished as it started: the fill goes on
+                return
+            self._filling = True
+            try:
+                for name in (group,) if group is not None else tuple(self.queues):
+                    queue = self.queues[name]
+                    while queue and self.in_group[name] < self.caps[name]:
+                        if self._stopping():
+                            queue.clear()
+                            break
+                        self._start(queue.popleft())
+            finally:
+                self._filling = False
+
+    def _start(self, task: decider.Perform) -> None:
+        driver = self.driver
+        self.in_group[task.group] += 1
+        token = CancelToken()
+        driver._tokens.add(token)
+        try:
+            future, ctx = driver._start_effect(task, token)
+        except Exception as exc:  # a bug: the effect fails, the step goes on
+            import concurrent.futures as cf
+
+            future = cf.Future()
+            future.set_exception(exc)
+            ctx = _Context(driver, task.node_id, task.visit, branch=task.branch, cancel=token)
+        self.running[future] = (task, token, ctx)
+        future.add_done_callback(self._finished)
+
+    def _finished(self, future: Any) -> None:
+        """An effect ended (any thread): its slot starts the next of its group."""
+        with self._lock:
+            task = self.running[future][0]
+            self.in_group[task.group] -= 1
+        self.fill(task.group)
+        self._done.put(future)
+
+    def outstanding(self) -> bool:
+        """Whether effects are in flight, or finished and not taken yet."""
+        with self._lock:
+            return bool(self.running)
+
+    def finished(self, timeout: float) -> list[tuple[decider.Perform, CancelToken, _Context, Any]]:
+        """The effects that finished, waiting up to ``timeout`` s for the first."""
+        futures = []
+        with contextlib.suppress(Empty):
+            futures.append(self._done.get(timeout=timeout))
+            while True:
+                futures.append(self._done.get_nowait())
+        taken = []
+        with self._lock:
+            for future in futures:
+                task, token, ctx = self.running.pop(future)
+                self.driver._tokens.discard(token)
+                taken.append((task, token, ctx, future))
+        return taken
+
+    def time_out(self, reason: str) -> None:
+        """The run's timeout: nothing more starts; what is in flight is cancelled."""
+        with self._lock:
+            self.timed_out = True
+            tokens = [token for _, token, _ in self.running.values()]
+        for token in tokens:
+            token.cancel(reason)
 
 
 def drive(driver: Driver) -> RunOutcome:

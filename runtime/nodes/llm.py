@@ -167,6 +167,17 @@ class LlmActor:
         comes from the recording and there are no tools to run (no I/O, no wait)."""
         return self.clients.replaying and not task.tools
 
+    def submit(self, task: Any, ctx: Any) -> Any:
+        """A live visit without tools as a task on the HTTP client's event loop (a
+        ``concurrent.futures.Future``): a step's many calls hold no thread each while
+        their models answer. None when the visit is to be performed on a thread:
+        replaying (no waits to overlap), or with tools (they block, each on its own)."""
+        if self.clients.replaying or task.tools:
+            return None
+        from graphrun.actors.llm.call import perform_llm_async
+
+        return self.clients.run_on_loop(perform_llm_async(task, ctx, client_factory=self.clients))
+
     def perform(self, task: Any, ctx: Any) -> Any:
         # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
         # supervisor prefixes the node id, so they carry none of their own.

@@ -4,7 +4,7 @@ A provider (``openai.py``, ``anthropic.py``) only knows its wire protocol: how a
 :class:`ChatRequest` becomes a JSON body, and how a response body (or an error
 body) becomes a :class:`ChatResponse` (or an :class:`LlmCallError`). Sending the
 request, timing it and turning transport failures into clear messages happens
-once, here, in :meth:`Provider.call`.
+once, here, in :meth:`Provider.exchange` (:meth:`Provider.call` sends it blocking).
 
 Neutral messages are dicts with ``role`` ``"user"``, ``"assistant"`` or ``"tool"``:
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -242,6 +242,34 @@ def redact(value: Any, secret: str | None) -> Any:
 _SORTED = msgspec.json.Encoder(order="sorted")
 
 
+@dataclass(frozen=True, slots=True)
+class Post:
+    """The HTTP request a provider's :meth:`Provider.exchange` wants sent."""
+
+    url: str
+    content: bytes
+    headers: dict[str, str]
+    timeout: Any  # httpx's timeout argument
+
+
+def _finish(
+    exchange: Generator[Post, httpx.Response, ChatResponse],
+    *,
+    response: httpx.Response | None = None,
+    error: BaseException | None = None,
+) -> ChatResponse:
+    """Hand an exchange its response (or the sending's error); what it returns."""
+    try:
+        if error is not None:
+            exchange.throw(error)
+        else:
+            assert response is not None
+            exchange.send(response)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    raise AssertionError("an exchange sends one request")
+
+
 class Provider:
     """A wire protocol. Subclasses build bodies and read responses; this sends them."""
 
@@ -282,7 +310,28 @@ class Provider:
         resolved: ResolvedModel,
         request: ChatRequest,
     ) -> ChatResponse:
-        """Send ``request`` and return the response, or raise :class:`LlmCallError`."""
+        """Send ``request`` with ``client`` and return the response, or raise
+        :class:`LlmCallError` (the blocking form of :meth:`exchange`)."""
+        exchange = self.exchange(resolved, request)
+        post = next(exchange)
+        try:
+            response = client.post(
+                post.url, content=post.content, headers=post.headers, timeout=post.timeout
+            )
+        except Exception as exc:
+            return _finish(exchange, error=exc)
+        return _finish(exchange, response=response)
+
+    def exchange(
+        self, resolved: ResolvedModel, request: ChatRequest
+    ) -> Generator[Post, httpx.Response, ChatResponse]:
+        """One call as a generator: yields the :class:`Post` to send, is sent the
+        ``httpx.Response`` (or thrown the httpx exception the sending raised), and
+        returns the :class:`ChatResponse` or raises :class:`LlmCallError`.
+
+        Whoever sends decides how: a blocking client on a worker thread, or a task
+        on an event loop (:func:`graphrun.actors.llm.call.perform_llm_async`); what a
+        response means is decided here, once, for both."""
         url = self.endpoint(resolved.base_url)
         if request.reasoning_effort is None and resolved.reasoning_effort:
             request = replace(request, reasoning_effort=resolved.reasoning_effort)
@@ -310,7 +359,7 @@ class Provider:
 
         start = time.perf_counter()
         try:
-            response = client.post(url, content=content, headers=headers, timeout=timeout)
+            response = yield Post(url, content, headers, timeout)
         except Exception as exc:
             if isinstance(exc, httpx.TimeoutException):
                 budget = f" after {request.timeout:g}s" if request.timeout is not None else ""
@@ -394,6 +443,7 @@ __all__ = [
     "ChatRequest",
     "ChatResponse",
     "LlmCallError",
+    "Post",
     "Provider",
     "RetryPolicy",
     "ToolCall",
