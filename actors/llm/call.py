@@ -265,28 +265,31 @@ class _LlmRun:
                 error = exc
 
     async def _post_cancellable(self, loop: Any, op: Post) -> Any:
+        """Send ``op``; the scope token firing while it is awaited cancels this task
+        there (``post_async`` raises ``httpx.ReadError``), and only there."""
         import asyncio
 
-        request = asyncio.ensure_future(
-            self.client.post_async(
+        task = asyncio.current_task()
+        assert task is not None
+        posting = True
+        aborted = False
+
+        def abort() -> None:  # on the loop's thread, between the task's steps
+            nonlocal aborted
+            if posting and not aborted:
+                aborted = True
+                task.cancel()
+
+        unhook = self.scope.on_cancel(lambda: loop.call_soon_threadsafe(abort))
+        try:
+            return await self.client.post_async(
                 op.url, content=op.content, headers=op.headers, timeout=op.timeout
             )
-        )
-        unhook = self.scope.on_cancel(lambda: loop.call_soon_threadsafe(request.cancel))
-        try:
-            return await request
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if request.cancelled() and current is not None and not current.cancelling():
-                # The token fired before the request started: aborted all the same.
-                import httpx
-
-                raise httpx.ReadError(
-                    "request cancelled", request=httpx.Request("POST", op.url)
-                ) from None
-            raise
         finally:
+            posting = False
             unhook()
+            if aborted:
+                task.uncancel()  # the cancellation was the abort's, and it is handled
 
     async def _sleep(self, loop: Any, seconds: float) -> bool:
         """Wait ``seconds`` or until the scope token fires; whether it fired."""
