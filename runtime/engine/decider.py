@@ -433,7 +433,7 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
         except TemplateError as exc:
             step = _fail(node.branch, visit, str(exc))
         if isinstance(step, Perform):
-            pending.append(replace(step, branch=iid, group=node_id, cap=cap))
+            pending.append(Perform(step.node_id, step.node_type, step.task, iid, node_id, cap))
         else:
             done.append((step, view))
     if pending:

@@ -79,6 +79,8 @@ def to_text(value: Any) -> str:
     """The spec's rendering rules for one value."""
     if isinstance(value, str):
         return value
+    if type(value) is int:  # what JSON writes for it, without the encoder (a map's index)
+        return str(value)
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
