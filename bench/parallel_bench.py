@@ -42,6 +42,8 @@ DELAY = 0.05
 IDEAL_RATIO_TARGET = 1.3
 LANGGRAPH_TARGET = 3.0
 REPLAY_TARGET = 20_000.0
+#: Runs of each contender (graphrun, the bare aiohttp loop, LangGraph); medians judged.
+REPEATS = 3
 
 _SERVER = r"""
 import asyncio, json, sys
@@ -233,7 +235,7 @@ def bench_bare_aiohttp(url: str, items: int, concurrency: int) -> float:
 
 
 def bench_langgraph(
-    url: str, tmp: Path, items: int, concurrency: int, client: str = "aiohttp"
+    url: str, tmp: Path, items: int, concurrency: int, client: str = "aiohttp", run: int = 0
 ) -> float | None:
     """Seconds for the same calls through LangGraph's Send with AsyncSqliteSaver, its
     node posting with ``client``: aiohttp (graphrun's live client, so that only the
@@ -299,7 +301,7 @@ def bench_langgraph(
             builder.add_node("call", call)
             builder.add_conditional_edges(START, fan, ["call"])
             builder.add_edge("call", END)
-            db = tmp / f"langgraph-{client}.db"
+            db = tmp / f"langgraph-{client}-{run}.db"
             async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
                 graph = builder.compile(checkpointer=saver)
                 started = time.perf_counter()
@@ -382,36 +384,60 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     with Server() as url, tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        bare_httpx = min(bench_bare(url, args.items, args.concurrency) for _ in range(2))
-        cpu = _cpu()
-        bare = min(bench_bare_aiohttp(url, args.items, args.concurrency) for _ in range(2))
-        bare_cpu = (_cpu() - cpu) / 2
-        # A one-item run first: the modules an llm node needs are imported before the
-        # timed run, as LangGraph's are before its own (and replay's start-up below).
+        # Every contender runs REPEATS times, alternating, and is judged by its median
+        # (the fastest is reported too): one run of a second or less on a shared
+        # machine varies by a tenth either way.
         tiny = tmp / "one-item"
         tiny.mkdir()
+        # A one-item run first: the modules an llm node needs are imported before the
+        # timed runs, as LangGraph's are before its own (and replay's start-up below).
         _, tiny_db, tiny_run = bench_graphrun(url, tiny, 1, args.concurrency)
-        cpu = _cpu()
-        seconds, db, run_id = bench_graphrun(url, tmp, args.items, args.concurrency)
-        report["cpu_per_call_us"] = round((_cpu() - cpu) / args.items * 1e6)
-        report["bare_aiohttp_cpu_per_call_us"] = round(bare_cpu / args.items * 1e6)
+        bare_httpx = bench_bare(url, args.items, args.concurrency)
+        bares: list[float] = []
+        runs: list[float] = []
+        graphs: list[float] = []
+        cpu_bare = cpu_graphrun = 0.0
+        db, run_id = tmp, ""
+        for i in range(REPEATS):
+            cpu = _cpu()
+            bares.append(bench_bare_aiohttp(url, args.items, args.concurrency))
+            cpu_bare += _cpu() - cpu
+            where = tmp / f"run-{i}"
+            where.mkdir()
+            cpu = _cpu()
+            seconds, db, run_id = bench_graphrun(url, where, args.items, args.concurrency)
+            cpu_graphrun += _cpu() - cpu
+            runs.append(seconds)
+            lg = bench_langgraph(url, tmp, args.items, args.concurrency, run=i)
+            if lg is not None:
+                graphs.append(lg)
+        seconds, bare = statistics.median(runs), statistics.median(bares)
+        calls = REPEATS * args.items
+        report["cpu_per_call_us"] = round(cpu_graphrun / calls * 1e6)
+        report["bare_aiohttp_cpu_per_call_us"] = round(cpu_bare / calls * 1e6)
         report["bare_httpx_s"] = round(bare_httpx, 3)
         report["bare_aiohttp_s"] = round(bare, 3)
+        report["bare_aiohttp_runs_s"] = [round(x, 3) for x in bares]
         report["ratio_to_bare"] = round(seconds / bare, 2)
         report["graphrun_s"] = round(seconds, 3)
+        report["graphrun_runs_s"] = [round(x, 3) for x in runs]
         report["ideal_s"] = round(ideal, 3)
         report["ratio_to_ideal"] = round(seconds / ideal, 2)
+        report["best_ratio_to_ideal"] = round(min(runs) / ideal, 2)
+        report["bare_ratio_to_ideal"] = round(bare / ideal, 2)
         if seconds / ideal > IDEAL_RATIO_TARGET:
             failed = True
-        lg = bench_langgraph(url, tmp, args.items, args.concurrency)
-        if lg is not None:
+        if graphs:
+            lg = statistics.median(graphs)
             report["langgraph_s"] = round(lg, 3)
+            report["langgraph_runs_s"] = [round(x, 3) for x in graphs]
             report["speedup_vs_langgraph"] = round(lg / seconds, 2)
             if lg / seconds < LANGGRAPH_TARGET:
                 failed = True
             lg_httpx = bench_langgraph(url, tmp, args.items, args.concurrency, client="httpx")
             if lg_httpx is not None:
                 report["langgraph_httpx_s"] = round(lg_httpx, 3)
+                report["speedup_vs_langgraph_httpx"] = round(lg_httpx / seconds, 2)
         replayed = bench_replay(db, run_id, tiny_db, tiny_run)
         rate, events = replayed["rate"], int(replayed["events"])
         report["replay_events"] = events
@@ -425,19 +451,24 @@ def main(argv: list[str] | None = None) -> int:
     else:
         lg_s = report.get("langgraph_s", float("nan"))
         lines = [
-            f"map of {args.items} llm calls (50 ms each) at concurrency {args.concurrency}:",
+            f"map of {args.items} llm calls (50 ms each) at concurrency {args.concurrency}, "
+            f"medians of {REPEATS} runs each:",
             f"  bare httpx {report['bare_httpx_s']:.3f} s, bare aiohttp "
-            f"{report['bare_aiohttp_s']:.3f} s (asyncio, no engine, no log)",
+            f"{report['bare_aiohttp_s']:.3f} s = {report['bare_ratio_to_ideal']}x the ideal "
+            f"(asyncio, no engine, no log; runs {report['bare_aiohttp_runs_s']})",
             f"  graphrun   {report['graphrun_s']:.3f} s = {report['ratio_to_ideal']}x the "
-            f"ideal {ideal:.2f} s (target <= {IDEAL_RATIO_TARGET}x), "
+            f"ideal {ideal:.2f} s (target <= {IDEAL_RATIO_TARGET}x; best run "
+            f"{report['best_ratio_to_ideal']}x; runs {report['graphrun_runs_s']}), "
             f"{report['ratio_to_bare']}x the bare aiohttp loop",
-            f"             CPU per call (this process, every thread): graphrun "
-            f"{report['cpu_per_call_us']} µs, bare aiohttp "
+            f"             CPU per call (this process, every thread, graph loading "
+            f"included): graphrun {report['cpu_per_call_us']} µs, bare aiohttp "
             f"{report['bare_aiohttp_cpu_per_call_us']} µs",
-            f"  langgraph  {lg_s:.3f} s (Send + AsyncSqliteSaver): graphrun "
+            f"  langgraph  {lg_s:.3f} s (Send + AsyncSqliteSaver, runs "
+            f"{report.get('langgraph_runs_s', [])}): graphrun "
             f"{report.get('speedup_vs_langgraph', '?')}x faster (target >= {LANGGRAPH_TARGET}x; "
             f"both on aiohttp); its node on httpx.AsyncClient: "
-            f"{report.get('langgraph_httpx_s', float('nan')):.3f} s",
+            f"{report.get('langgraph_httpx_s', float('nan')):.3f} s "
+            f"({report.get('speedup_vs_langgraph_httpx', '?')}x)",
             f"  replay     {report['replay_events_per_s']} events/s over {events} events "
             f"(target >= {REPLAY_TARGET:.0f}; start-up = replay of a one-item run), "
             f"{report['replay_events_per_s_vs_runs']} events/s with `graphrun runs` as "

@@ -8,6 +8,12 @@ one transaction before the next effect starts, so nothing observable happens on
 the strength of an unrecorded value; a crash before that commit re-performs the
 effect on resume (at-least-once effects, exactly-once recorded results).
 
+A super-step (a fan-out, a map's items) runs its effects concurrently within their
+caps (:class:`_Slots`): a live llm call as a task on the HTTP client's event loop
+(the effect's ``submit``), any other effect on a worker thread. Each effect's events
+are committed as they happen and its result as it finishes; a slot it frees starts
+the next effect at once, on the thread that freed it.
+
 Policies: ``settings.timeout`` (cancels the in-flight node, records
 ``TimeoutFired``), the per-node visit cap (in the decider), cancellation (Ctrl-C,
 a parent ending), and the one-writer lease.
