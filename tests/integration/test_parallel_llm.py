@@ -313,3 +313,71 @@ def test_an_llm_node_with_tools_in_a_map_runs_its_tools(
         (e.branch, e.result.strip()) for e in store.read(run_id) if isinstance(e, ToolCalled)
     )
     assert ran == [("fan[0]", "A"), ("fan[1]", "B")]
+
+
+def test_kill_9_mid_map_then_resume_asks_only_the_unanswered_calls(
+    llm: FakeLlm, tmp_path: Path
+) -> None:
+    """A real crash: the process dies while one call is in flight on the event loop;
+    the answered calls were committed and are never asked again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    arrived = threading.Event()
+    hold = threading.Event()
+
+    def reply(request: RecordedRequest) -> Reply:
+        prompt = last_user_text(request.body)
+        if prompt == "item c" and not hold.is_set():
+            arrived.set()
+            hold.wait(30)
+        return text(f"echo: {prompt}")
+
+    llm.default = reply
+    root = agent(tmp_path, ["a", "b", "c"])
+    db = tmp_path / "crash.db"
+    env = {**os.environ, "GRAPHRUN_DB": str(db), "GRAPHRUN_CONFIG_DIR": str(tmp_path / "cfg")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "graphrun.cli", "run", str(root)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert arrived.wait(30), "the held call never reached the server"
+        store = SqliteStore(db)
+        deadline = time.monotonic() + 30
+        while True:
+            run_id = store.runs(limit=1)[0].run_id
+            done = {e.branch for e in store.read(run_id) if isinstance(e, LlmResult)}
+            if done == {"fan[0]", "fan[1]"}:
+                break
+            assert time.monotonic() < deadline, f"the answered calls were not committed: {done}"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        hold.set()
+    llm.reset()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "graphrun.cli", "resume", run_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == ["echo: item a", "echo: item b", "echo: item c"]
+    assert [last_user_text(r.body) for r in llm.requests] == ["item c"]
+    events = store.read(run_id)
+    assert sorted(e.branch for e in events if isinstance(e, LlmResult)) == [
+        "fan[0]",
+        "fan[1]",
+        "fan[2]",
+    ]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    store.close()
