@@ -811,15 +811,21 @@ class PostgresStore:
                 (host, now, self.owner),
             ).fetchall()
             dead = [owner for owner, pid, started in here if not _pid_alive(pid, started)]
-            candidates = conn.execute(
-                "SELECT q.run_id, q.settings, q.resume_run, q.attempts, l.owner "
-                "FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id "
-                "WHERE q.state IN ('queued', 'running') AND NOT (q.run_id = ANY(%s)) "
-                "AND (l.run_id IS NULL OR l.expires_at <= %s OR l.owner = ANY(%s)) "
-                "ORDER BY q.queued_at LIMIT 8 FOR UPDATE OF q SKIP LOCKED",
-                (held, now, dead),
-            ).fetchall()
-            for candidate in candidates:
+            # One row at a time: a row locked here and not taken would be skipped by
+            # every other worker until this transaction ends (a short queue would look
+            # empty to them).
+            tried: list[str] = []
+            for _ in range(8):
+                candidate = conn.execute(
+                    "SELECT q.run_id, q.settings, q.resume_run, q.attempts, l.owner "
+                    "FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id "
+                    "WHERE q.state IN ('queued', 'running') AND NOT (q.run_id = ANY(%s)) "
+                    "AND (l.run_id IS NULL OR l.expires_at <= %s OR l.owner = ANY(%s)) "
+                    "ORDER BY q.queued_at LIMIT 1 FOR UPDATE OF q SKIP LOCKED",
+                    (held + tried, now, dead),
+                ).fetchone()
+                if candidate is None:
+                    return None
                 run_id = candidate[0]
                 # The lease as it is now (the select above may have seen it before
                 # another worker's claim committed): taken only if still free.
@@ -842,6 +848,7 @@ class PostgresStore:
                 ).fetchone()
                 if taken is not None:
                     break
+                tried.append(run_id)
             else:
                 return None
             run_id, settings, resume, attempts, owner = candidate
