@@ -68,3 +68,30 @@ def test_llm_bench_runs_and_prints_every_ratio(tmp_path: Path) -> None:
         assert f"graphrun vs LangGraph steps/s, synchronous={pragma}" in names, proc.stdout
     assert proc.stdout.rstrip().splitlines()[-1].startswith("== llm_bench: ")
     assert (proc.returncode == 1) == any(line.startswith("MISS") for line in lines)
+
+
+@pytest.mark.timeout(300)
+def test_parallel_bench_runs_every_contender_in_its_own_process(tmp_path: Path) -> None:
+    import json
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "parallel_bench.py"),
+            "--items",
+            "20",
+            "--concurrency",
+            "5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=280,
+    )
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert len(report["graphrun_runs_s"]) == len(report["bare_aiohttp_runs_s"]) == 3
+    assert report["ideal_s"] == 0.2
+    assert report["graphrun_s"] > report["ideal_s"]
+    assert report["replay_events"] > 40  # the 20-item map's log, replayed through the CLI
