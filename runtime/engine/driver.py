@@ -752,6 +752,12 @@ class Driver:
                 self.absorb_effects()
                 self.flush()
             queue = live
+        for node_type in {task.node_type for task in queue}:
+            # Made here, on the driver's thread: a slot freed on the HTTP loop's thread
+            # must not stall that loop building an effect (loading an index, say). One
+            # that cannot be made fails each of its tasks as it starts (_Slots._start).
+            with contextlib.suppress(Exception):
+                self._effect(node_type)
         step = _Slots(self, caps, queue)
         step.fill()
         while step.outstanding():
@@ -1032,12 +1038,16 @@ class _Slots:
         future.add_done_callback(self._finished)
 
     def _finished(self, future: Any) -> None:
-        """An effect ended (any thread): its slot starts the next of its group."""
-        with self._lock:
-            task = self.running[future][0]
-            self.in_group[task.group] -= 1
-        self.fill(task.group)
-        self._done.put(future)
+        """An effect ended (any thread): its slot starts the next of its group, then
+        the driver hears of it (whatever starting the next did: a callback's error
+        would otherwise leave the driver waiting)."""
+        try:
+            with self._lock:
+                task = self.running[future][0]
+                self.in_group[task.group] -= 1
+            self.fill(task.group)
+        finally:
+            self._done.put(future)
 
     def outstanding(self) -> bool:
         """Whether effects are in flight, or finished and not taken yet."""
