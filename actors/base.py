@@ -21,6 +21,10 @@ from typing import Any, Protocol
 from graphrun.eventstore.events import Event
 
 
+def _nothing() -> None:
+    """What unregistering a callback that already ran does."""
+
+
 class CancelToken:
     """A one-shot, thread-safe cancellation signal with kill callbacks.
 
@@ -64,15 +68,14 @@ class CancelToken:
         with self._lock:
             if not self._cancelled:
                 self._callbacks.append(callback)
-
-                def remove() -> None:
-                    with self._lock:
-                        if callback in self._callbacks:
-                            self._callbacks.remove(callback)
-
-                return remove
+                return functools.partial(self._remove, callback)
         callback()
-        return lambda: None
+        return _nothing
+
+    def _remove(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Sleep until cancelled or ``timeout`` passes; whether it was cancelled."""

@@ -154,6 +154,37 @@ class _Sleep:
 
 
 _CHECKPOINT = _Checkpoint()
+
+
+class _Abort:
+    """Cancels the task awaiting a request when a token fires (any thread), if it is
+    still awaiting it: the cancellation is delivered between the task's steps."""
+
+    __slots__ = ("aborted", "loop", "posting", "task")
+
+    def __init__(self, loop: Any) -> None:
+        import asyncio
+
+        self.loop = loop
+        self.task = asyncio.current_task()
+        self.posting = True
+        self.aborted = False
+
+    def __call__(self) -> None:
+        self.loop.call_soon_threadsafe(self._abort)
+
+    def _abort(self) -> None:  # on the loop's thread
+        if self.posting and not self.aborted and self.task is not None:
+            self.aborted = True
+            self.task.cancel()
+
+    def done(self) -> None:
+        """The request is over: a token firing now cancels nothing."""
+        self.posting = False
+        if self.aborted and self.task is not None:
+            self.task.uncancel()  # the cancellation was the abort's, and it is handled
+
+
 _Op = Post | _Checkpoint | _RunTool | _Sleep
 Steps = Generator[_Op, Any, Any]
 
@@ -176,9 +207,7 @@ class _LlmRun:
         self.resolved: ResolvedModel  # set by execute() before any call
         # One token for everything that stops this node: the run's cancel and the timeout.
         self.scope = CancelToken()
-        self._unhook = ctx.cancel.on_cancel(
-            lambda: self.scope.cancel(ctx.cancel.reason or "cancelled")
-        )
+        self._unhook = ctx.cancel.on_cancel(self._cancelled)
         # What this visit already recorded before the process stopped (a resumed tool
         # loop): successful turns and tool results are served from it, never repeated.
         prior = getattr(ctx, "prior", ()) or ()
@@ -199,6 +228,10 @@ class _LlmRun:
             self._timer = threading.Timer(task.timeout, self.scope.cancel, args=(_NODE_TIMEOUT,))
             self._timer.daemon = True
             self._timer.start()
+
+    def _cancelled(self) -> None:
+        """The run's token fired: so does this node's."""
+        self.scope.cancel(self.ctx.cancel.reason or "cancelled")
 
     def close(self) -> None:
         if self._timer is not None:
@@ -267,29 +300,15 @@ class _LlmRun:
     async def _post_cancellable(self, loop: Any, op: Post) -> Any:
         """Send ``op``; the scope token firing while it is awaited cancels this task
         there (``post_async`` raises ``httpx.ReadError``), and only there."""
-        import asyncio
-
-        task = asyncio.current_task()
-        assert task is not None
-        posting = True
-        aborted = False
-
-        def abort() -> None:  # on the loop's thread, between the task's steps
-            nonlocal aborted
-            if posting and not aborted:
-                aborted = True
-                task.cancel()
-
-        unhook = self.scope.on_cancel(lambda: loop.call_soon_threadsafe(abort))
+        abort = _Abort(loop)
+        unhook = self.scope.on_cancel(abort)
         try:
             return await self.client.post_async(
                 op.url, content=op.content, headers=op.headers, timeout=op.timeout
             )
         finally:
-            posting = False
+            abort.done()
             unhook()
-            if aborted:
-                task.uncancel()  # the cancellation was the abort's, and it is handled
 
     async def _sleep(self, loop: Any, seconds: float) -> bool:
         """Wait ``seconds`` or until the scope token fires; whether it fired."""

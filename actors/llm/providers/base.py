@@ -252,6 +252,21 @@ class Post:
     timeout: Any  # httpx's timeout argument
 
 
+def _failure(
+    failing: tuple[str, dict[str, Any], str | None, float], message: str, **kwargs: Any
+) -> LlmCallError:
+    """The :class:`LlmCallError` of a call to ``url`` with ``body`` started at ``start``
+    (``failing``), its message and the server's echo of ``secret`` redacted."""
+    url, body, secret, start = failing
+    return LlmCallError(
+        redaction.redact(redact(message, secret)),
+        url=redact_url(url),
+        request_body=body,
+        latency_ms=(time.perf_counter() - start) * 1000.0,
+        **kwargs,
+    )
+
+
 def _finish(
     exchange: Generator[Post, httpx.Response, ChatResponse],
     *,
@@ -348,29 +363,23 @@ class Provider:
             timeout = httpx.Timeout(request.timeout, connect=min(request.timeout, 10.0))
         secret = resolved.api_key
 
-        def fail(message: str, **kwargs: Any) -> LlmCallError:
-            return LlmCallError(
-                redaction.redact(redact(message, secret)),
-                url=redact_url(url),
-                request_body=body,
-                latency_ms=(time.perf_counter() - start) * 1000.0,
-                **kwargs,
-            )
-
         start = time.perf_counter()
+        # What every failure of this call says (no closure: one call, one tuple).
+        failing = (url, body, secret, start)
         try:
             response = yield Post(url, content, headers, timeout)
         except Exception as exc:
             if isinstance(exc, httpx.TimeoutException):
                 budget = f" after {request.timeout:g}s" if request.timeout is not None else ""
-                raise fail(f"request to {url} timed out{budget} ({exc})", transient=True) from None
+                message = f"request to {url} timed out{budget} ({exc})"
+                raise _failure(failing, message, transient=True) from None
             if isinstance(exc, httpx.ConnectError):
                 where = f" (check {self.base_url_env})" if self.base_url_env else ""
                 message = f"could not reach {url}: {exc}{where}"
-                raise fail(message, transient=is_transient_message(message)) from None
+                raise _failure(failing, message, transient=is_transient_message(message)) from None
             if isinstance(exc, httpx.TransportError):
                 message = f"connection to {url} failed: {exc or type(exc).__name__}"
-                raise fail(message, transient=is_transient_message(message)) from None
+                raise _failure(failing, message, transient=is_transient_message(message)) from None
             raise
         latency_ms = (time.perf_counter() - start) * 1000.0
         status = response.status_code
@@ -393,7 +402,8 @@ class Provider:
             detail = message or excerpt(raw) or response.reason_phrase
             suffix = f" ({kind})" if kind else ""
             text = f"HTTP {status} from {url}: {detail}{suffix}"
-            raise fail(
+            raise _failure(
+                failing,
                 text,
                 status=status,
                 transient=is_transient_status(status, text, kind),
@@ -401,7 +411,8 @@ class Provider:
                 body=parsed,
             )
         if not isinstance(data, dict):
-            raise fail(
+            raise _failure(
+                failing,
                 f"HTTP {status} from {url}: response is not a JSON object: {excerpt(raw)}",
                 status=status,
                 body=parsed,
@@ -410,15 +421,20 @@ class Provider:
         if in_body is not None:
             message, kind = in_body
             text = f"HTTP {status} from {url}: {message} ({kind})"
-            raise fail(
-                text, status=status, transient=is_transient_status(status, text, kind), body=parsed
+            raise _failure(
+                failing,
+                text,
+                status=status,
+                transient=is_transient_status(status, text, kind),
+                body=parsed,
             )
         text_out, tool_calls, usage = self.parse_body(data)
         if redaction.secrets():  # a server echoing any configured key: never pass it on
             text_out = redaction.redact(text_out)
             tool_calls = [ToolCall(c.id, c.name, redaction.redact(c.arguments)) for c in tool_calls]
         if not text_out.strip() and not tool_calls:
-            raise fail(
+            raise _failure(
+                failing,
                 f"HTTP {status} from {url}: {request.model} produced no output",
                 status=status,
                 transient=True,
