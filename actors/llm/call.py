@@ -156,6 +156,15 @@ class _Sleep:
 _CHECKPOINT = _Checkpoint()
 
 
+def _advance(steps: Steps, value: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Hand ``steps`` the last operation's value (or error): ``(False, next op)``, or
+    ``(True, what they returned)``."""
+    try:
+        return False, steps.throw(error) if error is not None else steps.send(value)
+    except StopIteration as stop:
+        return True, stop.value
+
+
 class _Abort:
     """Cancels the task awaiting a request when a token fires (any thread), if it is
     still awaiting it: the cancellation is delivered between the task's steps."""
@@ -248,10 +257,9 @@ class _LlmRun:
         value: Any = None
         error: BaseException | None = None
         while True:
-            try:
-                op = steps.throw(error) if error is not None else steps.send(value)
-            except StopIteration as stop:
-                return stop.value
+            done, op = _advance(steps, value, error)
+            if done:
+                return op
             value, error = None, None
             try:
                 if isinstance(op, Post):
@@ -280,14 +288,23 @@ class _LlmRun:
         value: Any = None
         error: BaseException | None = None
         while True:
-            try:
-                op = steps.throw(error) if error is not None else steps.send(value)
-            except StopIteration as stop:
-                return stop.value
+            done, op = _advance(steps, value, error)
+            if done:
+                return op
             value, error = None, None
             try:
                 if isinstance(op, Post):
-                    value = await self._post_cancellable(loop, op)
+                    # The token firing while the request is awaited cancels this task
+                    # there (``post_async`` raises ``httpx.ReadError``), and only there.
+                    abort = _Abort(loop)
+                    unhook = self.scope.on_cancel(abort)
+                    try:
+                        value = await self.client.post_async(
+                            op.url, content=op.content, headers=op.headers, timeout=op.timeout
+                        )
+                    finally:
+                        abort.done()
+                        unhook()
                 elif isinstance(op, _Checkpoint):
                     await loop.run_in_executor(None, self._commit)
                 elif isinstance(op, _RunTool):
@@ -296,19 +313,6 @@ class _LlmRun:
                     value = await self._sleep(loop, op.seconds)
             except Exception as exc:
                 error = exc
-
-    async def _post_cancellable(self, loop: Any, op: Post) -> Any:
-        """Send ``op``; the scope token firing while it is awaited cancels this task
-        there (``post_async`` raises ``httpx.ReadError``), and only there."""
-        abort = _Abort(loop)
-        unhook = self.scope.on_cancel(abort)
-        try:
-            return await self.client.post_async(
-                op.url, content=op.content, headers=op.headers, timeout=op.timeout
-            )
-        finally:
-            abort.done()
-            unhook()
 
     async def _sleep(self, loop: Any, seconds: float) -> bool:
         """Wait ``seconds`` or until the scope token fires; whether it fired."""
