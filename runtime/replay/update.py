@@ -5,7 +5,8 @@ in a scratch database holding the file's runs: every effect whose request did no
 change is served from the recording (an LLM call, a retrieval, a child agent, a
 person's answer to the same question), and only what changed is performed — a
 changed script runs offline, a changed LLM request is the only thing that needs a
-model (and its key). The new run then replaces the old one in the export file.
+model (and its key). The new run then replaces the old one in the export file; a
+child agent's run served from the recording goes with it, as the new run's child.
 
 Nothing is written when the new run cannot be completed as the old one was (a
 question nobody answered yet, a failed LLM call): the file stays as it is and the
@@ -18,6 +19,8 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
 
 from graphrun.eventstore.events import ChildRunStarted, LlmResult, RunStarted
 from graphrun.eventstore.fold import fold
@@ -60,7 +63,6 @@ def update_file(file: Path, *, dry_run: bool = False) -> Update:
     from graphrun.runtime.replay.transfer import (
         import_runs,
         read_header,
-        run_tree,
         top_level_runs,
         write_export,
     )
@@ -126,19 +128,14 @@ def update_file(file: Path, *, dry_run: bool = False) -> Update:
                         f"({event.error}); the file is unchanged"
                     )
                     return result
-            tree = run_tree(store, outcome.run_id)
-            for rid in tree:
-                for event in store.read(rid):
-                    if isinstance(event, ChildRunStarted) and event.child_run_id not in tree:
-                        result.error = (
-                            f"node '{event.node_id}' reuses the recorded child run "
-                            f"{event.child_run_id}; --update does not re-record files whose "
-                            "child agents are reused yet (the file is unchanged)"
-                        )
-                        return result
+            source = _adopt_reused_children(store, outcome.run_id, Path(tmp))
             partial = file.with_name(file.name + ".partial")
-            with partial.open("w", encoding="utf-8") as fh:
-                write_export(store, outcome.run_id, fh, relative_to=file.parent)
+            try:
+                with partial.open("w", encoding="utf-8") as fh:
+                    write_export(source, outcome.run_id, fh, relative_to=file.parent)
+            finally:
+                if source is not store:
+                    source.close()
             os.replace(partial, file)
             result.written = True
             return result
@@ -146,6 +143,44 @@ def update_file(file: Path, *, dry_run: bool = False) -> Update:
             return Update(file, top, error=str(exc))
         finally:
             store.close()
+
+
+def _adopt_reused_children(store: SqliteStore, run_id: str, tmp: Path) -> SqliteStore:
+    """The store to export the re-recorded run ``run_id`` from.
+
+    A child agent whose request did not change was served from the recording: the
+    new run's ``ChildRunStarted`` names the recorded child run, whose log says its
+    parent is the old run. The export holds the new run only, so such a child (with
+    its own descendants) is written as the new run's: the same run id and events,
+    its ``RunStarted`` naming the new parent. Returns ``store`` itself when nothing
+    was reused, else a store of its own holding the new tree and the adopted ones."""
+    from graphrun.runtime.replay.transfer import run_tree
+
+    tree = run_tree(store, run_id)
+    reused = [
+        event.child_run_id
+        for rid in tree
+        for event in store.read(rid)
+        if isinstance(event, ChildRunStarted) and event.child_run_id not in tree
+    ]
+    if not reused:
+        return store
+    adopted = SqliteStore(tmp / "adopted.db")
+    try:
+        for rid in tree:
+            adopted.append(rid, store.read(rid))
+        for child in dict.fromkeys(reused):
+            for rid in run_tree(store, child):
+                events = store.read(rid)
+                if rid == child:
+                    first = events[0]
+                    assert isinstance(first, RunStarted)
+                    events = [msgspec.structs.replace(first, parent_run_id=run_id), *events[1:]]
+                adopted.append(rid, events)
+    except BaseException:
+        adopted.close()
+        raise
+    return adopted
 
 
 __all__ = ["Update", "update_file"]

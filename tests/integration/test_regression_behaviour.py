@@ -169,3 +169,87 @@ def test_every_divergence_of_a_run_is_reported(graphrun, agent, fake_llm) -> Non
     assert "-Summarize: bread ovens" in report and "+Summarize briefly: bread ovens" in report
     data = _offline(graphrun, "replay", "--help")
     assert data.code == 0
+
+
+def test_update_keeps_a_reused_child_agent_as_the_new_runs_child(graphrun, agent) -> None:  # type: ignore[no-untyped-def]
+    """A parent whose script changed is re-recorded; its child agent's request did not
+    change, so the recorded child run is served, and the file keeps it, as the new
+    run's child. The file then replays, and updates again."""
+    agents = graphrun.tmp_path / "agents"
+    agent(
+        """
+        name: counter
+        version: "1.0"
+        start: count
+        nodes:
+          count:
+            type: script
+            script: scripts/count.py
+            next: done
+          done:
+            type: end
+            output: "counted {{n}}"
+        """,
+        {"scripts/count.py": 'import json\nprint(json.dumps({"n": 3}))\n'},
+        name="agents/counter",
+    )
+    root = agent(
+        """
+        name: boss
+        version: "1.0"
+        start: ask
+        nodes:
+          ask:
+            type: agent
+            agent: counter
+            prompt: "{{initial_prompt}}"
+            state_updates:
+              got: "{{output}}"
+            next: label
+          label:
+            type: script
+            script: scripts/label.py
+            next: done
+          done:
+            type: end
+            output: "{{label}}: {{got}}"
+        """,
+        {"scripts/label.py": 'import json\nprint(json.dumps({"label": "old"}))\n'},
+        name="boss",
+    )
+    ran = _offline(graphrun, "run", str(root), "go", "--agents-dir", str(agents))
+    assert ran.code == 0, ran.stderr
+    assert ran.stdout.strip() == "old: counted 3"
+    export = graphrun.tmp_path / "replays" / "boss.run.jsonl"
+    export.parent.mkdir()
+    listed = _offline(graphrun, "runs", "--json").stdout.splitlines()
+    top = next(r for r in map(json.loads, listed) if r["parent_run_id"] is None)["run_id"]
+    assert _offline(graphrun, "export", top, "-o", str(export)).code == 0
+    old_header = json.loads(export.read_text().splitlines()[0])
+    old_top, old_child = old_header["runs"]
+
+    label = root / "scripts" / "label.py"
+    label.write_text(label.read_text().replace('"old"', '"new"'))
+    assert _offline(graphrun, "test", str(export)).code == 1
+    updated = _offline(graphrun, "test", "--update", str(export))
+    assert updated.code == 0, updated.stdout + updated.stderr
+    assert "UPDATED" in updated.stdout and "label#1 (script changed)" in updated.stdout
+
+    lines = [json.loads(line) for line in export.read_text().splitlines()]
+    new_top, child = lines[0]["runs"]
+    assert new_top != old_top and child == old_child  # the recorded child, kept
+    starts = {
+        line["event"]["run_id"]: line["event"]
+        for line in lines
+        if "event" in line and line["event"]["type"] == "RunStarted"
+    }
+    assert starts[child]["parent_run_id"] == new_top
+    outputs = [
+        line["event"]["output"]
+        for line in lines
+        if "event" in line and line["event"]["type"] == "RunCompleted"
+    ]
+    assert sorted(outputs) == ["counted 3", "new: counted 3"]
+    again = _offline(graphrun, "test", str(export))
+    assert again.code == 0, again.stdout
+    assert _offline(graphrun, "test", "--update", str(export)).code == 0  # nothing to do
