@@ -44,6 +44,9 @@ DELAY = 0.05
 IDEAL_RATIO_TARGET = 1.3
 LANGGRAPH_TARGET = 3.0
 REPLAY_TARGET = 20_000.0
+#: Measurements of each replay command (medians): the rate is a difference of two
+#: ~0.3 s commands, so it needs more of them than the runs do.
+REPLAY_REPEATS = 11
 #: Runs of each contender (graphrun, the bare aiohttp loop, LangGraph); medians judged.
 REPEATS = 3
 
@@ -330,7 +333,7 @@ def bench_replay(db: Path, run_id: str, tiny_db: Path, tiny_run: str) -> dict[st
     graph (``tiny_run``: the same imports, the same checks, one item), as core_bench
     does; ``rate_vs_runs``: subtracting ``graphrun runs`` instead, a command that
     imports far less (the replay's own imports then count as its work);
-    ``command_s``: the whole command. Medians of alternating runs.
+    ``command_s``: the whole command. Medians of ``REPLAY_REPEATS`` alternating runs.
 
     The commands run with their bytecode cached (in a directory of their own), as an
     installed package has it: with ``PYTHONDONTWRITEBYTECODE`` set, every command
@@ -359,7 +362,7 @@ def bench_replay(db: Path, run_id: str, tiny_db: Path, tiny_run: str) -> dict[st
     replays: list[float] = []
     tinies: list[float] = []
     runs: list[float] = []
-    for _ in range(7):
+    for _ in range(REPLAY_REPEATS):
         replays.append(timed(["replay", run_id], env))
         tinies.append(timed(["replay", tiny_run], tiny_env))
         runs.append(timed(["runs", "--json"], env))
