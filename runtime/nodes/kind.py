@@ -11,6 +11,7 @@ through the registry; it holds no per-kind code but the control-flow nodes
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,9 +39,9 @@ Effect = Callable[["RunPorts"], "tuple[type, tuple[Any, ...]]"]
 @dataclass(frozen=True)
 class NodeKind:
     type: str
-    struct: type[NodeBase]
+    struct: builtins.type[NodeBase]  # builtins: the field `type` shadows it here
     complete: Complete
-    result: type[Event] | None = None  # the effect event that ends a visit's effect
+    result: builtins.type[Event] | None = None  # the effect event that ends a visit's effect
     request: Request | None = None
     primary: Primary | None = None
     effect: Effect | None = None

@@ -19,7 +19,7 @@ from graphrun.eventstore.events import Event, RunStarted
 from graphrun.eventstore.store import SqliteStore
 from graphrun.runtime.engine import decider
 from graphrun.runtime.graph.loader import LoadedGraph
-from graphrun.runtime.replay.divergence import check_request, recorded_requests
+from graphrun.runtime.replay.divergence import RequestKey, check_request, recorded_requests
 from graphrun.runtime.replay.sources import Served
 
 
@@ -31,7 +31,7 @@ class RecordedEffects:
     The driver calls :meth:`take` before performing an effect (``RunOptions.effect_source``).
     """
 
-    requests: dict[tuple[str, int], tuple[Any, list[Event]]]
+    requests: dict[RequestKey, tuple[Any, list[Event]]]
     reused: list[str] = field(default_factory=list)
     performed: list[str] = field(default_factory=list)
 

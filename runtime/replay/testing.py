@@ -301,7 +301,7 @@ if pytest is not None:
     class ReplayFailure(Exception):
         """A recorded run no longer replays."""
 
-    class RecordedRunItem(pytest.Item):  # type: ignore[misc]
+    class RecordedRunItem(pytest.Item):
         """One recorded top-level run (with its child runs) of a ``*.run.jsonl`` file."""
 
         def __init__(self, *, run_id: str, **kwargs: Any) -> None:
@@ -331,7 +331,7 @@ if pytest is not None:
         def reportinfo(self) -> tuple[Any, int, str]:
             return self.path, 0, f"recorded run {self.run_id}"
 
-    class RecordedRunFile(pytest.File):  # type: ignore[misc]
+    class RecordedRunFile(pytest.File):
         """A ``*.run.jsonl`` export file: one item per top-level run."""
 
         def collect(self) -> Any:

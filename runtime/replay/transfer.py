@@ -53,7 +53,13 @@ from typing import Any, TextIO
 import msgspec
 
 from graphrun.eventstore import codec
-from graphrun.eventstore.events import SCHEMA_VERSION, Event, RunStarted
+from graphrun.eventstore.events import (
+    SCHEMA_VERSION,
+    Event,
+    HumanInputReceived,
+    HumanInputRequested,
+    RunStarted,
+)
 from graphrun.eventstore.store import SqliteStore, Store
 from graphrun.runtime.errors import GraphrunError
 
@@ -465,17 +471,16 @@ def _check_approvals(path: Path, runs: dict[str, list[Event]]) -> None:
     for run_id, events in runs.items():
         asked: dict[tuple[str, int], Any] = {}
         for event in events:
-            kind = type(event).__name__
-            if kind == "HumanInputRequested":
-                asked[(event.node_id, event.visit)] = event  # type: ignore[attr-defined]
-            elif kind == "HumanInputReceived":
-                request = asked.get((event.node_id, event.visit))  # type: ignore[attr-defined]
+            if isinstance(event, HumanInputRequested):
+                asked[(event.node_id, event.visit)] = event
+            elif isinstance(event, HumanInputReceived):
+                request = asked.get((event.node_id, event.visit))
                 approvers = list(getattr(request, "approvers", None) or [])
-                by = event.by  # type: ignore[attr-defined]
+                by = event.by
                 if approvers and by not in approvers:
                     raise ExportFileError(
                         f"{path}: run {run_id} seq {event.seq}: an answer by {by!r} at node "
-                        f"'{event.node_id}', whose approvers are {', '.join(approvers)}"  # type: ignore[attr-defined]
+                        f"'{event.node_id}', whose approvers are {', '.join(approvers)}"
                     )
 
 
