@@ -3,6 +3,7 @@ structured output into the state."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from graphrun.eventstore.events import LlmResult
@@ -17,11 +18,20 @@ if TYPE_CHECKING:
     from graphrun.runtime.engine.ports import RunPorts
 
 
-def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
-    """The rendered request of an llm node (schema hint placed as the spec says)."""
+@functools.cache
+def _effect_names() -> tuple[Any, Any]:
+    """``LlmTask`` and ``schema_hint``, imported once on first use: the llm effect's
+    modules are not imported by whatever imports the decider (``validate``, ``show``),
+    and a map's thousand items do not each run an import statement."""
     from graphrun.actors.llm.call import LlmTask
     from graphrun.actors.llm.structured import schema_hint
 
+    return LlmTask, schema_hint
+
+
+def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
+    """The rendered request of an llm node (schema hint placed as the spec says)."""
+    LlmTask, schema_hint = _effect_names()
     system = (
         render(node.instructions, s, strict=True, field=f"{node_id}.instructions")
         if node.instructions is not None
