@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from graphrun.actors.base import EffectContext
 from graphrun.actors.messages import HumanTask
 from graphrun.eventstore.errors import GraphrunError
-from graphrun.eventstore.events import HumanInputReceived
 
 __all__ = ["AnswerRefused", "HumanActor", "check_approver"]
 
@@ -88,19 +87,7 @@ class HumanActor:
         except (AnswerRefused, HumanInputError) as refused:
             # The run waits; the driver reports the refusal (RunOutcome.refused).
             raise self.on_wait(task) from refused
-        ctx.record(
-            HumanInputReceived(
-                node_id=task.node_id,
-                visit=task.visit,
-                answer=answer,
-                by=ident.by,
-                os_user=ident.os_user,
-                host=ident.host,
-                channel=channel,
-                question=task.question,
-                options=list(task.options),
-            )
-        )
+        ctx.record(ident.answered(task, answer, channel))
 
     @staticmethod
     def _queued(task: HumanTask, given: str) -> str:

@@ -24,9 +24,10 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, TextIO
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from graphrun.eventstore.errors import GraphrunError
+from graphrun.eventstore.events import HumanInputReceived
 
 if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples
@@ -101,6 +102,21 @@ class Identity:
     by: str
     os_user: str
     host: str
+
+    def answered(self, request: Any, answer: str, channel: str) -> HumanInputReceived:
+        """The record of this answerer's ``answer`` to ``request`` (a node's human task,
+        or the ``HumanInputRequested`` it recorded) through ``channel``."""
+        return HumanInputReceived(
+            node_id=request.node_id,
+            visit=request.visit,
+            answer=answer,
+            by=self.by,
+            os_user=self.os_user,
+            host=self.host,
+            channel=channel,
+            question=request.question,
+            options=list(request.options),
+        )
 
 
 # --- who answers -----------------------------------------------------------------

@@ -98,17 +98,7 @@ def submit_answer(
             time.sleep(0.05)
     try:
         _still_waiting(store.read(run_id), request)
-        event = HumanInputReceived(
-            node_id=request.node_id,
-            visit=request.visit,
-            answer=text,
-            by=ident.by,
-            os_user=ident.os_user,
-            host=ident.host,
-            channel=channel,
-            question=request.question,
-            options=list(request.options),
-        )
+        event = ident.answered(request, text, channel)
         (stamped,) = store.append(run_id, [event], sync=True)
     except BaseException:
         store.release_lease(run_id)
