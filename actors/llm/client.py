@@ -334,7 +334,6 @@ class _LiveClient:
     def post(
         self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None
     ) -> httpx.Response:
-        import httpx
 
         scope = self._aborts.current()
         future = self._loop.submit(self._post(url, content, headers, _aiohttp_timeout(timeout)))
@@ -342,11 +341,9 @@ class _LiveClient:
             scope.watch(future)
         try:
             status, raw_headers, body = future.result()
-        except concurrent.futures.CancelledError:
-            raise httpx.ReadError("request cancelled", request=httpx.Request("POST", url)) from None
         except BaseException as exc:
             future.cancel()  # e.g. KeyboardInterrupt in the waiting thread
-            mapped = _httpx_error(exc, httpx.Request("POST", url))
+            mapped = _as_httpx(exc, url)
             if mapped is None:
                 raise
             raise mapped from exc
@@ -362,16 +359,12 @@ class _LiveClient:
         the same response and the same httpx exceptions. Cancelling the awaiting
         task aborts the request (``httpx.ReadError``), as a token does for
         :meth:`post`."""
-        import httpx
-
         try:
             status, raw_headers, body = await self._post(
                 url, content, headers, _aiohttp_timeout(timeout)
             )
-        except asyncio.CancelledError:
-            raise httpx.ReadError("request cancelled", request=httpx.Request("POST", url)) from None
-        except Exception as exc:
-            mapped = _httpx_error(exc, httpx.Request("POST", url))
+        except BaseException as exc:
+            mapped = _as_httpx(exc, url)
             if mapped is None:
                 raise
             raise mapped from exc
@@ -453,6 +446,18 @@ def _aiohttp_timeout(timeout: Any) -> Any:
     if isinstance(timeout, httpx.Timeout):
         return aiohttp.ClientTimeout(total=None, connect=timeout.connect, sock_read=timeout.read)
     return None
+
+
+def _as_httpx(exc: BaseException, url: str) -> Exception | None:
+    """What a live POST to ``url`` raises for ``exc``: ``httpx.ReadError`` when the
+    request was cancelled (aborted), else :func:`_httpx_error`'s mapping; None when
+    ``exc`` goes on as it is (an interrupt, a bug)."""
+    import httpx
+
+    request = httpx.Request("POST", url)
+    if isinstance(exc, concurrent.futures.CancelledError | asyncio.CancelledError):
+        return httpx.ReadError("request cancelled", request=request)
+    return _httpx_error(exc, request)
 
 
 def _httpx_error(exc: BaseException, request: httpx.Request) -> Exception | None:
