@@ -124,8 +124,8 @@ async def perform_llm_async(
 ) -> LlmResult:
     """:func:`perform_llm` as a task on ``client_factory``'s event loop
     (:meth:`ClientFactory.run_on_loop`): the same calls, records and result, with each
-    request awaited instead of holding a thread. Tools, commits and waits between
-    attempts, which block, run on the loop's executor."""
+    request awaited instead of holding a thread. Tools and commits, which block, run
+    on the loop's executor; a wait between attempts is an asyncio wait."""
     run = _LlmRun(task, ctx, client_factory, toolbox)
     try:
         result = await run.awaiting(run.execute())
@@ -280,8 +280,9 @@ class _LlmRun:
         """Drive ``steps`` as a task on the client's event loop; what they return.
 
         A request is awaited; the scope token firing cancels it (``httpx.ReadError``,
-        as a blocking request gets). The rest blocks, so it runs on the loop's
-        executor, never on the loop itself."""
+        as a blocking request gets). Commits and tools block, so they run on the
+        loop's executor, never on the loop itself; a wait between attempts is an
+        asyncio wait the token cuts short."""
         import asyncio
 
         loop = asyncio.get_running_loop()
