@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -201,6 +201,24 @@ Steps = Generator[_Op, Any, Any]
 class _LlmRun:
     """The state of one :func:`perform_llm`: the scope token, deadline and call count."""
 
+    __slots__ = (
+        "_timer",
+        "_unhook",
+        "_unsaved",
+        "calls",
+        "client",
+        "ctx",
+        "deadline",
+        "factory",
+        "prior_calls",
+        "prior_tools",
+        "provider",
+        "resolved",
+        "scope",
+        "task",
+        "toolbox",
+    )
+
     def __init__(
         self,
         task: LlmTask,
@@ -213,10 +231,14 @@ class _LlmRun:
         self.factory = factory
         self.toolbox = toolbox
         self.calls = 0
-        self.resolved: ResolvedModel  # set by execute() before any call
-        # One token for everything that stops this node: the run's cancel and the timeout.
-        self.scope = CancelToken()
-        self._unhook = ctx.cancel.on_cancel(self._cancelled)
+        # ``resolved``, ``provider`` and ``client`` are set by execute() before any call.
+        # One token for everything that stops this node: the run's cancel and the
+        # timeout. Without a timeout, that is the run's own token.
+        self.scope = ctx.cancel
+        self._unhook: Callable[[], None] = _nothing
+        if task.timeout is not None:
+            self.scope = CancelToken()
+            self._unhook = ctx.cancel.on_cancel(self._cancelled)
         # What this visit already recorded before the process stopped (a resumed tool
         # loop): successful turns and tool results are served from it, never repeated.
         prior = getattr(ctx, "prior", ()) or ()
@@ -346,7 +368,7 @@ class _LlmRun:
             resolved = self.factory.resolve(self.task.model)
         except LlmConfigError as err:
             return self._result(error=str(err))
-        self.resolved = resolved
+        self.resolved: ResolvedModel = resolved
         self.provider: Provider = get_provider(resolved.provider)
         self.client = self.factory.client(resolved.base_url)
 

@@ -13,8 +13,9 @@ token fires, the request's task is cancelled, which closes its connection at
 once instead of waiting for the model to finish (and the server stops
 generating tokens nobody will read). aiohttp, not httpx, on the wire: its HTTP
 parser and connection pool are compiled, and a map of 100 concurrent calls spent
-most of its time in httpx's pool; the providers still get httpx's own
-``Response`` (decoded by httpx, as a live httpx call is) and httpx's exceptions.
+most of its time in httpx's pool; the providers still read the response as
+httpx's ``Response`` (a compressed body decoded by httpx, as a live httpx call
+is) and get httpx's exceptions.
 Environment proxies apply (``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``), and
 nothing outside either library's public API is used.
 """
@@ -25,10 +26,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
@@ -43,6 +45,8 @@ from graphrun.eventstore.events import LlmCalled
 if TYPE_CHECKING:
     import aiohttp
     import httpx
+
+log = logging.getLogger(__name__)
 
 #: Seconds to wait for a TCP (and TLS) connection.
 CONNECT_TIMEOUT = 10.0
@@ -135,8 +139,8 @@ class ClientFactory:
         Replaying, a :class:`_TransportClient` over an ``httpx.MockTransport``
         serving the recording (nothing leaves the process). Live, a
         :class:`_LiveClient`: the call on an ``aiohttp.ClientSession`` on the
-        factory's event-loop thread. Either way the providers get httpx's own
-        ``Response``.
+        factory's event-loop thread. Either way the providers read httpx's
+        ``Response`` (live, the part of it they read: :func:`_httpx_response`).
         """
         with self._lock:
             existing = self._clients.get(base_url)
@@ -153,10 +157,10 @@ class ClientFactory:
             self._clients[base_url] = created
             return created
 
-    def run_on_loop(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+    def run_on_loop(self, coro: Coroutine[Any, Any, Any]) -> TaskOutcome:
         """Run ``coro`` as a task on the factory's event-loop thread (started on first
         use), where its live clients' :meth:`_LiveClient.post_async` may be awaited;
-        the returned future completes with it."""
+        the returned :class:`TaskOutcome` completes with it."""
         with self._lock:
             if self._loop is None:
                 self._loop = _LoopThread()
@@ -239,19 +243,19 @@ class _LoopThread:
         """Run ``coro`` on the loop; cancelling the future cancels its task."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def start(self, coro: Any) -> concurrent.futures.Future[Any]:
-        """Run ``coro`` as a task on the loop; the future completes with it.
+    def start(self, coro: Any) -> TaskOutcome:
+        """Run ``coro`` as a task on the loop; the outcome completes with it.
 
-        The task sets the future itself as it ends, so whoever waits on the future
+        The task completes the outcome itself as it ends, so whoever is told of it
         (a callback starting the next call) hears of it in the same loop iteration,
         not one later. Submitted from the loop's own thread (a call finishing starts
         the next), the task is created at once, not via the loop's wake-up pipe."""
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        outcome = TaskOutcome()
         if threading.get_ident() == self._thread.ident:
-            self.loop.create_task(_into(coro, future))
+            self.loop.create_task(_into(coro, outcome))
         else:
-            self.loop.call_soon_threadsafe(self.loop.create_task, _into(coro, future))
-        return future
+            self.loop.call_soon_threadsafe(self.loop.create_task, _into(coro, outcome))
+        return outcome
 
     def cancel_all(self) -> None:
         """Cancel every call in flight (its caller gets ``httpx.ReadError`` at once)."""
@@ -272,25 +276,74 @@ class _LoopThread:
             self.loop.close()
 
 
-async def _into(coro: Any, future: concurrent.futures.Future[Any]) -> None:
-    """Await ``coro`` and hand its outcome to ``future`` (cancelled: cancelled)."""
-    if not future.set_running_or_notify_cancel():
-        coro.close()
-        return
+class TaskOutcome:
+    """How a task started by :meth:`ClientFactory.run_on_loop` ended, for whoever is
+    told when it does: the part of ``concurrent.futures.Future`` they use
+    (``add_done_callback``, ``done``, ``cancelled``, ``exception``, ``result`` once
+    done), without the condition variable a ``Future`` makes for waiters. Nobody waits
+    on one, and a map makes one per call. A cancelled task ends with its
+    ``CancelledError`` as the exception."""
+
+    __slots__ = ("_callbacks", "_done", "_exception", "_lock", "_result")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[TaskOutcome], object]] = []
+        self._done = False
+        self._result: Any = None
+        self._exception: BaseException | None = None
+
+    def add_done_callback(self, fn: Callable[[TaskOutcome], object]) -> None:
+        """Call ``fn(outcome)`` when the task ends (on the loop's thread), or now if it has."""
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> BaseException | None:
+        if not self._done:
+            raise concurrent.futures.InvalidStateError("the task has not ended")
+        return self._exception
+
+    def result(self) -> Any:
+        if self.exception() is not None:
+            raise self._exception  # type: ignore[misc]
+        return self._result
+
+    def _end(self, result: Any, exception: BaseException | None) -> None:
+        with self._lock:
+            self._result, self._exception, self._done = result, exception, True
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:  # as concurrent.futures does: one callback's bug stops no other
+                log.exception("a callback of a loop task raised")
+
+
+async def _into(coro: Any, outcome: TaskOutcome) -> None:
+    """Await ``coro`` and hand how it ended to ``outcome``."""
     try:
         result = await coro
     except asyncio.CancelledError as exc:
-        future.set_exception(exc)
+        outcome._end(None, exc)
         raise
     except BaseException as exc:
-        future.set_exception(exc)
+        outcome._end(None, exc)
     else:
-        future.set_result(result)
+        outcome._end(result, None)
 
 
 class _LiveClient:
     """``post`` and ``close`` of an ``aiohttp.ClientSession`` run on a :class:`_LoopThread`,
-    for the providers' synchronous code: the response is httpx's own, read in full,
+    for the providers' synchronous code: the response reads as httpx's, read in full,
     and a failure is raised as the httpx exception a live httpx call raises.
 
     A request made inside :meth:`ClientFactory.abort_on` is cancelled when the
@@ -305,6 +358,8 @@ class _LiveClient:
         self._make = make
         # Scheme and host -> the proxy options for it, read from the environment once.
         self._proxies: dict[tuple[str, str], dict[str, Any]] = {}
+        # URL -> where a POST to it goes (:meth:`_target`).
+        self._targets: dict[str, tuple[str, str | None, dict[str, Any]]] = {}
 
     async def _post(
         self, url: str, content: bytes, headers: Any, timeout: Any
@@ -313,28 +368,38 @@ class _LiveClient:
         session = self._session
         if session is None:
             session = self._session = self._make()
-        split = urlsplit(url)
-        if split.username is not None or split.password is not None:
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = self._target(url)
+        url, auth, options = target
+        if auth is not None:
             # Credentials in the URL: sent as Basic auth, in place of any Authorization
             # header, as httpx sends them.
-            url, headers = _userinfo_as_auth(split, headers)
-        where = (split.scheme, split.hostname or "")
-        proxy = self._proxies.get(where)
-        if proxy is None:
-            proxy = self._proxies[where] = _env_proxy(*where)
-        options: dict[str, Any] = dict(proxy)
+            headers = {k: v for k, v in dict(headers or {}).items() if k.lower() != "authorization"}
+            headers["Authorization"] = auth
         if timeout is not None:
-            options["timeout"] = timeout
+            options = {**options, "timeout": timeout}
         async with session.post(
             url, data=content, headers=headers, allow_redirects=False, **options
         ) as response:
             body = await response.read()
             return response.status, list(response.raw_headers), body
 
-    def post(
-        self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None
-    ) -> httpx.Response:
+    def _target(self, url: str) -> tuple[str, str | None, dict[str, Any]]:
+        """Where a POST to ``url`` goes, worked out once per URL: the URL without any
+        user info, that user info as a Basic ``Authorization`` value (or None), and
+        the environment's proxy options for its scheme and host."""
+        split = urlsplit(url)
+        auth = None
+        if split.username is not None or split.password is not None:
+            url, auth = _without_userinfo(split)
+        where = (split.scheme, split.hostname or "")
+        proxy = self._proxies.get(where)
+        if proxy is None:
+            proxy = self._proxies[where] = _env_proxy(*where)
+        return url, auth, {**proxy}
 
+    def post(self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None) -> Any:
         scope = self._aborts.current()
         future = self._loop.submit(self._post(url, content, headers, _aiohttp_timeout(timeout)))
         if scope is not None:
@@ -354,7 +419,7 @@ class _LiveClient:
 
     async def post_async(
         self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None
-    ) -> httpx.Response:
+    ) -> Any:
         """:meth:`post` for a coroutine on the client's own loop (never another):
         the same response and the same httpx exceptions. Cancelling the awaiting
         task aborts the request (``httpx.ReadError``), as a token does for
@@ -379,9 +444,15 @@ class _LiveClient:
 
 def _httpx_response(
     url: str, headers: Any, status: int, raw_headers: list[tuple[bytes, bytes]], body: bytes
-) -> httpx.Response:
-    """httpx's own ``Response`` for what aiohttp received, read in full (a compressed
-    body decoded, as httpx does live)."""
+) -> Any:
+    """What aiohttp received, read in full, as the providers read a response: an
+    uncompressed body as a :class:`_Received`; a compressed one as httpx's own
+    ``Response``, which decodes it as httpx does live."""
+    for name, value in raw_headers:
+        if name.lower() == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            break
+    else:
+        return _Received(status, raw_headers, body)
     import httpx
 
     # No ``request``: building one costs more than the rest (URL and headers parsed
@@ -391,6 +462,40 @@ def _httpx_response(
     return response
 
 
+class _Received:
+    """A live response read in full: the part of httpx's ``Response`` that
+    :meth:`Provider.exchange` reads (``status_code``, ``content``, ``headers``,
+    ``reason_phrase``), without building one per call (its headers and stream cost
+    more than the rest of the call's parsing). ``headers`` is httpx's, made when
+    asked for (a 429's ``Retry-After``)."""
+
+    __slots__ = ("_raw", "content", "status_code")
+
+    def __init__(self, status: int, raw_headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status_code = status
+        self.content = body
+        self._raw = raw_headers
+
+    @property
+    def headers(self) -> httpx.Headers:
+        import httpx
+
+        return httpx.Headers(self._raw)
+
+    @property
+    def reason_phrase(self) -> str:
+        import httpx
+
+        return httpx.codes.get_reason_phrase(self.status_code)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return msgspec.json.decode(self.content)
+
+
 def _basic(username: str, password: str) -> str:
     import base64
 
@@ -398,14 +503,13 @@ def _basic(username: str, password: str) -> str:
     return "Basic " + base64.b64encode(credentials).decode()
 
 
-def _userinfo_as_auth(split: SplitResult, headers: Any) -> tuple[str, dict[str, Any]]:
-    """The URL without its user info, and the headers with that user info as Basic auth."""
+def _without_userinfo(split: SplitResult) -> tuple[str, str]:
+    """The URL without its user info, and that user info as a Basic auth value."""
     netloc = split.hostname or ""
     if split.port is not None:
         netloc = f"{netloc}:{split.port}"
-    kept = {k: v for k, v in dict(headers or {}).items() if k.lower() != "authorization"}
-    kept["Authorization"] = _basic(split.username or "", split.password or "")
-    return split._replace(netloc=netloc).geturl(), kept
+    auth = _basic(split.username or "", split.password or "")
+    return split._replace(netloc=netloc).geturl(), auth
 
 
 def _env_proxy(scheme: str, host: str) -> dict[str, Any]:
@@ -436,16 +540,30 @@ def _env_proxy(scheme: str, host: str) -> dict[str, Any]:
 
 def _aiohttp_timeout(timeout: Any) -> Any:
     """aiohttp's timeout for an httpx ``timeout=`` argument (``None``: the session's)."""
-    import aiohttp
-    import httpx
-
-    if timeout is None or timeout is httpx.USE_CLIENT_DEFAULT:
+    if timeout is None or timeout is _client_default():
         return None
     if isinstance(timeout, int | float):
-        return aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout)
+        return _client_timeout(timeout, timeout)
+    import httpx
+
     if isinstance(timeout, httpx.Timeout):
-        return aiohttp.ClientTimeout(total=None, connect=timeout.connect, sock_read=timeout.read)
+        return _client_timeout(timeout.connect, timeout.read)
     return None
+
+
+@functools.cache
+def _client_default() -> Any:
+    import httpx
+
+    return httpx.USE_CLIENT_DEFAULT
+
+
+@functools.lru_cache(maxsize=64)
+def _client_timeout(connect: float | None, read: float | None) -> Any:
+    """One (immutable) ``aiohttp.ClientTimeout`` per pair of values, not one per call."""
+    import aiohttp
+
+    return aiohttp.ClientTimeout(total=None, connect=connect, sock_read=read)
 
 
 def _as_httpx(exc: BaseException, url: str) -> Exception | None:
@@ -777,5 +895,6 @@ __all__ = [
     "ClientFactory",
     "LlmReplayMissError",
     "ReplayTransport",
+    "TaskOutcome",
     "canonical_json",
 ]

@@ -178,7 +178,8 @@ class LlmActor:
         return self.clients.replaying and not task.tools
 
     def submit(self, task: Any, ctx: Any) -> Any:
-        """A live visit without tools as a task on the HTTP client's event loop (a
+        """A live visit without tools as a task on the HTTP client's event loop (its
+        :class:`~graphrun.actors.llm.client.TaskOutcome`, which reads as a
         ``concurrent.futures.Future``): a step's many calls hold no thread each while
         their models answer. None when the visit is to be performed on a thread:
         replaying (no waits to overlap), or with tools (they block, each on its own)."""

@@ -268,9 +268,9 @@ def _failure(
 
 
 def _finish(
-    exchange: Generator[Post, httpx.Response, ChatResponse],
+    exchange: Generator[Post, Any, ChatResponse],
     *,
-    response: httpx.Response | None = None,
+    response: Any = None,
     error: BaseException | None = None,
 ) -> ChatResponse:
     """Hand an exchange its response (or the sending's error); what it returns."""
@@ -339,10 +339,12 @@ class Provider:
 
     def exchange(
         self, resolved: ResolvedModel, request: ChatRequest
-    ) -> Generator[Post, httpx.Response, ChatResponse]:
+    ) -> Generator[Post, Any, ChatResponse]:
         """One call as a generator: yields the :class:`Post` to send, is sent the
-        ``httpx.Response`` (or thrown the httpx exception the sending raised), and
-        returns the :class:`ChatResponse` or raises :class:`LlmCallError`.
+        response (httpx's ``Response``, or what reads as one: ``status_code``,
+        ``content``, ``headers``, ``reason_phrase``) or thrown the httpx exception
+        the sending raised, and returns the :class:`ChatResponse` or raises
+        :class:`LlmCallError`.
 
         Whoever sends decides how: a blocking client on a worker thread, or a task
         on an event loop (:func:`graphrun.actors.llm.call.perform_llm_async`); what a
