@@ -33,6 +33,12 @@ class _Gzipped(BaseHTTPRequestHandler):
         if self.path.endswith("/drop/chat/completions"):
             self.close_connection = True
             return
+        if self.path.endswith("/busy/chat/completions"):  # uncompressed, no body
+            self.send_response(503)
+            self.send_header("retry-after", "7")
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
         body = {
             "id": "c",
             "object": "chat.completion",
@@ -74,6 +80,14 @@ def _call(base_url: str) -> str:
 
 def test_a_compressed_body_is_decoded_by_httpx(gzip_server: str) -> None:
     assert _call(f"{gzip_server}/v1") == "zipped"
+
+
+def test_an_uncompressed_answer_reads_as_httpx_reads_it(gzip_server: str) -> None:
+    # Its status line's reason and its headers, as a failure's message and retry need them.
+    with pytest.raises(LlmCallError) as caught:
+        _call(f"{gzip_server}/busy")
+    assert caught.value.message.endswith("/busy/chat/completions: Service Unavailable")
+    assert (caught.value.status, caught.value.retry_after) == (503, 7.0)
 
 
 def test_user_info_in_the_base_url_is_sent_as_basic_auth_as_httpx_sends_it(
