@@ -68,7 +68,8 @@ def lookup(context: Mapping[str, Any], path: str) -> Any:
                 value = value[part]
             else:
                 return _MISSING
-        elif isinstance(value, Mapping) and part in value:
+        # A dict first: the ABC check is the slow part of a lookup.
+        elif (type(value) is dict or isinstance(value, Mapping)) and part in value:
             value = value[part]
         else:
             return _MISSING
@@ -108,25 +109,40 @@ def render(template: str, context: Mapping[str, Any], *, strict: bool, field: st
     """Render ``template`` against ``context``."""
     if "{{" not in template:
         return template
-
-    def substitute(m: re.Match[str]) -> str:
-        path = m.group(1)
+    out: list[str] = []
+    for text, path in _pieces(template):
+        out.append(text)
+        if path is None:
+            break
         try:
             value = lookup(context, path)
         except ValueError as exc:
             if strict:
                 raise TemplateError(f"{exc} in {field or 'template'}") from None
-            return ""
+            continue
         if value is _MISSING:
             if strict:
                 raise TemplateError(
                     f"{{{{{path}}}}} in {field or 'template'}: '{path}' is not in state",
                     hint=_hint(context, path),
                 )
-            return ""
-        return to_text(value)
+            continue
+        out.append(to_text(value))
+    return "".join(out)
 
-    return _EXPR.sub(substitute, template)
+
+@lru_cache(maxsize=1024)
+def _pieces(template: str) -> tuple[tuple[str, str | None], ...]:
+    """``template`` as (text, path) pieces, each text followed by the expression at
+    ``path``; the last piece's path is None. Found once per template (a map renders
+    one template per item)."""
+    pieces: list[tuple[str, str | None]] = []
+    pos = 0
+    for m in _EXPR.finditer(template):
+        pieces.append((template[pos : m.start()], m.group(1)))
+        pos = m.end()
+    pieces.append((template[pos:], None))
+    return tuple(pieces)
 
 
 def _hint(context: Mapping[str, Any], path: str) -> str | None:
