@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -115,24 +115,19 @@ def perform_llm(
     return result
 
 
-async def perform_llm_async(
+def perform_llm_async(
     task: LlmTask,
     ctx: EffectContext,
     *,
     client_factory: ClientFactory,
     toolbox: ToolboxLike | None = None,
-) -> LlmResult:
-    """:func:`perform_llm` as a task on ``client_factory``'s event loop
-    (:meth:`ClientFactory.run_on_loop`): the same calls, records and result, with each
-    request awaited instead of holding a thread. Tools and commits, which block, run
-    on the loop's executor; a wait between attempts is an asyncio wait."""
-    run = _LlmRun(task, ctx, client_factory, toolbox)
-    try:
-        result = await run.awaiting(run.execute())
-    finally:
-        run.close()
-    ctx.record(result)
-    return result
+) -> Coroutine[Any, Any, LlmResult]:
+    """:func:`perform_llm` as a coroutine to run as a task on ``client_factory``'s event
+    loop (:meth:`ClientFactory.run_on_loop`): the same calls, records and result, with
+    each request awaited instead of holding a thread. Tools and commits, which block,
+    run on the loop's executor; a wait between attempts is an asyncio wait. The visit
+    is set up here, on the caller's thread; the coroutine is all of the rest."""
+    return _LlmRun(task, ctx, client_factory, toolbox).performed()
 
 
 # What an llm node's steps yield to whoever drives them (blocking or on an event loop):
@@ -298,8 +293,9 @@ class _LlmRun:
             except Exception as exc:  # the step that asked decides what it means
                 error = exc
 
-    async def awaiting(self, steps: Steps) -> Any:
-        """Drive ``steps`` as a task on the client's event loop; what they return.
+    async def performed(self) -> LlmResult:
+        """The visit as a task on the client's event loop: drives :meth:`execute`,
+        then records its result and returns it.
 
         A request is awaited; the scope token firing cancels it (``httpx.ReadError``,
         as a blocking request gets). Commits and tools block, so they run on the
@@ -308,34 +304,43 @@ class _LlmRun:
         import asyncio
 
         loop = asyncio.get_running_loop()
+        steps = self.execute()
         value: Any = None
         error: BaseException | None = None
-        while True:
-            done, op = _advance(steps, value, error)
-            if done:
-                return op
-            value, error = None, None
-            try:
-                if isinstance(op, Post):
-                    # The token firing while the request is awaited cancels this task
-                    # there (``post_async`` raises ``httpx.ReadError``), and only there.
-                    abort = _Abort(loop)
-                    unhook = self.scope.on_cancel(abort)
-                    try:
-                        value = await self.client.post_async(
-                            op.url, content=op.content, headers=op.headers, timeout=op.timeout
+        try:
+            while True:
+                done, op = _advance(steps, value, error)
+                if done:
+                    break
+                value, error = None, None
+                try:
+                    if isinstance(op, Post):
+                        # The token firing while the request is awaited cancels this
+                        # task there (``post_async`` raises ``httpx.ReadError``), and
+                        # only there.
+                        abort = _Abort(loop)
+                        unhook = self.scope.on_cancel(abort)
+                        try:
+                            value = await self.client.post_async(
+                                op.url, content=op.content, headers=op.headers, timeout=op.timeout
+                            )
+                        finally:
+                            abort.done()
+                            unhook()
+                    elif isinstance(op, _Checkpoint):
+                        await loop.run_in_executor(None, self._commit)
+                    elif isinstance(op, _RunTool):
+                        value = await loop.run_in_executor(
+                            None, self._run_tool, op.name, op.arguments
                         )
-                    finally:
-                        abort.done()
-                        unhook()
-                elif isinstance(op, _Checkpoint):
-                    await loop.run_in_executor(None, self._commit)
-                elif isinstance(op, _RunTool):
-                    value = await loop.run_in_executor(None, self._run_tool, op.name, op.arguments)
-                else:
-                    value = await self._sleep(loop, op.seconds)
-            except Exception as exc:
-                error = exc
+                    else:
+                        value = await self._sleep(loop, op.seconds)
+                except Exception as exc:  # the step that asked decides what it means
+                    error = exc
+        finally:
+            self.close()
+        self.ctx.record(op)
+        return op  # type: ignore[no-any-return]
 
     async def _sleep(self, loop: Any, seconds: float) -> bool:
         """Wait ``seconds`` or until the scope token fires; whether it fired."""

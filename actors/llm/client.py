@@ -361,30 +361,6 @@ class _LiveClient:
         # URL -> where a POST to it goes (:meth:`_target`).
         self._targets: dict[str, tuple[str, str | None, dict[str, Any]]] = {}
 
-    async def _post(
-        self, url: str, content: bytes, headers: Any, timeout: Any
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        # Runs on the loop thread only: no lock needed around the session.
-        session = self._session
-        if session is None:
-            session = self._session = self._make()
-        target = self._targets.get(url)
-        if target is None:
-            target = self._targets[url] = self._target(url)
-        url, auth, options = target
-        if auth is not None:
-            # Credentials in the URL: sent as Basic auth, in place of any Authorization
-            # header, as httpx sends them.
-            headers = {k: v for k, v in dict(headers or {}).items() if k.lower() != "authorization"}
-            headers["Authorization"] = auth
-        if timeout is not None:
-            options = {**options, "timeout": timeout}
-        async with session.post(
-            url, data=content, headers=headers, allow_redirects=False, **options
-        ) as response:
-            body = await response.read()
-            return response.status, list(response.raw_headers), body
-
     def _target(self, url: str) -> tuple[str, str | None, dict[str, Any]]:
         """Where a POST to ``url`` goes, worked out once per URL: the URL without any
         user info, that user info as a Basic ``Authorization`` value (or None), and
@@ -400,22 +376,25 @@ class _LiveClient:
         return url, auth, {**proxy}
 
     def post(self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None) -> Any:
+        """The request, from any thread but the loop's: its response, or the httpx
+        exception a live httpx call raises."""
         scope = self._aborts.current()
-        future = self._loop.submit(self._post(url, content, headers, _aiohttp_timeout(timeout)))
+        future = self._loop.submit(
+            self.post_async(url, content=content, headers=headers, timeout=timeout)
+        )
         if scope is not None:
             scope.watch(future)
         try:
-            status, raw_headers, body = future.result()
+            return future.result()
         except BaseException as exc:
             future.cancel()  # e.g. KeyboardInterrupt in the waiting thread
-            mapped = _as_httpx(exc, url)
+            mapped = _as_httpx(exc, url)  # an abort cancelled it: httpx.ReadError
             if mapped is None:
                 raise
             raise mapped from exc
         finally:
             if scope is not None:
                 scope.unwatch()
-        return _httpx_response(url, headers, status, raw_headers, body)
 
     async def post_async(
         self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None
@@ -424,10 +403,28 @@ class _LiveClient:
         the same response and the same httpx exceptions. Cancelling the awaiting
         task aborts the request (``httpx.ReadError``), as a token does for
         :meth:`post`."""
+        # Runs on the loop thread only: no lock needed around the session.
+        session = self._session
+        if session is None:
+            session = self._session = self._make()
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = self._target(url)
+        where, auth, options = target
+        if auth is not None:
+            # Credentials in the URL: sent as Basic auth, in place of any Authorization
+            # header, as httpx sends them.
+            headers = {k: v for k, v in dict(headers or {}).items() if k.lower() != "authorization"}
+            headers["Authorization"] = auth
+        timeout = _aiohttp_timeout(timeout)
+        if timeout is not None:
+            options = {**options, "timeout": timeout}
         try:
-            status, raw_headers, body = await self._post(
-                url, content, headers, _aiohttp_timeout(timeout)
-            )
+            async with session.post(
+                where, data=content, headers=headers, allow_redirects=False, **options
+            ) as response:
+                body = await response.read()
+                status, raw_headers = response.status, list(response.raw_headers)
         except BaseException as exc:
             mapped = _as_httpx(exc, url)
             if mapped is None:

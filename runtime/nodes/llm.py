@@ -100,10 +100,12 @@ def complete(graph: Graph, node: LlmNode, node_id: str, state: RunState, done: L
     if error is None:
         if node.next is None:
             return fail(node_id, visit, "llm node has no next to route to")
-        updates = {
-            **merged,
-            **render_updates(node.state_updates, {**s, **merged}, {"output": output}),
-        }
+        updates = merged
+        if node.state_updates:  # (a map's thousand items mostly have none)
+            updates = {
+                **merged,
+                **render_updates(node.state_updates, {**s, **merged}, {"output": output}),
+            }
         return Append((completed(node_id, visit, node.next, updates=updates),))
     message = f"LLM node failed: {error}"
     routed = node.fallback or node.next
