@@ -284,11 +284,13 @@ class TaskOutcome:
     on one, and a map makes one per call. A cancelled task ends with its
     ``CancelledError`` as the exception."""
 
-    __slots__ = ("_callbacks", "_done", "_exception", "_lock", "_result")
+    __slots__ = ("_callback", "_done", "_exception", "_lock", "_more", "_result")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._callbacks: list[Callable[[TaskOutcome], object]] = []
+        # Who is told: one callback (the usual), then any more.
+        self._callback: Callable[[TaskOutcome], object] | None = None
+        self._more: list[Callable[[TaskOutcome], object]] | None = None
         self._done = False
         self._result: Any = None
         self._exception: BaseException | None = None
@@ -297,7 +299,12 @@ class TaskOutcome:
         """Call ``fn(outcome)`` when the task ends (on the loop's thread), or now if it has."""
         with self._lock:
             if not self._done:
-                self._callbacks.append(fn)
+                if self._callback is None:
+                    self._callback = fn
+                elif self._more is None:
+                    self._more = [fn]
+                else:
+                    self._more.append(fn)
                 return
         fn(self)
 
@@ -320,12 +327,18 @@ class TaskOutcome:
     def _end(self, result: Any, exception: BaseException | None) -> None:
         with self._lock:
             self._result, self._exception, self._done = result, exception, True
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            try:
-                fn(self)
-            except Exception:  # as concurrent.futures does: one callback's bug stops no other
-                log.exception("a callback of a loop task raised")
+            first, more = self._callback, self._more
+            self._callback = self._more = None
+        if first is not None:
+            self._tell(first)
+        for fn in more or ():
+            self._tell(fn)
+
+    def _tell(self, fn: Callable[[TaskOutcome], object]) -> None:
+        try:
+            fn(self)
+        except Exception:  # as concurrent.futures does: one callback's bug stops no other
+            log.exception("a callback of a loop task raised")
 
 
 async def _into(coro: Any, outcome: TaskOutcome) -> None:

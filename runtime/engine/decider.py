@@ -453,11 +453,12 @@ def _item_result(
     graph: Graph, node: MapNode, branch: NodeBase, step: Step, view: RunState
 ) -> tuple[Any, str | None]:
     """One item's collected value (decision D3), or why the item failed."""
-    events = step.events if isinstance(step, Append) else ()
-    failed = next((e for e in events if isinstance(e, NodeFailed)), None)
-    if failed is not None:
-        return None, failed.error
-    completed = next((e for e in events if isinstance(e, NodeCompleted)), None)
+    completed = None
+    for event in step.events if isinstance(step, Append) else ():
+        if isinstance(event, NodeFailed):
+            return None, event.error
+        if completed is None and isinstance(event, NodeCompleted):
+            completed = event
     if completed is None:
         return None, "produced no result"
     if completed.failed and not (isinstance(branch, LlmNode) and branch.fallback):

@@ -120,6 +120,19 @@ class RunOutcome:
 class _Context:
     """The :class:`~graphrun.actors.base.EffectContext` a driver hands an effect."""
 
+    __slots__ = (
+        "_driver",
+        "agent_dir",
+        "branch",
+        "cancel",
+        "node_id",
+        "options",
+        "prior",
+        "recorded",
+        "run_id",
+        "visit",
+    )
+
     def __init__(
         self,
         driver: Driver,
