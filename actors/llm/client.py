@@ -392,9 +392,7 @@ class _LiveClient:
         """The request, from any thread but the loop's: its response, or the httpx
         exception a live httpx call raises."""
         scope = self._aborts.current()
-        future = self._loop.submit(
-            self.post_async(url, content=content, headers=headers, timeout=timeout)
-        )
+        future = self._loop.submit(self._send(url, content, headers, timeout))
         if scope is not None:
             scope.watch(future)
         try:
@@ -416,6 +414,17 @@ class _LiveClient:
         the same response and the same httpx exceptions. Cancelling the awaiting
         task aborts the request (``httpx.ReadError``), as a token does for
         :meth:`post`."""
+        try:
+            return await self._send(url, content, headers, timeout)
+        except BaseException as exc:
+            mapped = _as_httpx(exc, url)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    async def _send(self, url: str, content: bytes, headers: Any, timeout: Any) -> Any:
+        """The request on the loop's thread: the response, read in full; aiohttp's
+        exceptions (and a cancellation) as they are, for the caller to map."""
         # Runs on the loop thread only: no lock needed around the session.
         session = self._session
         if session is None:
@@ -432,18 +441,11 @@ class _LiveClient:
         timeout = _aiohttp_timeout(timeout)
         if timeout is not None:
             options = {**options, "timeout": timeout}
-        try:
-            async with session.post(
-                where, data=content, headers=headers, allow_redirects=False, **options
-            ) as response:
-                body = await response.read()
-                status, raw_headers = response.status, list(response.raw_headers)
-        except BaseException as exc:
-            mapped = _as_httpx(exc, url)
-            if mapped is None:
-                raise
-            raise mapped from exc
-        return _httpx_response(url, headers, status, raw_headers, body)
+        async with session.post(
+            where, data=content, headers=headers, allow_redirects=False, **options
+        ) as response:
+            body = await response.read()
+            return _httpx_response(url, headers, response.status, list(response.raw_headers), body)
 
     def close(self) -> None:
         session, self._session = self._session, None
