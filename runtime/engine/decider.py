@@ -417,17 +417,16 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
     prefix = node_id
     pending: list[Perform] = []
     done: list[tuple[Step, RunState]] = []
+    # What every item's view of the state shares; each adds its own effects and item.
+    base = msgspec.structs.replace(
+        state, current=node.branch, current_visit=visit, waiting=None, branches={}
+    )
+    view_of = msgspec.structs.replace
+    effects_of = state.branch_effects.get
+    as_ = node.as_
     for i, item in enumerate(items):
         iid = f"{prefix}[{i}]"
-        view = msgspec.structs.replace(
-            state,
-            current=node.branch,
-            current_visit=visit,
-            effects=state.branch_effects.get(iid, ()),
-            state={**s, node.as_: item},
-            waiting=None,
-            branches={},
-        )
+        view = view_of(base, effects=effects_of(iid, ()), state={**s, as_: item})
         try:
             step = _step(graph, inner, node.branch, view)
         except TemplateError as exc:
