@@ -16,6 +16,7 @@ variables, except those they declare they need: a Bash tool's ``# @env NAME``, a
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -88,8 +89,10 @@ def redact(value: object) -> object:
     return redaction.redact(value)
 
 
+@functools.lru_cache(maxsize=256)
 def redact_url(url: str) -> str:
-    """``url`` without the password of its userinfo (``https://user:***@host``)."""
+    """``url`` without the password of its userinfo (``https://user:***@host``; worked
+    out once per URL)."""
     try:
         parts = urlsplit(url)
     except ValueError:

@@ -14,6 +14,7 @@ OpenAI-compatible server accepts).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -146,8 +147,10 @@ MODEL_RULES: tuple[ModelRule, ...] = (
 _DEFAULT_RULE = ModelRule(re.compile(".*"))
 
 
+@functools.lru_cache(maxsize=256)
 def model_rule(model: str) -> ModelRule:
-    """The :class:`ModelRule` for ``model`` (see :data:`MODEL_RULES`)."""
+    """The :class:`ModelRule` for ``model`` (see :data:`MODEL_RULES`; found once per
+    model, not once per call)."""
     for rule in MODEL_RULES:
         if rule.pattern.fullmatch(model):
             return rule
