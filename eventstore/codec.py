@@ -102,34 +102,52 @@ _envelope = msgspec.json.Decoder(_Envelope)
 def body_problem(body: bytes, run_id: str | None, seq: int) -> str | None:
     """Why a stored body (whose hash matched) is not a readable event of ``run_id``
     at ``seq``, or ``None``. Reads the bytes as they are, never re-encodes them."""
+    return read_body(body, run_id, seq)[1]
+
+
+def read_body(body: bytes, run_id: str | None, seq: int) -> tuple[Event | None, str | None]:
+    """A stored body (whose hash matched) as its event, or why it is not a readable
+    event of ``run_id`` at ``seq``: ``(event, None)`` or ``(None, problem)``.
+
+    One decode when the body is sound; only a body that does not decode is read again
+    for its envelope, so that one of another run or seq says so first."""
     try:
-        body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return f"event does not decode: not valid UTF-8 (byte {exc.start})"
-    try:
-        envelope = _envelope.decode(body)
+        event = _decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return f"event does not decode: {exc}"
-    if run_id is not None and envelope.run_id != run_id:
-        return f"event body says run {envelope.run_id!r}"
-    if envelope.seq != seq:
-        return f"event body says seq {envelope.seq}"
-    try:
-        _decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return f"event does not decode with this graphrun: {exc}"
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return None, f"event does not decode: not valid UTF-8 (byte {bad.start})"
+        try:
+            envelope = _envelope.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc2:
+            return None, f"event does not decode: {exc2}"
+        problem = _misplaced(envelope.run_id, envelope.seq, run_id, seq)
+        return None, problem or f"event does not decode with this graphrun: {exc}"
+    problem = _misplaced(event.run_id, event.seq, run_id, seq)
+    return (None, problem) if problem is not None else (event, None)
+
+
+def _misplaced(found_run: str, found_seq: int, run_id: str | None, seq: int) -> str | None:
+    if run_id is not None and found_run != run_id:
+        return f"event body says run {found_run!r}"
+    if found_seq != seq:
+        return f"event body says seq {found_seq}"
     return None
 
 
 def verify_chain(
-    rows: Iterable[tuple[int, bytes, str, str]], run_id: str | None = None
+    rows: Iterable[tuple[int, bytes, str, str]],
+    run_id: str | None = None,
+    into: list[Event] | None = None,
 ) -> ChainProblem | None:
     """Check stored ``(seq, body, prev_hash, hash)`` rows of one run, in seq order.
 
     Each hash must be ``sha256:`` over the previous hash and the body's exact
     stored bytes; unknown fields a newer graphrun wrote verify like any other.
     Returns the first problem (gap, broken link, unknown hash algorithm, wrong
-    hash, a body that is not UTF-8 JSON of this run and seq), or ``None``.
+    hash, a body that is not UTF-8 JSON of this run and seq), or ``None``. ``into``,
+    if given, gets each verified event, decoded (the check decodes it anyway).
     """
     expected_prev = GENESIS
     expected_seq = 1
@@ -142,9 +160,11 @@ def verify_chain(
             return ChainProblem(seq, f"unknown hash algorithm in {str(stored_hash)[:20]!r}")
         if chain_hash(prev_hash, body) != stored_hash:
             return ChainProblem(seq, "hash does not match the event's content (modified?)")
-        problem = body_problem(body, run_id, seq)
+        event, problem = read_body(body, run_id, seq)
         if problem is not None:
             return ChainProblem(seq, problem)
+        if into is not None and event is not None:
+            into.append(event)
         expected_prev = stored_hash
         expected_seq += 1
     return None

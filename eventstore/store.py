@@ -592,7 +592,8 @@ class SqliteStore:
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
         rows, failure = self._stored_rows(run_id)
-        problem = codec.verify_chain(self._chained(rows), run_id)
+        events: list[Event] = []
+        problem = codec.verify_chain(self._chained(rows), run_id, into=events)
         if problem is not None:
             return problem
         if failure is not None:
@@ -601,12 +602,11 @@ class SqliteStore:
             return codec.ChainProblem(seq, f"its database page cannot be read ({detail})")
         if not rows:
             return codec.ChainProblem(1, "the run has no events")
-        return self._head_problem(run_id, rows)
+        return self._head_problem(run_id, events)
 
     @_guarded("reading the runs")
-    def _head_problem(self, run_id: str, rows: list[_Stored]) -> codec.ChainProblem | None:
+    def _head_problem(self, run_id: str, events: list[Event]) -> codec.ChainProblem | None:
         """Whether the run's ``run_heads`` row is what its (verified) events say."""
-        events = [codec.decode(body) for _seq, body, _digest in rows]
         try:
             expected = rebuild_rows((e, "") for e in events)[run_id]
         except ValueError as exc:  # a chain that verifies, of a log no run could write
@@ -621,7 +621,7 @@ class SqliteStore:
             c for c, a, b in zip(HEAD_COLUMNS, found, self._head(expected), strict=True) if a != b
         ]
         return codec.ChainProblem(
-            len(rows),
+            len(events),
             f"the runs table's {', '.join(differ)} for this run do not match its events "
             "(edited outside graphrun?)",
         )
