@@ -173,6 +173,11 @@ class MemoryStore:
             return codec.ChainProblem(1, "the run has no events")
         return codec.verify_chain(rows, run_id)
 
+    def read_verified(self, run_id: str) -> tuple[list[Event], codec.ChainProblem | None]:
+        """The run's events and :meth:`verify`'s answer (the events only when none)."""
+        problem = self.verify(run_id)
+        return ([] if problem is not None else self.read(run_id)), problem
+
     def require_intact(self, run_id: str) -> None:
         """Raise :class:`BrokenLogError` unless the run's log verifies."""
         problem = self.verify(run_id)

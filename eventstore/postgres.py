@@ -577,9 +577,16 @@ class PostgresStore:
             yield seq, body.encode("utf-8"), prev, digest
 
     def verify(self, run_id: str) -> codec.ChainProblem | None:
+        return self.read_verified(run_id)[1]
+
+    def read_verified(self, run_id: str) -> tuple[list[Event], codec.ChainProblem | None]:
+        """The run's events and :meth:`verify`'s answer, in one reading of the log
+        (each event decoded once); the events are the run's only when there is no
+        problem."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
-        return codec.verify_chain(self.raw_rows(run_id))
+        events: list[Event] = []
+        return events, codec.verify_chain(self.raw_rows(run_id), into=events)
 
     def require_intact(self, run_id: str) -> None:
         """Raise unless the run's log verifies (call it before extending a run

@@ -169,6 +169,8 @@ class Store(Protocol):
 
     def verify(self, run_id: str) -> codec.ChainProblem | None: ...
 
+    def read_verified(self, run_id: str) -> tuple[list[Event], codec.ChainProblem | None]: ...
+
     def require_intact(self, run_id: str) -> None: ...
 
     def run(self, run_id: str) -> RunRow: ...
@@ -589,20 +591,26 @@ class SqliteStore:
         """The first place the run's stored log does not verify, or ``None``:
         a gap, a wrong hash, a body that is not UTF-8 JSON of this run and seq, or
         a row SQLite cannot read (a damaged page)."""
+        return self.read_verified(run_id)[1]
+
+    def read_verified(self, run_id: str) -> tuple[list[Event], codec.ChainProblem | None]:
+        """The run's events and :meth:`verify`'s answer, in one reading of the log
+        (each event decoded once). The events are the run's only when there is no
+        problem."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
         rows, failure = self._stored_rows(run_id)
         events: list[Event] = []
         problem = codec.verify_chain(self._chained(rows), run_id, into=events)
         if problem is not None:
-            return problem
+            return events, problem
         if failure is not None:
             seq = rows[-1][0] + 1 if rows else 1
             detail = " ".join(str(failure).split())[:160]
-            return codec.ChainProblem(seq, f"its database page cannot be read ({detail})")
+            return events, codec.ChainProblem(seq, f"its database page cannot be read ({detail})")
         if not rows:
-            return codec.ChainProblem(1, "the run has no events")
-        return self._head_problem(run_id, events)
+            return events, codec.ChainProblem(1, "the run has no events")
+        return events, self._head_problem(run_id, events)
 
     @_guarded("reading the runs")
     def _head_problem(self, run_id: str, events: list[Event]) -> codec.ChainProblem | None:

@@ -74,7 +74,7 @@ def replay_command(
     results = []
     for rid in run_tree(store, run_id):
         # A log that was tampered with is not replayed: its decisions prove nothing.
-        problem = store.verify(rid)
+        events, problem = store.read_verified(rid)
         if problem is not None:
             from graphrun.runtime.replay.divergence import Divergence
 
@@ -87,7 +87,6 @@ def replay_command(
             )
             results.append((rid, broken))
             continue
-        events = store.read(rid)
         # Child runs are checked against their own recorded graphs.
         result = replay_events(
             events,
