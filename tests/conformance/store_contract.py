@@ -248,6 +248,8 @@ class StoreContract:
         for _seq, body, prev, digest in rows:
             assert digest == codec.chain_hash(prev, body)
         assert store.verify("r1") is None
+        # Verified and read in one pass: the same events as read() gives.
+        assert store.read_verified("r1") == (store.read("r1"), None)
 
     def test_tampering_names_the_first_bad_seq(self) -> None:
         store = self.open_store()
@@ -258,6 +260,7 @@ class StoreContract:
         assert problem is not None
         assert problem.seq == 3
         assert "modified" in problem.reason
+        assert store.read_verified("r1")[1] == problem
 
     # -- concurrency -------------------------------------------------------------------
 
