@@ -35,7 +35,7 @@ class CancelToken:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[Callable[[], object]] = []
         self._event: threading.Event | None = None
         self._cancelled = False
         self.reason: str | None = None
@@ -60,7 +60,7 @@ class CancelToken:
             except Exception:  # a failing kill must not stop the others
                 pass
 
-    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+    def on_cancel(self, callback: Callable[[], object]) -> Callable[[], None]:
         """Run ``callback`` on cancellation (at once if already cancelled).
 
         Returns a function that unregisters it.
@@ -72,7 +72,7 @@ class CancelToken:
         callback()
         return _nothing
 
-    def _remove(self, callback: Callable[[], None]) -> None:
+    def _remove(self, callback: Callable[[], object]) -> None:
         with self._lock:
             if callback in self._callbacks:
                 self._callbacks.remove(callback)
@@ -122,7 +122,7 @@ def _light_actor_base() -> type:
     never keeps the process alive)."""
     import pykka
 
-    class LightActor(pykka.ThreadingActor):  # type: ignore[misc]
+    class LightActor(pykka.ThreadingActor):
         use_daemon_thread = True
 
     return LightActor
@@ -142,11 +142,12 @@ def start_actor_around(impl: Any) -> Any:
     as the node's failure (actors are only ever asked, never told, so no failure is
     silent). ``impl.close()``, if it has one, runs when the actor stops.
     """
-    return _actor_class(type(impl)).start(impl)
+    kind: Any = type(impl)
+    return _actor_class(kind).start(impl)
 
 
 @functools.cache
-def _actor_class(cls: type) -> type:
+def _actor_class(cls: Any) -> Any:
     """The pykka actor class around effect class ``cls`` (one per class, made once)."""
     from graphrun.actors.messages import Execute
 

@@ -116,11 +116,9 @@ class Process:
 
     def start(self) -> Process:
         """Start the child (raises ``OSError``, e.g. ``FileNotFoundError``, if it cannot)."""
-        kwargs: dict[str, object] = {}
-        if _POSIX:
-            kwargs["start_new_session"] = True
-        else:  # pragma: no cover - Windows: a group that CTRL_BREAK and kill address
-            kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore[attr-defined]
+        # POSIX: a session of its own (its group is what a kill addresses). Windows: a
+        # process group that CTRL_BREAK and kill address.
+        group = 0 if _POSIX else getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)
         command: str | list[str] = self.argv[0] if self.shell else self.argv
         with self._lock:
             if self._cancel_reason is not None:
@@ -128,12 +126,13 @@ class Process:
             self._proc = subprocess.Popen(
                 command,
                 cwd=self.cwd,
-                env=self.env,  # type: ignore[arg-type]
+                env=self.env,
                 shell=self.shell,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                **kwargs,  # type: ignore[arg-type]
+                start_new_session=_POSIX,
+                creationflags=group,
             )
         _RUNNING.add(self)
         return self

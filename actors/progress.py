@@ -41,7 +41,11 @@ def progress_bar(
     out = stream or sys.stderr
     live = on_terminal(out) if force is None else force
     if not live:
-        yield lambda n=1: None
+
+        def ignore(n: int = 1) -> None:
+            return None
+
+        yield ignore
         return
     from rich.console import Console
     from rich.progress import (
@@ -63,8 +67,12 @@ def progress_bar(
         transient=True,
     )
     task = progress.add_task(label, total=total)
+
+    def advance(n: int = 1) -> None:
+        progress.advance(task, n)
+
     with progress:
-        yield lambda n=1: progress.advance(task, n)
+        yield advance
 
 
 __all__ = ["on_terminal", "progress_bar"]

@@ -69,7 +69,7 @@ def register_environment(environ: Mapping[str, str] | None = None) -> None:
     """Register the values of every key variable, and the passwords in ``*_BASE_URL``
     / ``*_API_BASE`` variables, as secrets."""
     env = os.environ if environ is None else environ
-    values = [env[name] for name in key_names(env)]
+    values: list[str | None] = [env[name] for name in key_names(env)]
     for name, value in env.items():
         if name.endswith(("_BASE_URL", "_API_BASE")):
             values.append(password_of(value))

@@ -340,7 +340,7 @@ class _LlmRun:
         finally:
             self.close()
         self.ctx.record(op)
-        return op  # type: ignore[no-any-return]
+        return op
 
     async def _sleep(self, loop: Any, seconds: float) -> bool:
         """Wait ``seconds`` or until the scope token fires; whether it fired."""
@@ -501,6 +501,7 @@ class _LlmRun:
         system = extractor_system(schema)
         messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
         response = yield from self._call("extract", 1, system, messages, [], sampling=False)
+        problem: str | None
         if isinstance(response, str):
             problem = response
         else:

@@ -534,7 +534,9 @@ def _env_proxy(scheme: str, host: str) -> dict[str, Any]:
 
     proxies = urllib.request.getproxies_environment()
     proxy = proxies.get(scheme) or proxies.get("all")
-    if not proxy or (host and urllib.request.proxy_bypass_environment(host, proxies)):
+    # proxy_bypass_environment is in urllib.request, though not in its type stubs.
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+    if not proxy or (host and bypass(host, proxies)):
         return {}
     if "://" not in proxy:
         proxy = f"http://{proxy}"

@@ -28,8 +28,8 @@ def _code(keywords: str) -> tuple[str, ...]:
     return tuple(f"\n{k.replace('_', ' ')} " for k in keywords.split()) + _TAIL
 
 
-_LATEX_ENVIRONMENTS = ("enumerate", "itemize", "description", "list", "quote", "quotation")
-_LATEX_ENVIRONMENTS += ("verse", "verbatim", "align")
+_LATEX_ENVIRONMENTS: tuple[str, ...] = ("enumerate", "itemize", "description", "list", "quote")
+_LATEX_ENVIRONMENTS += ("quotation", "verse", "verbatim", "align")
 
 # Loki's per-language lists (which follow LangChain's). In _code lists, "_"
 # stands for a space inside one keyword ("do_while" is "\ndo while ").

@@ -173,7 +173,7 @@ def build_hnsw(
     """
     if vectors.shape[0] == 0:
         return None
-    import hnswlib
+    import hnswlib  # type: ignore[import-untyped]
     import numpy as np
 
     index = hnswlib.Index(space="cosine", dim=int(vectors.shape[1]))
@@ -213,7 +213,7 @@ class KeywordIndex:
 
     def __init__(self, texts: Sequence[str]):
         import numpy as np
-        from rank_bm25 import BM25Okapi
+        from rank_bm25 import BM25Okapi  # type: ignore[import-untyped]
 
         # rank_bm25 divides by the corpus length; a chunk with no word tokens is
         # indexed as a placeholder token so positions still line up with texts.

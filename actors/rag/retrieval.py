@@ -261,7 +261,7 @@ class KnowledgeBase:
             for i, score in self.search(query, top_k)
         ]
         context = "\n\n".join(f"[Source: {h['source']}]\n{h['chunk']}" for h in hits)
-        sources = list(dict.fromkeys(h["source"] for h in hits))
+        sources = list(dict.fromkeys(str(h["source"]) for h in hits))
         return RetrievalResult(context=context, sources=sources, hits=hits)
 
 

@@ -51,7 +51,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -626,7 +626,8 @@ async def _http_streams(url: str, headers: dict[str, str]) -> AsyncIterator[tupl
 
     modern = getattr(transport, "streamable_http_client", None)
     if modern is None:  # mcp < 1.20
-        async with transport.streamablehttp_client(url, headers=headers or None) as streams:
+        old_client = transport.streamablehttp_client  # type: ignore[attr-defined]
+        async with old_client(url, headers=headers or None) as streams:
             yield streams[0], streams[1]
         return
     async with contextlib.AsyncExitStack() as stack:
@@ -774,7 +775,7 @@ def _search(tools: list[McpTool], query: str, top_k: object) -> list[dict[str, s
     limit = max(1, min(limit, 20))
     if not tools:
         return []
-    from rank_bm25 import BM25Okapi
+    from rank_bm25 import BM25Okapi  # type: ignore[import-untyped]
 
     corpus = [_words(f"{t.remote_name} {t.spec.description}") or ["_"] for t in tools]
     scores = BM25Okapi(corpus).get_scores(_words(query)) if _words(query) else [0.0] * len(tools)
@@ -798,7 +799,7 @@ def meta_tools(hub: McpHub, server: str) -> dict[str, McpMetaTool]:
     }
 
 
-def meta_server(name: str, servers: list[str] | tuple[str, ...]) -> str | None:
+def meta_server(name: str, servers: Sequence[str]) -> str | None:
     """The server a meta-function name such as ``mcp_invoke_<server>`` is about, if any."""
     for prefix in META_PREFIXES:
         if name.startswith(prefix + "_") and name[len(prefix) + 1 :] in servers:

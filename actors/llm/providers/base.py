@@ -281,7 +281,7 @@ def _finish(
             assert response is not None
             exchange.send(response)
     except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+        return stop.value
     raise AssertionError("an exchange sends one request")
 
 
