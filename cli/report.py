@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -159,7 +160,7 @@ def logs_cmd(
     prices = load_prices(resolve_config(config_dir))
     entries, usage = llm_log(store, run_id, prices)
     if as_json:
-        payload = {"run_id": run_id, "usage": usage.as_dict()}
+        payload: dict[str, Any] = {"run_id": run_id, "usage": usage.as_dict()}
         if not usage_only:
             payload["calls"] = entries
         click.echo(json.dumps(payload, ensure_ascii=False, default=str))
