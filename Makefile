@@ -11,7 +11,7 @@ NODE_PREFIX := $(CURDIR)/$(VENV)/node
 DEMO_TICKET := I was charged twice for my Pro plan this month: two payments of 49 USD on March 3, invoices INV-20931 and INV-20932. Please refund the duplicate charge. Account: dana@brightpixel.io
 
 # Packages type-checked by mypy (strict about untyped definitions; see pyproject.toml).
-MYPY_PACKAGES := graphrun.eventstore graphrun.actors graphrun.runtime.engine graphrun.runtime.replay graphrun.runtime.nodes graphrun.cli
+MYPY_PACKAGES := graphrun.eventstore graphrun.actors graphrun.runtime graphrun.cli
 
 .PHONY: demo test install bench lint typecheck clean
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from graphrun.eventstore.errors import GraphrunError
 
@@ -37,7 +38,7 @@ class GraphLoadError(GraphError):
 class GraphValidationError(GraphError):
     """The graph breaks one or more rules; ``diagnostics`` lists them all."""
 
-    def __init__(self, diagnostics: list, *, path: str = "graph.yaml") -> None:  # type: ignore[type-arg]
+    def __init__(self, diagnostics: list[Any], *, path: str = "graph.yaml") -> None:
         self.diagnostics = diagnostics
         errors = [d for d in diagnostics if d.severity == "error"]
         first = errors[0] if errors else diagnostics[0]

@@ -195,8 +195,9 @@ def describe_run(
         elif isinstance(event, NodeCompleted | NodeFailed) and path:
             entry = next((p for p in reversed(path) if p["node"] == event.node_id), path[-1])
             entry["routed_to"] = getattr(event, "routed_to", None)
-            if getattr(event, "fan_out", None):
-                entry["fan_out"] = list(event.fan_out)
+            fan_out = getattr(event, "fan_out", None)
+            if fan_out:
+                entry["fan_out"] = list(fan_out)
             if isinstance(event, NodeFailed) or getattr(event, "failed", False):
                 entry["error"] = event.error
     children = []
@@ -206,8 +207,8 @@ def describe_run(
     own, per_node = run_usage(events, prices)
     tree = Usage()
     tree.add(own)
-    for child in children:
-        child_usage = child["tree_usage"]
+    for described in children:
+        child_usage = described["tree_usage"]
         tree.calls += child_usage["calls"]
         tree.input_tokens += child_usage["input_tokens"]
         tree.output_tokens += child_usage["output_tokens"]
@@ -475,20 +476,19 @@ def diff_runs(a: list[Event], b: list[Event]) -> dict[str, Any]:
     ra, rb = _node_records(a), _node_records(b)
     nodes = []
     for key in sorted(set(ra) | set(rb), key=lambda k: (k[0], k[1])):
-        left, right = ra.get(key), rb.get(key)
-        if left == right:
+        rec_a, rec_b = ra.get(key), rb.get(key)
+        if rec_a == rec_b:
             continue
-        fields = sorted(set(left or {}) | set(right or {}))
+        in_a, in_b = rec_a or {}, rec_b or {}
+        fields = sorted(set(in_a) | set(in_b))
         changed = {
-            f: {"a": (left or {}).get(f), "b": (right or {}).get(f)}
-            for f in fields
-            if (left or {}).get(f) != (right or {}).get(f)
+            f: {"a": in_a.get(f), "b": in_b.get(f)} for f in fields if in_a.get(f) != in_b.get(f)
         }
         nodes.append(
             {
                 "node": key[0],
                 "visit": key[1],
-                "only_in": None if left and right else ("a" if left else "b"),
+                "only_in": None if rec_a and rec_b else ("a" if rec_a else "b"),
                 "changed": changed,
             }
         )

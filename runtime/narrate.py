@@ -101,7 +101,7 @@ class Narrator:
                 # resumed at is the first one the events after the resume name
                 # (the answered node after approve/answer).
                 self.resumed_at = next(
-                    (e.node_id for e in batch[i + 1 :] if getattr(e, "node_id", None)), None
+                    (n for e in batch[i + 1 :] if (n := getattr(e, "node_id", None))), None
                 )
             self.narrate(event, state)
 

@@ -29,7 +29,7 @@ except AttributeError:  # pragma: no cover - libyaml missing
     _BaseLoader = yaml.SafeLoader
 
 
-class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
+class _Loader(_BaseLoader):
     """The safe loader without implicit timestamps: an unquoted date stays a string."""
 
 
@@ -144,7 +144,7 @@ def _check_limits(text: str, file: str) -> None:
             if event.anchor:
                 anchors[event.anchor] = (1, 0)
         elif isinstance(event, yaml.AliasEvent):
-            values, height = anchors.get(event.anchor, (1, 0))
+            values, height = anchors.get(event.anchor or "", (1, 0))
             add(values, height, event)
         elif isinstance(event, yaml.CollectionStartEvent):
             stack.append([event.anchor, 0, 0])

@@ -114,6 +114,8 @@ def view_run(
     open_waits: dict[tuple[str, str], Wait] = {}
     items: dict[str, Visit] = {}
     usage = Usage()
+    v: Visit | None
+    w: Wait | None
     for event in events:
         before = state
         state = apply(state, event)
