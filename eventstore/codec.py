@@ -99,15 +99,10 @@ class _Envelope(msgspec.Struct):
 _envelope = msgspec.json.Decoder(_Envelope)
 
 
-def body_problem(body: bytes, run_id: str | None, seq: int) -> str | None:
-    """Why a stored body (whose hash matched) is not a readable event of ``run_id``
-    at ``seq``, or ``None``. Reads the bytes as they are, never re-encodes them."""
-    return read_body(body, run_id, seq)[1]
-
-
 def read_body(body: bytes, run_id: str | None, seq: int) -> tuple[Event | None, str | None]:
     """A stored body (whose hash matched) as its event, or why it is not a readable
-    event of ``run_id`` at ``seq``: ``(event, None)`` or ``(None, problem)``.
+    event of ``run_id`` at ``seq``: ``(event, None)`` or ``(None, problem)``. Reads
+    the bytes as they are, never re-encodes them.
 
     One decode when the body is sound; only a body that does not decode is read again
     for its envelope, so that one of another run or seq says so first."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -115,19 +115,19 @@ def perform_llm(
     return result
 
 
-def perform_llm_async(
+async def perform_llm_async(
     task: LlmTask,
     ctx: EffectContext,
     *,
     client_factory: ClientFactory,
     toolbox: ToolboxLike | None = None,
-) -> Coroutine[Any, Any, LlmResult]:
-    """:func:`perform_llm` as a coroutine to run as a task on ``client_factory``'s event
-    loop (:meth:`ClientFactory.run_on_loop`): the same calls, records and result, with
-    each request awaited instead of holding a thread. Tools and commits, which block,
-    run on the loop's executor; a wait between attempts is an asyncio wait. The visit
-    is set up here, on the caller's thread; the coroutine is all of the rest."""
-    return _LlmRun(task, ctx, client_factory, toolbox).performed()
+) -> LlmResult:
+    """:func:`perform_llm` as a task on ``client_factory``'s event loop
+    (:meth:`ClientFactory.run_on_loop`): the same calls, records and result, with each
+    request awaited instead of holding a thread. Tools and commits, which block, run
+    on the loop's executor; a wait between attempts is an asyncio wait. The visit is
+    set up in the task (a task that never starts arms no timer)."""
+    return await _LlmRun(task, ctx, client_factory, toolbox).performed()
 
 
 # What an llm node's steps yield to whoever drives them (blocking or on an event loop):

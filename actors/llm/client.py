@@ -278,38 +278,27 @@ class _LoopThread:
 
 class TaskOutcome:
     """How a task started by :meth:`ClientFactory.run_on_loop` ended, for whoever is
-    told when it does: the part of ``concurrent.futures.Future`` they use
-    (``add_done_callback``, ``done``, ``cancelled``, ``exception``, ``result`` once
-    done), without the condition variable a ``Future`` makes for waiters. Nobody waits
-    on one, and a map makes one per call. A cancelled task ends with its
-    ``CancelledError`` as the exception."""
+    told when it does: the part of ``concurrent.futures.Future`` the driver uses
+    (``add_done_callback``, then ``cancelled`` and ``exception``), without the
+    condition variable a ``Future`` makes for waiters: nobody waits on one, and a map
+    makes one per call. A cancelled task ends with its ``CancelledError`` as the
+    exception."""
 
-    __slots__ = ("_callback", "_done", "_exception", "_lock", "_more", "_result")
+    __slots__ = ("_callbacks", "_done", "_exception", "_lock")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # Who is told: one callback (the usual), then any more.
-        self._callback: Callable[[TaskOutcome], object] | None = None
-        self._more: list[Callable[[TaskOutcome], object]] | None = None
+        self._callbacks: list[Callable[[TaskOutcome], object]] = []
         self._done = False
-        self._result: Any = None
         self._exception: BaseException | None = None
 
     def add_done_callback(self, fn: Callable[[TaskOutcome], object]) -> None:
         """Call ``fn(outcome)`` when the task ends (on the loop's thread), or now if it has."""
         with self._lock:
             if not self._done:
-                if self._callback is None:
-                    self._callback = fn
-                elif self._more is None:
-                    self._more = [fn]
-                else:
-                    self._more.append(fn)
+                self._callbacks.append(fn)
                 return
         fn(self)
-
-    def done(self) -> bool:
-        return self._done
 
     def cancelled(self) -> bool:
         return False
@@ -319,39 +308,29 @@ class TaskOutcome:
             raise concurrent.futures.InvalidStateError("the task has not ended")
         return self._exception
 
-    def result(self) -> Any:
-        if self.exception() is not None:
-            raise self._exception  # type: ignore[misc]
-        return self._result
-
-    def _end(self, result: Any, exception: BaseException | None) -> None:
+    def _end(self, exception: BaseException | None) -> None:
         with self._lock:
-            self._result, self._exception, self._done = result, exception, True
-            first, more = self._callback, self._more
-            self._callback = self._more = None
-        if first is not None:
-            self._tell(first)
-        for fn in more or ():
-            self._tell(fn)
-
-    def _tell(self, fn: Callable[[TaskOutcome], object]) -> None:
-        try:
-            fn(self)
-        except Exception:  # as concurrent.futures does: one callback's bug stops no other
-            log.exception("a callback of a loop task raised")
+            self._exception, self._done = exception, True
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:  # as concurrent.futures does: one callback's bug stops no other
+                log.exception("a callback of a loop task raised")
 
 
 async def _into(coro: Any, outcome: TaskOutcome) -> None:
-    """Await ``coro`` and hand how it ended to ``outcome``."""
+    """Await ``coro`` and hand how it ended to ``outcome`` (its result is recorded by
+    the effect itself, so only an exception is kept)."""
     try:
-        result = await coro
+        await coro
     except asyncio.CancelledError as exc:
-        outcome._end(None, exc)
+        outcome._end(exc)
         raise
     except BaseException as exc:
-        outcome._end(None, exc)
+        outcome._end(exc)
     else:
-        outcome._end(result, None)
+        outcome._end(None)
 
 
 class _LiveClient:
@@ -445,7 +424,7 @@ class _LiveClient:
             where, data=content, headers=headers, allow_redirects=False, **options
         ) as response:
             body = await response.read()
-            return _httpx_response(url, headers, response.status, list(response.raw_headers), body)
+            return _httpx_response(response.status, list(response.raw_headers), body)
 
     def close(self) -> None:
         session, self._session = self._session, None
@@ -454,9 +433,7 @@ class _LiveClient:
                 self._loop.submit(session.close()).result(timeout=10)
 
 
-def _httpx_response(
-    url: str, headers: Any, status: int, raw_headers: list[tuple[bytes, bytes]], body: bytes
-) -> Any:
+def _httpx_response(status: int, raw_headers: list[tuple[bytes, bytes]], body: bytes) -> Any:
     """What aiohttp received, read in full, as the providers read a response: an
     uncompressed body as a :class:`_Received`; a compressed one as httpx's own
     ``Response``, which decodes it as httpx does live."""
@@ -499,13 +476,6 @@ class _Received:
         import httpx
 
         return httpx.codes.get_reason_phrase(self.status_code)
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
-
-    def json(self) -> Any:
-        return msgspec.json.decode(self.content)
 
 
 def _basic(username: str, password: str) -> str:

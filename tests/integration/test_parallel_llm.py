@@ -25,6 +25,7 @@ from graphrun.eventstore.events import LlmCalled, LlmResult, RunResumed, ToolCal
 from graphrun.eventstore.store import SqliteStore
 from graphrun.runtime.engine.driver import Driver, RunOptions, RunOutcome, drive, start_run
 from graphrun.runtime.graph.loader import load_graph
+from tests.conftest import GraphrunCli
 from tests.support.fake_llm import (
     FakeLlm,
     FakeToolCall,
@@ -316,14 +317,11 @@ def test_an_llm_node_with_tools_in_a_map_runs_its_tools(
 
 
 def test_kill_9_mid_map_then_resume_asks_only_the_unanswered_calls(
-    llm: FakeLlm, tmp_path: Path
+    llm: FakeLlm, tmp_path: Path, graphrun: GraphrunCli
 ) -> None:
     """A real crash: the process dies while one call is in flight on the event loop;
     the answered calls were committed and are never asked again."""
-    import os
     import signal
-    import subprocess
-    import sys
 
     arrived = threading.Event()
     hold = threading.Event()
@@ -337,17 +335,11 @@ def test_kill_9_mid_map_then_resume_asks_only_the_unanswered_calls(
 
     llm.default = reply
     root = agent(tmp_path, ["a", "b", "c"])
-    db = tmp_path / "crash.db"
-    env = {**os.environ, "GRAPHRUN_DB": str(db), "GRAPHRUN_CONFIG_DIR": str(tmp_path / "cfg")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "graphrun.cli", "run", str(root)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    config = str(tmp_path / "cfg")
+    proc = graphrun.popen("run", str(root), GRAPHRUN_CONFIG_DIR=config)
     try:
         assert arrived.wait(30), "the held call never reached the server"
-        store = SqliteStore(db)
+        store = SqliteStore(graphrun.db)
         deadline = time.monotonic() + 30
         while True:
             run_id = store.runs(limit=1)[0].run_id
@@ -363,15 +355,9 @@ def test_kill_9_mid_map_then_resume_asks_only_the_unanswered_calls(
             proc.kill()
         hold.set()
     llm.reset()
-    resumed = subprocess.run(
-        [sys.executable, "-m", "graphrun.cli", "resume", run_id],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout) == ["echo: item a", "echo: item b", "echo: item c"]
+    resumed = graphrun("resume", run_id, GRAPHRUN_CONFIG_DIR=config)
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.json() == ["echo: item a", "echo: item b", "echo: item c"]
     assert [last_user_text(r.body) for r in llm.requests] == ["item c"]
     events = store.read(run_id)
     assert sorted(e.branch for e in events if isinstance(e, LlmResult)) == [
