@@ -266,9 +266,14 @@ def parse_yaml(text: str, file: str = "graph.yaml") -> tuple[Any, dict[str, int]
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         what = exc.problem or exc.context or "invalid YAML"
-        raise GraphLoadError(
-            f"malformed YAML: {what}", where=f"{file}:{line}" if line else file
-        ) from None
+        where = f"{file}:{line}" if line else file
+        if "maximum nesting depth" in what:
+            # The nesting limit of the LibYAML bundled with newer PyYAML wheels, reached before ours
+            # when the parser reads ahead: the same refusal, in our words.
+            raise GraphLoadError(
+                f"values nest deeper than {MAX_DEPTH} levels", where=where
+            ) from None
+        raise GraphLoadError(f"malformed YAML: {what}", where=where) from None
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
         raise GraphLoadError(f"malformed YAML: {first}", where=file) from None
