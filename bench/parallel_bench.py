@@ -10,7 +10,7 @@
    SDK (``AsyncOpenAI``, the client LangChain's ``ChatOpenAI`` wraps); that is the
    comparison judged. Two more nodes are measured and reported: one on a bare
    aiohttp session (graphrun's own live client, so that only the engines differ;
-   it is itself ~2x the ideal, so no engine can be 3x faster than it) and one on a
+   it takes ~2.4x the ideal itself, so no engine can be 3x faster than it) and one on a
    bare ``httpx.AsyncClient`` capped at the map's concurrency. LangGraph and the SDK
    are optional (``pip install -e '.[bench]'``); without them that comparison is
    skipped, loudly.
