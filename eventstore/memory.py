@@ -35,6 +35,7 @@ from graphrun.eventstore.store import (
     Store,
     _process_started,
     broken_log,
+    damaged_run,
     holder_alive,
 )
 
@@ -152,10 +153,9 @@ class MemoryStore:
                 continue
             try:
                 out.append(codec.decode(body))
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise CorruptStoreError(
-                    f"run {run_id}: event seq {seq} in {self.path} does not decode ({exc})",
-                    hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+            except codec.DECODE_ERRORS as exc:
+                raise damaged_run(
+                    run_id, seq, f"event seq {seq} in {self.path} does not decode ({exc})"
                 ) from None
         return out
 
@@ -191,7 +191,12 @@ class MemoryStore:
         return row
 
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        damaged: list[CorruptStoreError] | None = None,
     ) -> list[RunRow]:
         with self.backend.lock:
             rows = list(self.backend.runs.values())
@@ -227,7 +232,7 @@ class MemoryStore:
                     for run_id in sorted(b.events)
                     for _seq, body, _p, digest in b.events[run_id]
                 ]
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except codec.DECODE_ERRORS as exc:
                 raise CorruptStoreError(
                     f"{self.path}: an event does not decode ({exc}); the runs were not rebuilt",
                     hint="`graphrun audit RUN --verify` names the damaged event",

@@ -56,7 +56,13 @@ from graphrun.eventstore.projections import (
     rebuild_rows,
     runs_query,
 )
-from graphrun.eventstore.store import LEASE_SECONDS, Lease, _process_started, holder_alive
+from graphrun.eventstore.store import (
+    LEASE_SECONDS,
+    Lease,
+    _process_started,
+    damaged_run,
+    holder_alive,
+)
 
 #: The schema version once every migration below has run.
 SCHEMA_VERSION = 2
@@ -553,10 +559,9 @@ class PostgresStore:
         for seq, body in rows:
             try:
                 out.append(decode(body))
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise CorruptStoreError(
-                    f"run {run_id}: event seq {seq} in the database does not decode ({exc})",
-                    hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+            except codec.DECODE_ERRORS as exc:
+                raise damaged_run(
+                    run_id, seq, f"event seq {seq} in the database does not decode ({exc})"
                 ) from None
         return out
 
@@ -615,8 +620,14 @@ class PostgresStore:
         return row
 
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        damaged: list[CorruptStoreError] | None = None,
     ) -> list[RunRow]:
+        # PostgreSQL keeps only valid text: a runs row is never undecodable here.
         sql, args = runs_query(_SELECT_RUN, "%s", status=status, parent=parent, limit=limit)
         with self._conn() as conn:
             return [RunRow(*r) for r in conn.execute(sql, args).fetchall()]

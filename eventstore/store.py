@@ -69,6 +69,7 @@ from graphrun.eventstore.projections import (
     entered_node,
     prefix_match,
     rebuild_rows,
+    row_problem,
     runs_query,
 )
 
@@ -176,7 +177,12 @@ class Store(Protocol):
     def run(self, run_id: str) -> RunRow: ...
 
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        damaged: list[CorruptStoreError] | None = None,
     ) -> list[RunRow]: ...
 
     def resolve_run_id(self, prefix: str) -> str: ...
@@ -208,7 +214,41 @@ def broken_log(run_id: str, problem: codec.ChainProblem) -> BrokenLogError:
         f"run {run_id} does not verify at seq {problem.seq}: {problem.reason}",
         seq=problem.seq,
         hint=f"nothing was appended; `graphrun audit {run_id} --verify` checks the run",
+        run_id=run_id,
     )
+
+
+def damaged_run(run_id: str, seq: int, reason: str) -> CorruptStoreError:
+    """The error for a run whose stored data does not decode (every store)."""
+    return CorruptStoreError(
+        f"run {run_id}: {reason}",
+        hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+        run_id=run_id,
+        seq=seq,
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "not valid UTF-8"
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _bad_run_no(run_id: bytes, path: Path) -> CorruptStoreError:
+    text = run_id.decode("utf-8", "backslashreplace")
+    return damaged_run(text, 0, f"its runs row's run_no in {path} is not a number")
+
+
+def _unreadable_lease(run_id: str) -> Lease:
+    """A lease row a damaged file holds: it holds nothing (expired long ago), so
+    the run can be taken, and the row is replaced when it is."""
+    return Lease(run_id=run_id, owner="(unreadable)", pid=0, host="", expires_at=0.0)
+
+
+def _undecodable(exc: sqlite3.Error) -> bool:
+    """Whether SQLite handed back text that is not UTF-8 (a damaged row)."""
+    return "decode" in str(exc).lower()
 
 
 def storage_error(
@@ -361,13 +401,28 @@ class SqliteStore:
     def _row(self, run_id: str) -> RunRow | None:
         row = self._rows.get(run_id)
         if row is None:
-            found = self.conn.execute(_SELECT_RUN + " WHERE run_id = ?", (run_id,)).fetchone()
+            try:
+                found = self.conn.execute(_SELECT_RUN + " WHERE run_id = ?", (run_id,)).fetchone()
+            except sqlite3.OperationalError as exc:
+                if not _undecodable(exc):
+                    raise
+                (run_no,) = self.conn.execute(
+                    "SELECT run_no FROM run_heads WHERE run_id = ?", (run_id,)
+                ).fetchone()
+                raise self._damaged_row(run_no) from None
             if found is not None:
                 row = self._to_row(found)
         return row
 
     def _to_row(self, found: tuple[Any, ...]) -> RunRow:
-        """A ``runs`` view row (with its ``run_no`` last)."""
+        """A ``runs`` view row (with its ``run_no`` last); a row whose values have
+        the wrong types (a damaged file) is a :class:`CorruptStoreError`."""
+        problem = row_problem(found)
+        if problem is None and (not isinstance(found[-1], int) or isinstance(found[-1], bool)):
+            problem = f"its runs row's run_no is {type(found[-1]).__name__}, not int"
+        if problem is not None:
+            run_id = found[0] if isinstance(found[0], str) else repr(found[0])
+            raise damaged_run(run_id, 0, f"{problem} in {self.path}")
         self._run_nos.setdefault(found[0], found[-1])
         return RunRow(*found[:-1])
 
@@ -501,7 +556,9 @@ class SqliteStore:
             "SELECT run_no FROM run_heads WHERE run_id = ?", (run_id,)
         ).fetchone()
         if found is not None:
-            run_no = int(found[0])
+            if not isinstance(found[0], int):
+                raise _bad_run_no(run_id.encode("utf-8"), self.path)
+            run_no = found[0]
         elif new:
             (top_head,) = self.conn.execute("SELECT max(run_no) FROM run_heads").fetchone()
             (top_event,) = self.conn.execute("SELECT max(id) FROM events").fetchone()
@@ -538,16 +595,17 @@ class SqliteStore:
         decode = codec.decode
         try:
             return [decode(body) for _key, body in rows]
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except codec.DECODE_ERRORS:
             pass
         for key, body in rows:
             try:
                 decode(body)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise CorruptStoreError(
-                    f"run {run_id}: event seq {key & _SEQ_MASK} in {self.path} does not "
-                    f"decode ({exc})",
-                    hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+            except codec.DECODE_ERRORS as exc:
+                raise damaged_run(
+                    run_id,
+                    key & _SEQ_MASK,
+                    f"event seq {key & _SEQ_MASK} in {self.path} "
+                    f"does not decode ({_one_line(exc)})",
                 ) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -651,11 +709,75 @@ class SqliteStore:
 
     @_guarded("reading the runs")
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        damaged: list[CorruptStoreError] | None = None,
     ) -> list[RunRow]:
+        """The runs, newest first. A run whose row holds bytes that are not text is
+        left out, and its error added to ``damaged`` (raised when ``damaged`` is
+        ``None``): one damaged run never hides the others."""
         sql, args = runs_query(_SELECT_RUN, "?", status=status, parent=parent, limit=limit)
         with self._lock:
-            return [self._to_row(r) for r in self.conn.execute(sql, args).fetchall()]
+            try:
+                return [self._to_row(r) for r in self.conn.execute(sql, args).fetchall()]
+            except sqlite3.OperationalError as exc:
+                if not _undecodable(exc):
+                    raise
+            except CorruptStoreError:
+                pass
+            # Some row does not decode: read them one by one, by number.
+            sql, args = runs_query(
+                "SELECT run_no FROM (SELECT * FROM runs WHERE typeof(run_no) = 'integer')",
+                "?",
+                status=status,
+                parent=parent,
+                limit=limit,
+            )
+            out: list[RunRow] = []
+            for (raw,) in self.conn.execute(
+                "SELECT CAST(run_id AS BLOB) FROM run_heads WHERE typeof(run_no) != 'integer'"
+            ).fetchall():
+                error = _bad_run_no(bytes(raw or b""), self.path)
+                if damaged is None:
+                    raise error
+                damaged.append(error)
+            for (run_no,) in self.conn.execute(sql, args).fetchall():
+                try:
+                    try:
+                        found = self.conn.execute(_SELECT_RUN + " WHERE run_no = ?", (run_no,))
+                        out.append(self._to_row(found.fetchone()))
+                    except sqlite3.OperationalError as exc:
+                        if not _undecodable(exc):
+                            raise
+                        raise self._damaged_row(run_no) from None
+                except CorruptStoreError as error:
+                    if damaged is None:
+                        raise
+                    damaged.append(error)
+            return out
+
+    def _damaged_row(self, run_no: int) -> CorruptStoreError:
+        """The error for the run numbered ``run_no``, whose row does not decode."""
+        (raw,) = self.conn.execute(
+            "SELECT CAST(run_id AS BLOB) FROM run_heads WHERE run_no = ?", (run_no,)
+        ).fetchone()
+        run_id = bytes(raw or b"").decode("utf-8", "backslashreplace")
+        seq = 0
+        lo = run_no << _SEQ_BITS
+        for key, body in self.conn.execute(
+            "SELECT id, CAST(body AS BLOB) FROM events WHERE id > ? AND id <= ? ORDER BY id",
+            (lo, lo + _SEQ_MASK),
+        ):
+            try:
+                bytes(body).decode("utf-8")
+            except UnicodeDecodeError:
+                seq = key & _SEQ_MASK
+                break
+        where = f"event seq {seq}" if seq else "its runs row"
+        return damaged_run(run_id, seq, f"{where} in {self.path} is not valid UTF-8")
 
     @_guarded("reading the runs")
     def resolve_run_id(self, prefix: str) -> str:
@@ -689,7 +811,7 @@ class SqliteStore:
 
             try:
                 rebuilt = rebuild_rows(stored())
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except codec.DECODE_ERRORS as exc:
                 raise CorruptStoreError(
                     f"{self.path}: an event does not decode ({exc}); the runs were not rebuilt",
                     hint="`graphrun audit RUN --verify` names the damaged event",
@@ -759,11 +881,28 @@ class SqliteStore:
             )
 
     def _lease(self, run_id: str) -> Lease | None:
-        found = self.conn.execute(
-            "SELECT run_id, owner, pid, host, expires_at, started FROM leases WHERE run_id = ?",
-            (run_id,),
-        ).fetchone()
-        return Lease(*found) if found else None
+        try:
+            found = self.conn.execute(
+                "SELECT run_id, owner, pid, host, expires_at, started FROM leases WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+        except sqlite3.OperationalError as exc:
+            if not _undecodable(exc):
+                raise
+            return _unreadable_lease(run_id)
+        if found is None:
+            return None
+        kinds: tuple[type | tuple[type, ...], ...] = (
+            str,
+            str,
+            int,
+            str,
+            (int, float),
+            (int, float),
+        )
+        if not all(isinstance(v, k) for v, k in zip(found, kinds, strict=True)):
+            return _unreadable_lease(run_id)
+        return Lease(*found)
 
     @_guarded("reading the run's lease")
     def lease(self, run_id: str) -> Lease | None:
