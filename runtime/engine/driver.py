@@ -41,6 +41,7 @@ from typing import Any
 
 import msgspec
 
+from graphrun.actors import process
 from graphrun.actors.base import CancelToken, start_actor_around
 from graphrun.actors.messages import Execute
 from graphrun.eventstore.codec import content_hash
@@ -540,6 +541,10 @@ class Driver:
             # Never extend a log that does not verify (whoever resumes: a command,
             # a worker, an answer).
             self.store.require_intact(self.run_id)
+            # A graphrun killed outright may have left a script or tool running on
+            # this host (if its lifeline died with it): end it before the node is
+            # performed again, never beside it.
+            process.end_orphans()
             self._speculate(
                 (
                     RunResumed(
