@@ -42,8 +42,9 @@ def runs_cmd(
     cost, and TREE, the tokens of the run with all its child runs.
 
     A run whose stored data is damaged is left out and named in one warning line
-    on stderr (`graphrun audit RUN --verify` says where); --strict makes that an
-    error (exit 2).
+    on stderr (`graphrun audit RUN --verify` says where), and so is a run whose
+    log went back behind the head graphrun reported for it (committed events lost
+    to a damaged -wal file); --strict makes either an error (exit 2).
     """
     from graphrun.cli.options import store_missing
     from graphrun.cli.render import table, when
@@ -96,6 +97,10 @@ def runs_cmd(
         readable.append(row)
     rows = readable
     _report_damaged(damaged, strict)
+    for problem in store.lost_heads().values():  # runs whose log went backwards
+        if strict:
+            raise CorruptStoreError(problem)
+        click.echo(f"warning: {problem}", err=True)
     # A fork copies its source's events, times included: list it by when it was made.
     rows.sort(key=lambda r: made[r.run_id], reverse=True)
     if as_json:
@@ -190,6 +195,9 @@ def show_cmd(run_id: str, at_seq: int | None, as_json: bool, db: str | None) -> 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     info = describe_run(store, run_id, at_seq)
+    lost = store.lost_head(run_id)
+    if lost is not None:
+        click.echo(f"warning: {lost}", err=True)
     if as_json:
         click.echo(json.dumps(info, ensure_ascii=False, default=str))
         return

@@ -178,6 +178,13 @@ class MemoryStore:
         problem = self.verify(run_id)
         return ([] if problem is not None else self.read(run_id)), problem
 
+    def lost_head(self, run_id: str) -> str | None:
+        """Never behind a reported head here (nothing of it outlives the process)."""
+        return None
+
+    def lost_heads(self) -> dict[str, str]:
+        return {}
+
     def require_intact(self, run_id: str) -> None:
         """Raise :class:`BrokenLogError` unless the run's log verifies."""
         problem = self.verify(run_id)

@@ -593,6 +593,13 @@ class PostgresStore:
         events: list[Event] = []
         return events, codec.verify_chain(self.raw_rows(run_id), into=events)
 
+    def lost_head(self, run_id: str) -> str | None:
+        """Never behind a reported head here (PostgreSQL never drops a commit it acknowledged)."""
+        return None
+
+    def lost_heads(self) -> dict[str, str]:
+        return {}
+
     def require_intact(self, run_id: str) -> None:
         """Raise unless the run's log verifies (call it before extending a run
         another process wrote); the error names the first bad seq."""

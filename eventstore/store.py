@@ -72,8 +72,11 @@ from graphrun.eventstore.projections import (
     row_problem,
     runs_query,
 )
+from graphrun.eventstore.reported import ReportedHeads
 
 LEASE_SECONDS = 30.0
+#: A run's head is recorded outside the database when it reaches one of these.
+_REPORTED_STATUSES = frozenset({"waiting", "completed", "failed", "cancelled", "interrupted"})
 #: How long a command waits for another process's write lock before giving up.
 BUSY_SECONDS = 10.0
 
@@ -171,6 +174,10 @@ class Store(Protocol):
     def verify(self, run_id: str) -> codec.ChainProblem | None: ...
 
     def read_verified(self, run_id: str) -> tuple[list[Event], codec.ChainProblem | None]: ...
+
+    def lost_head(self, run_id: str) -> str | None: ...
+
+    def lost_heads(self) -> dict[str, str]: ...
 
     def require_intact(self, run_id: str) -> None: ...
 
@@ -347,6 +354,9 @@ class SqliteStore:
                 f"no event database at {self.path}",
                 hint="run something first, or pass --db / set GRAPHRUN_DB",
             )
+        self.reported = ReportedHeads(self.path)
+        if create and not self.path.exists():
+            self.reported.forget()  # a record of another, earlier file by that name
         try:
             if create:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -539,7 +549,9 @@ class SqliteStore:
                         pass
             self._run_nos[run_id] = run_no
             self._rows[run_id] = row
-            return stamped
+        if head_changed and row.status in _REPORTED_STATUSES:
+            self.reported.record(run_id, row.last_seq, row.last_hash)
+        return stamped
 
     @staticmethod
     def _head(row: RunRow) -> tuple[Any, ...]:
@@ -668,7 +680,13 @@ class SqliteStore:
             return events, codec.ChainProblem(seq, f"its database page cannot be read ({detail})")
         if not rows:
             return events, codec.ChainProblem(1, "the run has no events")
-        return events, self._head_problem(run_id, events)
+        problem = self._head_problem(run_id, events)
+        if problem is None:  # a chain that verifies may still have lost its end
+            reported = self.reported.heads().get(run_id)
+            lost = self._behind(run_id, *reported) if reported is not None else None
+            if lost is not None:
+                problem = codec.ChainProblem(min(len(events) + 1, reported[0]), lost)  # type: ignore[index]
+        return events, problem
 
     @_guarded("reading the runs")
     def _head_problem(self, run_id: str, events: list[Event]) -> codec.ChainProblem | None:
@@ -691,6 +709,47 @@ class SqliteStore:
             f"the runs table's {', '.join(differ)} for this run do not match its events "
             "(edited outside graphrun?)",
         )
+
+    @_guarded("reading the runs")
+    def lost_head(self, run_id: str) -> str | None:
+        """Whether the run's log went back behind the head graphrun last reported
+        (see :mod:`graphrun.eventstore.reported`): why, or ``None``."""
+        reported = self.reported.heads().get(run_id)
+        return None if reported is None else self._behind(run_id, *reported)
+
+    @_guarded("reading the runs")
+    def lost_heads(self) -> dict[str, str]:
+        """:meth:`lost_head` of every run reported in this file that went back."""
+        found = {}
+        for run_id, (seq, digest) in sorted(self.reported.heads().items()):
+            problem = self._behind(run_id, seq, digest)
+            if problem is not None:
+                found[run_id] = problem
+        return found
+
+    def _behind(self, run_id: str, seq: int, digest: str) -> str | None:
+        lost = (
+            "committed events were lost (a damaged -wal file after a crash?); "
+            f"{self.reported.path.name} keeps what was reported"
+        )
+        with self._lock:
+            found = self.conn.execute(
+                "SELECT run_no FROM run_heads WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if found is None or not isinstance(found[0], int):
+                return f"run {run_id} was reported at seq {seq} but is not in {self.path}: {lost}"
+            stored = self.conn.execute(
+                "SELECT hash FROM events WHERE id = ?", ((found[0] << _SEQ_BITS) | seq,)
+            ).fetchone()
+            if stored is not None and stored[0] == digest:
+                return None
+            (last,) = self.conn.execute(
+                "SELECT coalesce(max(id), 0) & ? FROM events WHERE id > ? AND id <= ?",
+                (_SEQ_MASK, found[0] << _SEQ_BITS, (found[0] << _SEQ_BITS) | _SEQ_MASK),
+            ).fetchone()
+        if stored is None:
+            return f"run {run_id}'s log ends at seq {last}, but seq {seq} was reported: {lost}"
+        return f"run {run_id}'s event at seq {seq} is not the one reported: {lost}"
 
     def require_intact(self, run_id: str) -> None:
         """Raise :class:`BrokenLogError` unless the run's log verifies (call it
@@ -790,6 +849,14 @@ class SqliteStore:
         return prefix_match(prefix, rows, self.unknown_run(prefix))
 
     def unknown_run(self, run_id: str) -> UnknownRunError:
+        reported = self.reported.heads().get(run_id)
+        if reported is not None:  # it was there: the database lost it
+            return UnknownRunError(
+                f"no run {run_id!r} in {self.path}, although graphrun reported it at seq "
+                f"{reported[0]}: committed events were lost (a damaged -wal file after a "
+                f"crash?); {self.reported.path.name} keeps what was reported",
+                hint="restore the database from a backup",
+            )
         return UnknownRunError(
             f"no run {run_id!r} in {self.path}", hint="`graphrun runs` lists the runs"
         )
