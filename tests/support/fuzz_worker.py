@@ -369,6 +369,18 @@ STORED_COLUMNS = [
       for c in ("run_id", "requested_by", "reason", "requested_at")],
 ]  # fmt: skip
 
+#: A run with a parallel step (two script branches).
+PARALLEL = """\
+name: par
+version: "1.0"
+start: fan
+nodes:
+  fan: {type: script, script: scripts/s.py, next: [a, b]}
+  a: {type: script, script: scripts/s.py, state_updates: {}, next: join}
+  b: {type: script, script: scripts/s.py, state_updates: {}, next: join}
+  join: {type: end, output: "done"}
+"""
+
 #: Ways a stored value goes bad (SQL expressions; ``{old}`` is the value there).
 DAMAGES = {
     "not-utf8": "CAST(X'DF' || CAST({old} AS BLOB) AS TEXT)",
@@ -442,27 +454,48 @@ def damage(db: Path, column: tuple[str, str, str, bool], how: str, run_id: str) 
 
 
 def fuzz_stored(workdir: Path, per_case: int, codes: Counter[int], done_cases: list[int]) -> None:
-    """Build a database with a completed, a waiting, a failed and an imported run,
-    then damage each column of the completed run in turn (on a copy)."""
+    """Build a database with a completed, a waiting, a parallel and an imported
+    run, then damage each column of the completed, parallel or imported run in
+    turn (on a copy)."""
     import sqlite3
     import time
 
     from graphrun.eventstore.store import SqliteStore
 
+    answers = ["--answer", "ask=bob", "--answer", "gate=approve", "--as", "alice"]
+    # An imported run: made in another file, exported, imported.
+    os.environ["GRAPHRUN_DB"] = str(workdir / "other.db")
+    call(["run", "agent", *answers])
+    with SqliteStore(workdir / "other.db") as store:
+        (other,) = [r.run_id for r in store.runs()]
+    call(["export", other, "-o", str(workdir / "other.jsonl")])
     pristine = workdir / "pristine.db"
     os.environ["GRAPHRUN_DB"] = str(pristine)
-    call(["run", "agent", "--answer", "ask=bob", "--answer", "gate=approve", "--as", "alice"])
+    call(["run", "agent", *answers])
     call(["run", "waiting", "--answer", "ask=carol"])
+    parallel = workdir / "parallel"
+    (parallel / "scripts").mkdir(parents=True, exist_ok=True)
+    (parallel / "graph.yaml").write_text(PARALLEL, encoding="utf-8")
+    (parallel / "scripts" / "s.py").write_text("print('{}')\n", encoding="utf-8")
+    call(["run", "parallel"])
     with SqliteStore(pristine) as store:
-        runs = {r.status: r.run_id for r in store.runs()}
-    done, waiting = runs["completed"], runs["waiting"]
+        runs = {r.graph_name: r.run_id for r in store.runs() if r.status != "waiting"}
+        (waiting,) = [r.run_id for r in store.runs(status="waiting")]
+    done, fanned = runs["fuzz"], runs["par"]
+    assert call(["import", str(workdir / "other.jsonl")])[0] == 0
+    # Each damage hits one of: a completed run, a parallel run, an imported run.
+    targets = [done, fanned, other]
     call(["export", done, "-o", str(workdir / "done.jsonl")])
     conn = sqlite3.connect(pristine, isolation_level=None)
     now = time.time()
-    conn.execute("INSERT INTO leases VALUES (?, 'h:1:x', 1, 'elsewhere', 0, ?)", (done, now - 60))
-    conn.execute("INSERT INTO cancel_requests VALUES (?, 'bob', 'stop', ?)", (done, now))
+    for target in targets:
+        conn.execute(
+            "INSERT INTO leases VALUES (?, 'h:1:x', 1, 'elsewhere', 0, ?)", (target, now - 60)
+        )
+        conn.execute("INSERT INTO cancel_requests VALUES (?, 'bob', 'stop', ?)", (target, now))
     conn.close()
     for number, (column, how, commands) in enumerate(stored_cases(per_case)):
+        done = targets[number % len(targets)]
         db = workdir / f"case-{number}.db"
         with sqlite3.connect(pristine) as source, sqlite3.connect(db) as copy:
             source.backup(copy)  # committed pages, WAL included
