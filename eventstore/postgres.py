@@ -657,8 +657,20 @@ class PostgresStore:
         """Drop and rebuild the ``runs`` projection from ``events``; returns rows."""
         with self._conn() as conn, conn.transaction():
             conn.execute("LOCK TABLE runs IN EXCLUSIVE MODE")
-            rows = conn.execute("SELECT body, hash FROM events ORDER BY run_id, seq").fetchall()
-            rebuilt = rebuild_rows((codec.decode(body), digest) for body, digest in rows)
+            rows = conn.execute(
+                "SELECT run_id, seq, body, hash FROM events ORDER BY run_id, seq"
+            ).fetchall()
+            stored = []
+            for run_id, seq, body, digest in rows:
+                try:
+                    stored.append((codec.decode(body), digest))
+                except codec.DECODE_ERRORS as exc:
+                    raise damaged_run(
+                        run_id,
+                        seq,
+                        f"event seq {seq} does not decode ({exc}); the runs were not rebuilt",
+                    ) from None
+            rebuilt = rebuild_rows(stored)
             conn.execute("DELETE FROM runs")
             with conn.cursor() as cur:
                 cur.executemany(_UPSERT_RUN, [msgspec.structs.astuple(r) for r in rebuilt.values()])

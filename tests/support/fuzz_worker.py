@@ -404,7 +404,7 @@ RUN_COMMANDS = [
     ["graph", "agent", "--run", "R"], ["diff", "R", "W"], ["fork", "R", "--at", "1"],
     ["cancel", "R"], ["approve", "R", "approve", "--as", "alice"],
     ["answer", "W", "x", "--as", "bob"], ["approve", "W", "approve", "--as", "alice"],
-    ["tail", "R"],
+    ["tail", "R"], ["otel", "R", "--endpoint", "http://127.0.0.1:9/v1/traces"],
     ["runs", "--status", "waiting"], ["runs", "--usage"], ["runs", "--status", "interrupted"],
     ["import", "F"],
 ]  # fmt: skip
