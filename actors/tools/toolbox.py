@@ -1053,6 +1053,9 @@ def _local_tools(
     for file_name in ("tools.sh", "tools.py"):
         path = agent_dir / file_name
         if path.is_file():
+            outside = outside_problem(agent_dir, file_name, what=f"the agent's {file_name}")
+            if outside is not None:  # a symlink out of the folder
+                raise ToolError(outside, hint=outside_hint())
             add(_file_tools(path, file_name, ctx, agent=True))
     return found
 
