@@ -228,8 +228,9 @@ def _check_one(
         asked = run_hashes.get(stmt.asked_seq)
         if stmt.asked_seq != request.seq and not check.carried_from:
             check.problem = (
-                f"replayed: the statement answers the question asked at seq {stmt.asked_seq}, "
-                f"this answer's question is seq {request.seq}"
+                "the log up to the question is not the one the signer saw: they were asked "
+                f"at seq {stmt.asked_seq}, this log asks at seq {request.seq} (events before "
+                "it were removed or inserted, and the chain recomputed)"
             )
             return check
         if asked != stmt.asked_head:
