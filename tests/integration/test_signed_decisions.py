@@ -243,7 +243,10 @@ def test_required_signature_refuses_the_wrong_key_no_key_and_a_bare_claim(
 
 
 def test_signing_through_a_real_ssh_agent(
-    graphrun: Any, agent: Any, keys: dict[str, Key], ssh_agent: Any
+    graphrun: Any,
+    agent: Any,
+    keys: dict[str, Key],
+    ssh_agent: Any,  # noqa: F811
 ) -> None:
     folder = agent_with_signers(agent, SIGNED, keys, "pub")
     run_id = waiting_run(graphrun, folder)
