@@ -184,10 +184,9 @@ def _check_one(
     run_hashes: Mapping[int, str] | None = hashes
     if stmt.run_id != event.run_id:
         forked = first if isinstance(first, RunStarted) else None
-        carried = (
-            forked is not None
-            and forked.forked_from == stmt.run_id
-            and event.seq <= (forked.forked_at or 0)
+        carried = forked is not None and (
+            (forked.forked_from == stmt.run_id and event.seq <= (forked.forked_at or 0))
+            or forked.recorded_from == stmt.run_id
         )
         if not carried:
             check.problem = f"moved: the signed statement is for run {stmt.run_id}"

@@ -639,11 +639,25 @@ def test_a_fork_reusing_a_signed_answer_says_so_and_replay_keeps_signatures(
     assert res.code == 0, res.stderr
     assert f"carried from run {run_id}" in res.stderr
     assert res.stderr.count("verified: ") == 2
+    before = rows(graphrun.db, run_id)
     res = graphrun("replay", run_id)
     assert res.code == 0, res.stderr
-    assert (
-        rows(graphrun.db, run_id)[-1][1]
-        == json.dumps(events[-1], separators=(",", ":"), sort_keys=True).encode()
-        or True
+    assert rows(graphrun.db, run_id) == before
+    # A live replay records a new run reusing the recorded answers: their
+    # signatures are copied as they are, and reported as the source run's.
+    changed = agent_with_signers(
+        agent, CHAIN.replace("done {{why}}", "finished {{why}}"), keys, "c2"
     )
-    assert audit(graphrun, run_id).code == 0
+    res = graphrun("replay", run_id, "--live", "--graph", str(changed))
+    assert res.code == 1 and "reused 3 recorded effect(s), performed 0" in res.stderr
+    rerun = next(
+        r["run_id"]
+        for r in graphrun("runs", "--json").json_lines()
+        if r["run_id"] not in (run_id, fork)  # type: ignore[index]
+    )
+    copied = [e for e in events_of(graphrun.db, rerun) if e["type"] == "HumanInputReceived"]
+    original = [e for e in events if e["type"] == "HumanInputReceived"]
+    assert [e["signature"] for e in copied] == [e["signature"] for e in original]
+    res = audit(graphrun, rerun)
+    assert res.code == 0, res.stderr
+    assert res.stderr.count(f"carried from run {run_id}") == 3
