@@ -30,6 +30,14 @@ Public API (stable; other faces add signature kinds, they do not change it):
   (:mod:`graphrun.runtime.decisions.sshsig`).
 * :class:`SignedDecision` — a statement, its signature, the kind and the identity
   class, as handed to ``runtime.engine.answers.submit_answer(signed=...)``.
+* Recording (``graphrun.runtime.engine.answers``): ``prepare_statement(store, run_id,
+  text, *, kind, principal, node=None, other=False, shown=None) -> (run id, bytes)``
+  builds the statement for the question the run waits at (the answer checked
+  first); ``submit_answer(..., signed=SignedDecision(...), trust=Trust(...))``
+  verifies it against the question and the governing graph and appends it (or
+  refuses, appending nothing).
+* Checking a log: :func:`graphrun.runtime.decisions.verify.check_run` (per decision:
+  verified / claimed / token / proxy / broken), used by ``audit --verify``.
 * :data:`IDENTITIES` — how an answer's identity is known: ``"verified"`` (a
   signature), ``"token"`` (an authenticated session or API token), ``"proxy"``
   (asserted by a trusted front), ``"claimed"`` (a typed name; every old answer).

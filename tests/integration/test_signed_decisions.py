@@ -205,7 +205,12 @@ def test_required_signature_refuses_the_wrong_key_no_key_and_a_bare_claim(
     graphrun: Any, agent: Any, keys: dict[str, Key]
 ) -> None:
     folder = agent_with_signers(agent, SIGNED, keys, "pub")
-    run_id = waiting_run(graphrun, folder)
+    started = graphrun("run", str(folder), "v1")
+    assert started.code == 3
+    run_id = graphrun.last_run()
+    assert f"answer with: graphrun approve {run_id} <approve|reject> --sign <key>" in (
+        started.stderr
+    )
     before = rows(graphrun.db, run_id)
     res = graphrun("approve", run_id, "approve", "--sign", str(keys["bob"].path))
     unchanged(graphrun, run_id, before, res, "'bob' may not answer approval node 'publish'")
@@ -661,3 +666,53 @@ def test_a_fork_reusing_a_signed_answer_says_so_and_replay_keeps_signatures(
     res = audit(graphrun, rerun)
     assert res.code == 0, res.stderr
     assert res.stderr.count(f"carried from run {run_id}") == 3
+
+
+def test_signed_and_claimed_at_a_glance_in_audit_json_report_and_spans(
+    graphrun: Any, agent: Any, keys: dict[str, Key], tmp_path: Path
+) -> None:
+    signed_run = completed_chain(graphrun, agent, keys)
+    claimed_run = waiting_run(graphrun, agent(GATE, name="gate"))
+    assert graphrun("approve", claimed_run, "approve", "--as", "bob").code == 0
+    listed = graphrun("audit", signed_run, "--json").json()
+    assert {d["identity"] for d in listed["decisions"]} == {"signed"}  # type: ignore[index]
+    verified = graphrun("audit", signed_run, "--verify", "--json").json()
+    assert {d["identity"] for d in verified["decisions"]} == {"verified"}  # type: ignore[index]
+    assert verified["signatures"]["counts"] == {"verified": 3}  # type: ignore[index]
+    claimed = graphrun("audit", claimed_run, "--verify", "--json").json()
+    assert [d["identity"] for d in claimed["decisions"]] == ["claimed"]  # type: ignore[index]
+    page = tmp_path / "report.html"
+    assert graphrun("report", signed_run, "-o", str(page)).code == 0
+    html = page.read_text()
+    assert "<th>identity</th>" in html and "signed · SHA256:" in html
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from graphrun.runtime.observe.otel import emit_spans, tracer_provider
+
+    exporter = InMemorySpanExporter()
+    provider = tracer_provider(exporter)
+    with SqliteStore(graphrun.db) as store:
+        emit_spans(store, signed_run, provider.get_tracer("test"))
+        emit_spans(store, claimed_run, provider.get_tracer("test"))
+    provider.force_flush()
+    seen = {
+        (s.attributes["graphrun.human.by"], str(s.attributes["graphrun.human.identity"])[:6])
+        for s in exporter.get_finished_spans()
+        if s.attributes and "graphrun.human.by" in s.attributes
+    }
+    assert seen == {("alice", "signed"), ("bob", "signed"), ("bob", "claime")}
+
+
+def test_new_graph_fields_are_validated_with_their_line(graphrun: Any, agent: Any) -> None:
+    bad = QUORUM.replace("required: 2, of: [alice, bob, carol]", "required: 3, of: [alice, bob]")
+    res = graphrun("validate", str(agent(bad, name="q3")))
+    assert res.code == 2
+    assert "graph.yaml:11 ($.nodes.publish.approvals.required): approval 'publish': " in res.stderr
+    assert "approvals.required is 3, but approvals.of names 2 signer(s)" in res.stderr
+    typo = SIGNED.replace("signed_decisions: required", "signed_decisions: always")
+    res = graphrun("validate", str(agent(typo, name="typo")))
+    assert res.code == 2
+    assert "graph.yaml:5" in res.stderr and "signed_decisions" in res.stderr
+    schema = graphrun("schema").json()
+    node = schema["$defs"]["ApprovalNode"]["properties"]  # type: ignore[index]
+    assert {"approvals", "signed_decisions", "approvers"} <= set(node)
