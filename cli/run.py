@@ -755,5 +755,13 @@ def fork_cmd(
     _check_continuation(store, run_id, options, resuming=False)
     new_id = fork_run(store, run_id, at_seq, by=as_user)
     click.echo(f"▸ forked {run_id} at seq {at_seq} as {new_id}", err=True)
+    reused = [e for e in store.read(new_id) if getattr(e, "signature", "") and hasattr(e, "by")]
+    if reused:
+        signers = ", ".join(dict.fromkeys(str(getattr(e, "by", "")) for e in reused))
+        click.echo(
+            f"▸ the fork reuses {len(reused)} signed answer(s) of run {run_id} ({signers}): "
+            "kept as signed for that run, not signed again",
+            err=True,
+        )
     outcome = _drive(Driver(store, new_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)

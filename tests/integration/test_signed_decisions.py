@@ -426,6 +426,14 @@ def test_a_cut_tail_is_named_by_the_signed_heads(
     res = audit(graphrun, run_id)
     assert res.code == 0, res.stderr
     assert f"ok: run {run_id}: 4 signed head(s)" in res.stderr
+    # A replay keeps its scratch log to itself; a fork's copied heads stay its source's.
+    assert graphrun("replay", run_id, **env).code == 0
+    at = index(events_of(graphrun.db, run_id), "HumanInputReceived", 1) + 3
+    assert graphrun("fork", run_id, "--at", str(at), **env).code == 3
+    fork = graphrun.last_run()
+    res = audit(graphrun, fork)
+    assert res.code == 0, res.stderr
+    assert f"ok: run {fork}: " in res.stderr
     # Cut the last events (with the runs table made to agree) and the tail is named.
     forge(graphrun.db, run_id, lambda ev: ev[:-4])
     res = audit(graphrun, run_id)
@@ -639,6 +647,7 @@ def test_a_fork_reusing_a_signed_answer_says_so_and_replay_keeps_signatures(
     at = index(events, "HumanInputReceived", 1) + 2
     res = graphrun("fork", run_id, "--at", str(at))
     assert res.code == 3, res.stderr
+    assert f"the fork reuses 2 signed answer(s) of run {run_id} (alice, bob)" in res.stderr
     fork = graphrun.last_run()
     res = audit(graphrun, fork)
     assert res.code == 0, res.stderr
