@@ -725,3 +725,50 @@ def test_new_graph_fields_are_validated_with_their_line(graphrun: Any, agent: An
     schema = graphrun("schema").json()
     node = schema["$defs"]["ApprovalNode"]["properties"]  # type: ignore[index]
     assert {"approvals", "signed_decisions", "approvers"} <= set(node)
+
+
+def test_an_export_with_signed_heads_names_a_cut_tail_and_a_moved_answer(
+    graphrun: Any, agent: Any, keys: dict[str, Key], tmp_path: Path
+) -> None:
+    env = {"GRAPHRUN_HEAD_KEY": str(keys["host"].path), "GRAPHRUN_HEAD_PRINCIPAL": "graphrun-host"}
+    folder = agent_with_signers(agent, SIGNED, keys, "pub")
+    runs = []
+    for prompt in ("a", "b"):
+        run_id = waiting_run(graphrun, folder, prompt, **env)
+        res = graphrun("approve", run_id, "approve", "--sign", str(keys["alice"].path), **env)
+        assert res.code == 0, res.stderr
+        runs.append(run_id)
+    files = {}
+    for run_id in runs:
+        files[run_id] = tmp_path / f"{run_id}.run.jsonl"
+        assert graphrun("export", run_id, "-o", str(files[run_id])).code == 0
+    signers = str(folder / "allowed_signers")
+    nodb = {"GRAPHRUN_DB": str(tmp_path / "absent" / "none.db")}
+    first = files[runs[0]]
+    res = graphrun("audit", str(first), "--verify", "--signers", signers, **nodb)
+    assert res.code == 0, res.stderr
+    assert f"ok: run {runs[0]}: 2 signed head(s)" in res.stderr
+    # The tail cut and the trailer rewritten: the file still verifies as a chain,
+    # but it no longer ends with a signed head.
+    cut = rewrite_export(first, tmp_path / "cut.run.jsonl", lambda ev: ev[:-3])
+    res = graphrun("audit", str(cut), "--verify", "--signers", signers, **nodb)
+    assert res.code == 1
+    assert "without a signed head: its tail was cut or appended to" in res.stderr
+    # Run b's signed answer moved into run a's file, re-hashed.
+    donor = next(
+        json.loads(line)["event"]
+        for line in files[runs[1]].read_text().splitlines()[1:]
+        if '"HumanInputReceived"' in line
+    )
+
+    def move(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        at = index(events, "HumanInputReceived")
+        for field in ("statement", "signature", "key"):
+            events[at][field] = donor[field]
+        return [e for e in events if e["type"] != "HeadSigned"]
+
+    moved = rewrite_export(first, tmp_path / "moved.run.jsonl", move)
+    res = graphrun("audit", str(moved), "--verify", "--signers", signers, **nodb)
+    assert res.code == 1
+    assert f"moved: the signed statement is for run {runs[1]}" in res.stderr
+    assert not (tmp_path / "absent").exists()
