@@ -511,7 +511,7 @@ def _signed_answer(
     """``--sign KEY``: the decision statement for this answer, signed with KEY as the
     principal the signers file lists for it (``--as`` picks one when it lists several)."""
     from graphrun.actors.human.actor import AnswerRefused
-    from graphrun.runtime.decisions import SignedDecision, Trust
+    from graphrun.runtime.decisions import SignedDecision, make_trust
     from graphrun.runtime.decisions.sshsig import find_signers, principals_of
     from graphrun.runtime.decisions.sshsig import sign as ssh_sign
     from graphrun.runtime.engine.answers import prepare_statement
@@ -553,7 +553,7 @@ def _signed_answer(
         store, run_id, text, kind=kind, principal=principal, node=node, other=other
     )
     signature = ssh_sign(statement, sign)
-    return SignedDecision(statement, signature, "sshsig"), Trust(signers=found)
+    return SignedDecision(statement, signature, "sshsig"), make_trust(found)
 
 
 _SIGN_HELP = (

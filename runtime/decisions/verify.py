@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import (
     ApprovalSigned,
     Event,
@@ -112,7 +113,7 @@ def check_run(
     try:
         graph = recorded_graph(events)
         bad_graph = ""
-    except (PolicyError, Exception) as exc:  # a run whose graph no longer parses
+    except GraphrunError as exc:  # a run whose graph does not parse (any more)
         graph, bad_graph = None, f"the run's recorded graph cannot be read: {exc}"
     requests: dict[tuple[str, int, str], HumanInputRequested] = {}
     cosigs: dict[tuple[str, int, str], list[tuple[ApprovalSigned, DecisionCheck]]] = {}

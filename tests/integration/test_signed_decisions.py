@@ -772,3 +772,37 @@ def test_an_export_with_signed_heads_names_a_cut_tail_and_a_moved_answer(
     assert res.code == 1
     assert f"moved: the signed statement is for run {runs[1]}" in res.stderr
     assert not (tmp_path / "absent").exists()
+
+
+def test_a_token_authenticated_answer_is_recorded_as_such_but_is_no_signature(
+    graphrun: Any, agent: Any, keys: dict[str, Key]
+) -> None:
+    from graphrun.actors.human.actor import AnswerRefused
+    from graphrun.runtime.engine.answers import submit_answer
+
+    gate = waiting_run(graphrun, agent(GATE, name="gate"))
+    signed = waiting_run(graphrun, agent_with_signers(agent, SIGNED, keys, "pub"))
+    with SqliteStore(graphrun.db) as store:
+        got = submit_answer(
+            store,
+            gate,
+            "approve",
+            kind="approval",
+            as_user="alice",
+            channel="console",
+            identity_class="token",
+        )
+        store.release_lease(gate)
+        assert got.identity == "token"
+        with pytest.raises(AnswerRefused, match="requires a signed answer"):
+            submit_answer(
+                store,
+                signed,
+                "approve",
+                kind="approval",
+                as_user="alice",
+                channel="console",
+                identity_class="token",
+            )
+    res = graphrun("audit", gate, "--verify", "--json")
+    assert [d["identity"] for d in res.json()["decisions"]] == ["token"]  # type: ignore[index]
