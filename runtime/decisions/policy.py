@@ -155,7 +155,7 @@ def governing_policy(
         raise PolicyError(
             f"who may answer node '{node_id}' differs between the run's recorded graph "
             f"({recorded.describe()}) and {where} ({on_disk.describe()}); nothing was recorded",
-            hint="restore the graph the run was started with, or fork the run onto the new one",
+            hint="restore the graph.yaml the run was started with (its source is in the log)",
         )
     return recorded
 
