@@ -606,6 +606,7 @@ def test_a_recorded_graph_that_disagrees_with_the_one_on_disk_is_refused(
         )
         events[0]["graph_source"] = source
         events[0]["graph_hash"] = codec.content_hash(source)
+        events[index(events, "HumanInputRequested")]["approvers"] = ["mallory"]
         return events
 
     forge(graphrun.db, run_id, widen)
