@@ -291,6 +291,18 @@ class MemoryStore:
             return False
         return not self._holder_dead(lease)
 
+    def release_stale_leases(self) -> list[str]:
+        """Drop the leases whose holder is gone for sure (dead on this host)."""
+        with self.backend.lock:
+            stale = [
+                run_id
+                for run_id, lease in self.backend.leases.items()
+                if lease.owner != self.owner and self._holder_dead(lease)
+            ]
+            for run_id in stale:
+                del self.backend.leases[run_id]
+        return sorted(stale)
+
     @contextmanager
     def leased(self, run_id: str) -> Iterator[None]:
         self.acquire_lease(run_id)

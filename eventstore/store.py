@@ -195,6 +195,8 @@ class Store(Protocol):
 
     def is_live(self, run_id: str) -> bool: ...
 
+    def release_stale_leases(self) -> list[str]: ...
+
     def leased(self, run_id: str) -> AbstractContextManager[None]: ...
 
     def request_cancel(self, run_id: str, by: str, reason: str) -> None: ...
@@ -776,6 +778,33 @@ class SqliteStore:
         if lease is None or lease.expires_at < self.clock.now():
             return False
         return holder_alive(lease)
+
+    @_guarded("releasing the leases of dead processes")
+    def release_stale_leases(self) -> list[str]:
+        """Delete the lease rows whose holder is gone for sure (a process of this
+        host that died: a ``kill -9`` leaves its row behind); returns their runs.
+        A lease of another host's process stays until it expires (that process
+        cannot be seen from here)."""
+        with self._lock:
+            rows = self.conn.execute(
+                "SELECT run_id, owner, pid, host, expires_at, started FROM leases WHERE owner <> ?",
+                (self.owner,),
+            ).fetchall()
+            stale = [Lease(*r) for r in rows]
+            stale = [lease for lease in stale if not holder_alive(lease)]
+            if stale:
+                self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for lease in stale:
+                        self.conn.execute(
+                            "DELETE FROM leases WHERE run_id = ? AND owner = ?",
+                            (lease.run_id, lease.owner),
+                        )
+                    self.conn.execute("COMMIT")
+                except BaseException:
+                    self.rollback()
+                    raise
+        return sorted(lease.run_id for lease in stale)
 
     @contextmanager
     def leased(self, run_id: str) -> Iterator[None]:

@@ -428,6 +428,31 @@ class StoreContract:
         b.acquire_lease("r1")
         assert b.lease("r1").owner == b.owner  # type: ignore[union-attr]
 
+    def test_a_dead_holders_lease_row_is_released(self) -> None:
+        """A killed process leaves its lease row behind: it is released, and a
+        live holder's row stays."""
+        import subprocess
+        import sys
+
+        proc = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        a = self.open_store()
+        b = self.open_store()
+        c = self.open_store()
+        a.append("r1", [started()])
+        a.append("r2", [started()])
+        a.acquire_lease("r1")
+        self.set_lease_pid(a, "r1", int(proc.stdout))
+        b.acquire_lease("r2")
+        assert c.release_stale_leases() == ["r1"]
+        assert c.lease("r1") is None
+        assert c.lease("r2").owner == b.owner  # type: ignore[union-attr]
+        assert c.release_stale_leases() == []
+
     def test_a_pid_now_used_by_another_process_does_not_hold_a_lease(self) -> None:
         """The holder is its pid *and* its start time: a live process that got the
         pid later (here: one started after the holder) does not keep the run."""
