@@ -134,8 +134,10 @@ def test_a_worker_killed_on_another_host_is_taken_over_in_seconds(
         )
         assert all(n == 1 for n in recorded.values()), recorded
         assert set(marks[job].values()) <= {1, 2}
-        assert sum(v - 1 for v in marks[job].values()) + sum(
-            calls[f"{job} step {s}"] - 1 for s in ("one", "two")
-        ) <= 1, (marks[job], calls)
+        assert (
+            sum(v - 1 for v in marks[job].values())
+            + sum(calls[f"{job} step {s}"] - 1 for s in ("one", "two"))
+            <= 1
+        ), (marks[job], calls)
     assert "took over run" in log
     store.close()
