@@ -35,6 +35,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import socket
 import threading
 import uuid
@@ -51,6 +52,7 @@ from graphrun.eventstore.errors import (
     CorruptStoreError,
     LeaseHeldError,
     StoreError,
+    StoreUnreachableError,
     UnknownRunError,
 )
 from graphrun.eventstore.events import Event, HumanInputReceived, RunStarted
@@ -185,18 +187,24 @@ _RENEW = "UPDATE leases SET expires_at = %s WHERE run_id = %s AND owner = %s"
 
 
 @functools.lru_cache(maxsize=128)
-def _step_statement(rows: int, fenced: bool = False) -> str:
+def _step_statement(rows: int, fenced: bool = False, headed: bool = False) -> str:
     """One statement inserting ``rows`` events and upserting the run's row: the
     row is written only if every event was (a taken seq fails it all). ``fenced``:
     nothing is written unless this store still holds the run's lease (two more
-    parameters, the run id and the owner, follow the events')."""
+    parameters, the run id and the owner, follow the events'). ``headed``: nothing
+    is written unless the run's log still ends where the writer thinks (two more
+    parameters, the run id and the hash of its last event): a database that lost
+    commits the writer saw (a crash under ``synchronous_commit = off``) must not
+    get events after a gap."""
     values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * rows)
     insert = _INSERT_EVENT.partition(" VALUES ")[0]
+    checks = []
     if fenced:
-        rows_sql = (
-            f"SELECT * FROM (VALUES {values}) AS v WHERE EXISTS "
-            "(SELECT 1 FROM leases WHERE run_id = %s AND owner = %s)"
-        )
+        checks.append("EXISTS (SELECT 1 FROM leases WHERE run_id = %s AND owner = %s)")
+    if headed:
+        checks.append("EXISTS (SELECT 1 FROM runs WHERE run_id = %s AND last_hash = %s)")
+    if checks:
+        rows_sql = f"SELECT * FROM (VALUES {values}) AS v WHERE " + " AND ".join(checks)
     else:
         rows_sql = f"VALUES {values}"
     return f"WITH added AS ({insert} {rows_sql} RETURNING 1) " + _UPSERT_RUN.replace(
@@ -248,6 +256,10 @@ class _PoolLog(logging.Handler):
         _log.debug("psycopg_pool: %s", message)
         if record.levelno >= logging.WARNING:
             line = message.strip().splitlines()[0] if message.strip() else record.levelname
+            if line.startswith("discarding closed connection"):
+                line = "the connection to the server was lost"
+            else:
+                line = re.sub(r"^error connecting in '[^']*': ", "", line)
             for listener in list(self.listeners):
                 listener(line)
 
@@ -318,6 +330,7 @@ class PostgresStore:
             raise StoreError(f"unknown durability {durability!r} (use 'normal' or 'full')")
         psycopg, psycopg_pool = _modules()
         self._psycopg = psycopg
+        self._pool_timeout = psycopg_pool.PoolTimeout
         self.url = url
         self.path = masked(url)
         self.clock = clock or Clock()
@@ -418,14 +431,25 @@ class PostgresStore:
 
     @contextmanager
     def _conn(self) -> Iterator[Any]:
-        """A pooled connection; database errors become :class:`StoreError`."""
+        """A pooled connection; database errors become :class:`StoreError`, and
+        :class:`StoreUnreachableError` when the server could not be reached or the
+        connection broke (then what this store remembers of runs' heads is
+        forgotten: the server may have lost its last commits)."""
         psycopg = self._psycopg
+        broken = False
         try:
             with self.pool.connection() as conn:
-                yield conn
+                try:
+                    yield conn
+                finally:
+                    broken = bool(conn.broken)
         except psycopg.errors.UniqueViolation:
             raise
         except psycopg.Error as exc:
+            if broken or isinstance(exc, self._pool_timeout):
+                with self._lock:
+                    self._rows.clear()
+                raise StoreUnreachableError(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
             raise StoreError(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
 
     @staticmethod
@@ -473,7 +497,10 @@ class PostgresStore:
                     conn.close()
             self._lock_conn = None
             self._locked.clear()
-            raise StoreError(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
+            error = (
+                StoreUnreachableError if isinstance(exc, psycopg.OperationalError) else StoreError
+            )
+            raise error(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
 
     def _try_lock(self, run_id: str) -> bool:
         with self._lock_guard:
@@ -522,7 +549,7 @@ class PostgresStore:
         with self._conn() as conn:
             row = self._row(conn, run_id)
             seq = row.last_seq if row else 0
-            prev = row.last_hash if row else codec.GENESIS
+            prev = head = row.last_hash if row else codec.GENESIS
             now = self.clock.now()
             stamped: list[Event] = []
             params: list[tuple[Any, ...]] = []
@@ -531,10 +558,14 @@ class PostgresStore:
                 seq += 1
                 if event.seq != seq or event.run_id != run_id or not event.ts:
                     if event.run_id == run_id and event.seq and event.seq != seq:
+                        with self._lock:
+                            self._rows.pop(run_id, None)
                         raise ConcurrentAppendError(
                             f"run {run_id} is at seq {seq - 1} here, not {event.seq - 1} "
                             "as its writer thought",
-                            hint="only one process may extend a run at a time",
+                            hint="only one process may extend a run at a time; after a "
+                            "database crash, commits not yet flushed may be gone: the next "
+                            "drive reads the log again",
                         )
                     event = replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
                 body = codec.encode(event)
@@ -574,12 +605,22 @@ class PostgresStore:
                     args = [value for p in params for value in p]
                     if fenced:
                         args += (run_id, self.owner)
+                    if head != codec.GENESIS:
+                        args += (run_id, head)
                     cur = conn.execute(
-                        _step_statement(len(params), fenced),
+                        _step_statement(len(params), fenced, head != codec.GENESIS),
                         [*args, *msgspec.structs.astuple(row)],
                     )
-                    if fenced and cur.rowcount == 0:
-                        raise self._lost(run_id)
+                    if cur.rowcount == 0:
+                        if (
+                            fenced
+                            and not conn.execute(
+                                "SELECT 1 FROM leases WHERE run_id = %s AND owner = %s",
+                                (run_id, self.owner),
+                            ).fetchone()
+                        ):
+                            raise self._lost(run_id)
+                        raise self._moved(conn, run_id, params[0][1] - 1)
                 else:
                     with conn.transaction(), conn.cursor() as cur:
                         if durable and self.durability != "full":
@@ -592,6 +633,14 @@ class PostgresStore:
                             ).fetchone()
                         ):
                             raise self._lost(run_id)
+                        if (
+                            head != codec.GENESIS
+                            and not cur.execute(
+                                "SELECT 1 FROM runs WHERE run_id = %s AND last_hash = %s",
+                                (run_id, head),
+                            ).fetchone()
+                        ):
+                            raise self._moved(conn, run_id, params[0][1] - 1)
                         self._append_in(cur, run_id, row, params, now, renew, queue, answered)
             except self._psycopg.errors.UniqueViolation:
                 with self._lock:
@@ -607,6 +656,19 @@ class PostgresStore:
             if renew:
                 self._renew_at[run_id] = now + LEASE_SECONDS / 3
         return stamped
+
+    def _moved(self, conn: Any, run_id: str, seq: int) -> ConcurrentAppendError:
+        """The run's log does not end where this writer thought (at ``seq``)."""
+        with self._lock:
+            self._rows.pop(run_id, None)
+        found = conn.execute("SELECT last_seq FROM runs WHERE run_id = %s", (run_id,)).fetchone()
+        return ConcurrentAppendError(
+            f"run {run_id} was extended by another writer (it ends at seq "
+            f"{found[0] if found else 0} in the database, not at seq {seq} as this writer "
+            "thought); nothing was appended",
+            hint="only one process may extend a run at a time; after a database crash, "
+            "commits not yet flushed may be gone: the next drive reads the log again",
+        )
 
     def _lost(self, run_id: str) -> LeaseHeldError:
         """A worker's run whose lease another worker took (this one stalled past it)."""

@@ -39,7 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphrun.eventstore.errors import GraphrunError, LeaseHeldError, StoreError
+from graphrun.eventstore.errors import (
+    GraphrunError,
+    LeaseHeldError,
+    StoreError,
+    StoreUnreachableError,
+)
 from graphrun.eventstore.fold import fold
 
 log = logging.getLogger("graphrun.worker")
@@ -320,6 +325,8 @@ class Worker:
             self.failure = None
             self.outage.up()
             backoff = 0.0
+            if self._unreturned:
+                self._hand_back()
             if claim is None:
                 if self.once and idle:
                     return
@@ -351,13 +358,11 @@ class Worker:
             with contextlib.suppress(GraphrunError):
                 self.store.finish_claim(run_id, "queued")
             return
-        except StoreError as exc:
-            if not self._reachable(exc):
-                # The database went away mid-drive: the run is handed back when it
-                # returns (its log says where it stopped); the outage was said.
-                self._finish(run_id, "queued")
-                return
-            self._broken(claim, f"{type(exc).__name__}: {exc}")
+        except StoreUnreachableError as exc:
+            # The database went away mid-drive: the run is handed back (now, or
+            # when the database returns); its log says where it stopped.
+            self.outage.down(str(exc))
+            self._finish(run_id, "queued")
             return
         except GraphrunError as exc:
             self._broken(claim, f"{type(exc).__name__}: {exc}")
@@ -386,21 +391,12 @@ class Worker:
         renews its lease) and hand it back once the database returns."""
         try:
             self.store.finish_claim(run_id, state)
-        except GraphrunError as exc:
-            if self._reachable(exc):
-                self.say(f"▸ run {run_id}: could not hand back ({exc}); its lease will expire")
-                return
+        except StoreUnreachableError as exc:
+            self.outage.down(str(exc))
             with self._lock:
                 self._unreturned[run_id] = state
-
-    def _reachable(self, exc: BaseException) -> bool:
-        """After ``exc``: whether the database answers (else the outage is said)."""
-        try:
-            self.store.queue_counts()
-        except GraphrunError:
-            self.outage.down(str(exc))
-            return False
-        return True
+        except GraphrunError as exc:
+            self.say(f"▸ run {run_id}: could not hand back ({exc}); its lease will expire")
 
     def _hand_back(self) -> None:
         """Hand back the runs the database refused while it was away."""

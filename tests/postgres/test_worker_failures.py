@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,25 @@ from tests.postgres.test_workers import (  # noqa: F401  (fixtures)
     worker,
     worker_logs,
 )
-from tests.support.pg import PgServer, pg_server, pg_url  # noqa: F401  (fixtures)
+from tests.support.pg import PgServer, start_server
 
 pytest.importorskip("psycopg")
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[PgServer]:
+    """A server of this module's own: its tests stop and start it."""
+    server = start_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(own_server: PgServer) -> str:
+    return own_server.new_schema()
+
 
 PEER_HOST = "peer-host"
 
@@ -140,4 +157,63 @@ def test_a_worker_killed_on_another_host_is_taken_over_in_seconds(
             <= 1
         ), (marks[job], calls)
     assert "took over run" in log
+    store.close()
+
+
+@pytest.mark.timeout(300)
+def test_workers_through_a_database_restart(
+    setup: dict[str, Any],  # noqa: F811
+    fake_llm: Any,
+    own_server: PgServer,
+) -> None:
+    """The database stops (immediate) under two busy workers and comes back: each
+    worker says once that it is away and once that it is back (no raw pool log
+    lines), hands back the runs it could not hand back meanwhile as soon as it
+    can (not after their 30 s leases), and every run completes exactly once."""
+    ctx = setup
+    fake_llm.default = slow_echo(0.8)
+    ids = submit_many(ctx, ctx["steps"], [f"out-{i}" for i in range(6)])
+    workers = [worker(ctx, "--concurrency", "2", "--lease", "30") for _ in range(2)]
+    store = store_of(ctx)
+    wait_for(lambda: len(markers(ctx)) >= 2, 60, "runs under way")
+    store.close()
+    own_server.halt()
+    time.sleep(6)
+    own_server.start()
+    back = time.monotonic()
+    store = store_of(ctx)
+    wait_for(lambda: store.queue_counts().get("done", 0) == 6, 120, "every run")
+    drained = time.monotonic() - back
+    for proc in workers:
+        proc.send_signal(signal.SIGTERM)
+    assert [p.wait(60) for p in workers] == [0, 0], worker_logs(ctx)
+    logs = [p.read_text() for p in sorted(ctx["tmp"].glob("worker-*.log"))]
+    everything = "\n".join(logs)
+    # Not held up by leases: a run that could not be handed back is as soon as
+    # the database answers again (30 s leases would hold the queue for 30 s).
+    assert drained < 25, f"the queue drained {drained:.1f}s after the restart\n{everything}"
+    for log in logs:
+        assert log.count("database unreachable") <= 1, log
+        assert log.count("database is back") == log.count("database unreachable"), log
+        assert "lease lost" not in log, log
+        for line in log.splitlines():
+            # Every line is the worker's own (▸ …): no raw log line of the pool,
+            # no traceback.
+            assert line.startswith("▸ "), line
+    assert "database unreachable" in everything and "database is back" in everything
+    calls = Counter(r.body["messages"][-1]["content"] for r in fake_llm.requests)
+    for job, run_id in ids.items():
+        events = store.read(run_id)
+        assert store.verify(run_id) is None
+        assert [type(e).__name__ for e in events].count("RunCompleted") == 1
+        assert events[-1].output == f"{job}: ok(one) / ok(two)"  # type: ignore[attr-defined]
+        recorded = Counter(
+            e.node_id  # type: ignore[attr-defined]
+            for e in events
+            if type(e).__name__ in ("ScriptFinished", "LlmResult")
+        )
+        assert all(n == 1 for n in recorded.values()), recorded
+        assert all(calls[f"{job} step {s}"] <= 2 for s in ("one", "two"))
+        queued = store.queued(run_id)
+        assert queued is not None and queued["state"] == "done"
     store.close()
