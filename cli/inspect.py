@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 import click
 
 from graphrun.cli.options import db_option, json_option, open_store, resolve_run
+from graphrun.eventstore.errors import GraphrunError
 
 
 @click.command("runs")
@@ -40,6 +42,11 @@ def runs_cmd(
         click.echo("no runs yet", err=True)
         return
     store = open_store(db)
+    # A killed process leaves its lease row behind: release those of processes
+    # that are gone for sure, so no run shows as held by one (a read-only file
+    # keeps them; `runs` still says "interrupted").
+    with contextlib.suppress(GraphrunError):
+        store.release_stale_leases()
     if status == "interrupted":
         # Stopped by Ctrl-C/SIGTERM (RunInterrupted recorded), or killed outright:
         # "running" in the log, with no process driving it.

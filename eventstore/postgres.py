@@ -670,6 +670,11 @@ class PostgresStore:
             "commits not yet flushed may be gone: the next drive reads the log again",
         )
 
+    def _sync_commit(self, conn: Any) -> None:
+        """This transaction's commit waits for the flush (as ``durability="full"``)."""
+        if self.durability != "full":
+            conn.execute("SET LOCAL synchronous_commit = on")
+
     def _lost(self, run_id: str) -> LeaseHeldError:
         """A worker's run whose lease another worker took (this one stalled past it)."""
         with self._lock:
@@ -1057,6 +1062,9 @@ class PostgresStore:
         with self._lock:
             held = sorted(self._held | self._locked)
         with self._conn() as conn, conn.transaction():
+            # A claim is flushed before it is used: a database crash must not forget
+            # a claim its worker drives (one per run: the cost is small).
+            self._sync_commit(conn)
             # Workers on this host whose process is gone: their runs are free now,
             # whatever their leases say.
             here = conn.execute(
@@ -1160,6 +1168,7 @@ class PostgresStore:
             raise ValueError(f"unknown queue state {state!r}")
         now = self.clock.now()
         with self._conn() as conn, conn.transaction():
+            self._sync_commit(conn)
             # An answer that came while this worker held the run queues it again.
             conn.execute(
                 "UPDATE run_queue SET state = CASE WHEN %s = 'waiting' AND answered "
