@@ -18,15 +18,33 @@ from graphrun.eventstore.errors import GraphrunError
     type=click.Choice(["running", "interrupted", "waiting", "completed", "failed", "cancelled"]),
     help="Only runs with this status (interrupted: running, but no process drives it).",
 )
-@click.option("--limit", default=50, show_default=True, help="At most this many runs.")
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="At most this many runs (one page).",
+)
+@click.option(
+    "--offset",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Skip this many of the newest runs (the next page: --offset 50).",
+)
 @click.option("--usage", "with_usage", is_flag=True, help="Add token and cost columns.")
 @json_option
 @db_option
 def runs_cmd(
-    status: str | None, limit: int, with_usage: bool, as_json: bool, db: str | None
+    status: str | None,
+    limit: int,
+    offset: int,
+    with_usage: bool,
+    as_json: bool,
+    db: str | None,
 ) -> None:
-    """List runs, newest first (child runs indented under their parent; a fork by
-    when it was made).
+    """List runs, newest first, one page at a time (child runs indented under their
+    parent; a fork by when it was made).
 
     A waiting run shows the node it waits at and for whom: the node's
     approvers, else anyone (WAITS FOR). With --usage: each run's LLM tokens and
@@ -52,13 +70,14 @@ def runs_cmd(
         # "running" in the log, with no process driving it.
         crashed = [
             r
-            for r in store.runs(status="running", limit=limit)
+            for r in store.runs(status="running", limit=offset + limit)
             if display_status(store, r) == "interrupted"
         ]
-        stopped = store.runs(status="interrupted", limit=limit)
-        rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)[:limit]
+        stopped = store.runs(status="interrupted", limit=offset + limit)
+        rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)
+        rows = rows[offset : offset + limit]
     else:
-        rows = store.runs(status=status, limit=limit)
+        rows = store.runs(status=status, limit=limit, offset=offset)
     # A fork copies its source's events, times included: list it by when it was made.
     made = {row.run_id: _made_at(store, row) for row in rows}
     rows.sort(key=lambda r: made[r.run_id], reverse=True)
@@ -109,6 +128,8 @@ def runs_cmd(
     if with_usage:
         headers += ["TOKENS", "COST", "TREE TOKENS"]
     click.echo(table(out, headers))
+    if len(rows) == limit:
+        click.echo(f"(older runs: --offset {offset + limit})", err=True)
 
 
 def _made_at(store: Any, row: Any) -> float:

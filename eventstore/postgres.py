@@ -827,9 +827,16 @@ class PostgresStore:
         return row
 
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
     ) -> list[RunRow]:
-        sql, args = runs_query(_SELECT_RUN, "%s", status=status, parent=parent, limit=limit)
+        sql, args = runs_query(
+            _SELECT_RUN, "%s", status=status, parent=parent, limit=limit, offset=offset
+        )
         with self._conn() as conn:
             return [RunRow(*r) for r in conn.execute(sql, args).fetchall()]
 

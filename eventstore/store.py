@@ -176,7 +176,12 @@ class Store(Protocol):
     def run(self, run_id: str) -> RunRow: ...
 
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
     ) -> list[RunRow]: ...
 
     def resolve_run_id(self, prefix: str) -> str: ...
@@ -653,9 +658,22 @@ class SqliteStore:
 
     @_guarded("reading the runs")
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
     ) -> list[RunRow]:
-        sql, args = runs_query(_SELECT_RUN, "?", status=status, parent=parent, limit=limit)
+        sql, args = runs_query(
+            _SELECT_RUN,
+            "?",
+            status=status,
+            parent=parent,
+            limit=limit,
+            offset=offset,
+            heads="run_heads",
+        )
         with self._lock:
             return [self._to_row(r) for r in self.conn.execute(sql, args).fetchall()]
 

@@ -183,6 +183,22 @@ class StoreContract:
         assert [r.run_id for r in store.runs(limit=1)] == ["x"]
         assert store.run("c").error == "boom"
 
+    def test_runs_are_listed_a_page_at_a_time(self) -> None:
+        clock = FakeClock(100.0)
+        store = self.open_store(clock)
+        for i in range(7):
+            clock.t = 100.0 + i // 2  # runs started at the same time: by id, newest first
+            store.append(f"r{i}", [started()])
+            if i % 3 == 0:
+                store.append(f"r{i}", [RunCompleted(node_id="e", output="")])
+        newest = ["r6", "r5", "r4", "r3", "r2", "r1", "r0"]
+        assert [r.run_id for r in store.runs()] == newest
+        pages = [[r.run_id for r in store.runs(limit=3, offset=o)] for o in (0, 3, 6, 9)]
+        assert pages == [newest[:3], newest[3:6], newest[6:], []]
+        done = [r.run_id for r in store.runs(status="completed", limit=2, offset=1)]
+        assert done == ["r3", "r0"]
+        assert [r.run_id for r in store.runs(status="running", offset=3)] == ["r1"]
+
     def test_rebuild_runs_gives_the_same_rows(self) -> None:
         clock = FakeClock(100.0)
         store = self.open_store(clock)
