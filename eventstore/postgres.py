@@ -475,32 +475,45 @@ class PostgresStore:
     def _locking(self, sql: str, run_id: str) -> bool:
         """``sql`` (one of the advisory lock functions) on the lock connection, under
         the guard. The connection is opened when missing; when it breaks, every lock
-        it held is gone with it (the heartbeat takes them again, see heartbeat())."""
+        it held is gone with it (the heartbeat takes them again, see heartbeat()),
+        and ``sql`` is tried once more on a new one."""
         psycopg = self._psycopg
-        conn = self._lock_conn
-        try:
-            if conn is None or conn.closed:
+        for attempt in (1, 2):
+            conn = self._lock_conn
+            fresh = conn is None or conn.closed
+            try:
+                if fresh:
+                    self._locked.clear()
+                    conn = self._lock_conn = psycopg.connect(
+                        self.url, autocommit=True, connect_timeout=10
+                    )
+                    for setting in (
+                        # Over TCP: a worker whose host vanishes is noticed in
+                        # seconds, not after two hours of keepalive silence.
+                        "tcp_keepalives_idle = 5",
+                        "tcp_keepalives_interval = 2",
+                        "tcp_keepalives_count = 3",
+                        # This connection idles between heartbeats: never cut for it.
+                        "idle_session_timeout = 0",
+                    ):
+                        with contextlib.suppress(psycopg.Error):
+                            conn.execute(f"SET {setting}")
+                return bool(conn.execute(sql, (self._lock_key(run_id),)).fetchone()[0])
+            except psycopg.Error as exc:
+                if conn is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.close()
+                self._lock_conn = None
                 self._locked.clear()
-                conn = self._lock_conn = psycopg.connect(
-                    self.url, autocommit=True, connect_timeout=10
+                if not fresh and attempt == 1 and isinstance(exc, psycopg.OperationalError):
+                    continue  # a connection that broke since its last use: a new one
+                error = (
+                    StoreUnreachableError
+                    if isinstance(exc, psycopg.OperationalError)
+                    else StoreError
                 )
-                with contextlib.suppress(psycopg.Error):
-                    # Over TCP: a worker whose host vanishes is noticed in seconds,
-                    # not after the kernel's two hours of keepalive silence.
-                    conn.execute("SET tcp_keepalives_idle = 5")
-                    conn.execute("SET tcp_keepalives_interval = 2")
-                    conn.execute("SET tcp_keepalives_count = 3")
-            return bool(conn.execute(sql, (self._lock_key(run_id),)).fetchone()[0])
-        except psycopg.Error as exc:
-            if conn is not None:
-                with contextlib.suppress(psycopg.Error):
-                    conn.close()
-            self._lock_conn = None
-            self._locked.clear()
-            error = (
-                StoreUnreachableError if isinstance(exc, psycopg.OperationalError) else StoreError
-            )
-            raise error(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
+                raise error(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
+        raise AssertionError("unreachable")
 
     def _try_lock(self, run_id: str) -> bool:
         with self._lock_guard:
