@@ -81,7 +81,7 @@ def runs_cmd(
     # A fork copies its source's events, times included: list it by when it was made.
     made = {row.run_id: _made_at(store, row) for row in rows}
     rows.sort(key=lambda r: made[r.run_id], reverse=True)
-    waits = {row.run_id: _waiting_request(store, row.run_id) for row in rows if row.waiting_node}
+    waits = {row.run_id: _waiting_request(store, row) for row in rows if row.waiting_node}
     prices = None
     if with_usage or as_json:
         from graphrun.runtime.graph.config import config_dir
@@ -151,11 +151,19 @@ def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
     return (own.total_tokens, cost if own.calls else "", tree.total_tokens)
 
 
-def _waiting_request(store: Any, run_id: str) -> Any:
-    """The ``HumanInputRequested`` a run waits at, or None."""
+def _waiting_request(store: Any, row: Any) -> Any:
+    """The ``HumanInputRequested`` a run waits at, or None. A waiting run's request
+    is its last one (an answer, or a node entered after it, ends the wait): it is
+    read from the log's tail, not by folding a long log whole."""
+    from graphrun.eventstore.events import HumanInputRequested
     from graphrun.eventstore.fold import fold
 
-    return fold(store.read(run_id)).waiting
+    if row.status == "waiting":
+        tail = store.read(row.run_id, after=max(0, row.last_seq - 32))
+        asked = [e for e in tail if isinstance(e, HumanInputRequested)]
+        if asked:
+            return asked[-1]
+    return fold(store.read(row.run_id)).waiting
 
 
 @click.command("show")
