@@ -289,6 +289,10 @@ class Worker:
         self._done.set()
         beat.join(5)
         self._hand_back()  # what the database refused while it was away
+        for run_id in sorted(self._unreturned):
+            self.say(
+                f"▸ run {run_id}: could not hand back (database unreachable); its lease will expire"
+            )
         if self.failure is not None and self.once:
             # --once that could not look at the queue did not do its job.
             raise StoreError(f"the worker could not claim runs: {self.failure}")
@@ -313,7 +317,10 @@ class Worker:
                     self.failure = exc
                     self.stop(f"cannot claim: {exc}")
                     return
-                self.outage.down(str(exc))
+                if isinstance(exc, StoreUnreachableError):
+                    self.outage.down(str(exc))
+                elif str(exc) != str(self.failure):
+                    self.say(f"▸ cannot claim: {exc}; trying again")
                 self.failure = exc
                 backoff = min(5.0, max(1.0, backoff * 2))
                 self._stopping.wait(backoff)
@@ -425,8 +432,11 @@ class Worker:
                 holding = bool(self._in_flight or self._unreturned)
             try:
                 lost = self.store.heartbeat(seconds=self.lease_seconds)
-            except GraphrunError as exc:
+            except StoreUnreachableError as exc:
                 self.outage.down(str(exc))
+                continue
+            except GraphrunError as exc:
+                self.say(f"▸ heartbeat failed: {exc}")
                 continue
             if holding:  # the beat reached the database (with nothing held, it does not)
                 self.outage.up()
