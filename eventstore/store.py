@@ -189,6 +189,7 @@ class Store(Protocol):
         status: str | None = None,
         parent: str | None = None,
         limit: int = 1000,
+        offset: int = 0,
         damaged: list[CorruptStoreError] | None = None,
     ) -> list[RunRow]: ...
 
@@ -207,6 +208,8 @@ class Store(Protocol):
     def lease(self, run_id: str) -> Lease | None: ...
 
     def is_live(self, run_id: str) -> bool: ...
+
+    def release_stale_leases(self) -> list[str]: ...
 
     def leased(self, run_id: str) -> AbstractContextManager[None]: ...
 
@@ -245,6 +248,15 @@ def _one_line(exc: BaseException) -> str:
 def _bad_run_no(run_id: bytes, path: Path) -> CorruptStoreError:
     text = run_id.decode("utf-8", "backslashreplace")
     return damaged_run(text, 0, f"its runs row's run_no in {path} is not a number")
+
+
+_LEASE_KINDS: tuple[type | tuple[type, ...], ...] = (str, str, int, str, (int, float), (int, float))
+
+
+def _lease_shaped(row: Sequence[Any]) -> bool:
+    """Whether a ``leases`` row (run_id, owner, pid, host, expires_at, started) has
+    the types graphrun writes (a damaged or edited file may hold others)."""
+    return all(isinstance(v, k) for v, k in zip(row, _LEASE_KINDS, strict=True))
 
 
 def _unreadable_lease(run_id: str) -> Lease:
@@ -773,12 +785,21 @@ class SqliteStore:
         status: str | None = None,
         parent: str | None = None,
         limit: int = 1000,
+        offset: int = 0,
         damaged: list[CorruptStoreError] | None = None,
     ) -> list[RunRow]:
-        """The runs, newest first. A run whose row holds bytes that are not text is
-        left out, and its error added to ``damaged`` (raised when ``damaged`` is
-        ``None``): one damaged run never hides the others."""
-        sql, args = runs_query(_SELECT_RUN, "?", status=status, parent=parent, limit=limit)
+        """The runs, newest first (one page). A run whose row holds bytes that are
+        not text is left out, and its error added to ``damaged`` (raised when
+        ``damaged`` is ``None``): one damaged run never hides the others."""
+        sql, args = runs_query(
+            _SELECT_RUN,
+            "?",
+            status=status,
+            parent=parent,
+            limit=limit,
+            offset=offset,
+            heads="run_heads",
+        )
         with self._lock:
             try:
                 return [self._to_row(r) for r in self.conn.execute(sql, args).fetchall()]
@@ -794,6 +815,8 @@ class SqliteStore:
                 status=status,
                 parent=parent,
                 limit=limit,
+                offset=offset,
+                heads="run_heads",
             )
             out: list[RunRow] = []
             for (raw,) in self.conn.execute(
@@ -959,15 +982,7 @@ class SqliteStore:
             return _unreadable_lease(run_id)
         if found is None:
             return None
-        kinds: tuple[type | tuple[type, ...], ...] = (
-            str,
-            str,
-            int,
-            str,
-            (int, float),
-            (int, float),
-        )
-        if not all(isinstance(v, k) for v, k in zip(found, kinds, strict=True)):
+        if not _lease_shaped(found):
             return _unreadable_lease(run_id)
         return Lease(*found)
 
@@ -982,6 +997,39 @@ class SqliteStore:
         if lease is None or lease.expires_at < self.clock.now():
             return False
         return holder_alive(lease)
+
+    @_guarded("releasing the leases of dead processes")
+    def release_stale_leases(self) -> list[str]:
+        """Delete the lease rows whose holder is gone for sure (a process of this
+        host that died: a ``kill -9`` leaves its row behind); returns their runs.
+        A lease of another host's process stays until it expires (that process
+        cannot be seen from here)."""
+        with self._lock:
+            try:
+                rows = self.conn.execute(
+                    "SELECT run_id, owner, pid, host, expires_at, started FROM leases "
+                    "WHERE owner <> ?",
+                    (self.owner,),
+                ).fetchall()
+            except sqlite3.OperationalError as exc:
+                if not _undecodable(exc):
+                    raise
+                return []  # a damaged row: each lease is read on its own (`_lease`)
+            stale = [Lease(*r) for r in rows if _lease_shaped(r)]
+            stale = [lease for lease in stale if not holder_alive(lease)]
+            if stale:
+                self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for lease in stale:
+                        self.conn.execute(
+                            "DELETE FROM leases WHERE run_id = ? AND owner = ?",
+                            (lease.run_id, lease.owner),
+                        )
+                    self.conn.execute("COMMIT")
+                except BaseException:
+                    self.rollback()
+                    raise
+        return sorted(lease.run_id for lease in stale)
 
     @contextmanager
     def leased(self, run_id: str) -> Iterator[None]:
