@@ -6,8 +6,10 @@ after it, silently. A run's log then simply ends earlier (or the run is gone), a
 its hash chain still verifies. To notice, the store keeps a small record outside
 the database: each time a run ends or waits, one line ``RUN_ID SEQ HASH`` is
 appended to ``<database>-reported-heads`` and fsynced. A run whose log is behind
-its reported head (a shorter log, another event at that seq, or no run at all) lost
+its reported head (a log that ends before that seq, or no run at all) lost
 committed events, and ``runs``, ``show``, ``resume`` and ``audit --verify`` say so.
+(The hash is kept for a person comparing; a log rewritten in place is the hash
+chain's, signed heads' and anchors' business, not this record's.)
 
 The record is independent of signed heads (which make a head unforgeable): it
 only answers "did the database go backwards?". It is rewritten (compacted, one
