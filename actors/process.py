@@ -324,7 +324,6 @@ class _Lifeline:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pipe: Any = None
-        self._proc: subprocess.Popen[bytes] | None = None
         self._owner = 0  # the pid that started it (a forked copy starts its own)
         self.pid: int | None = None
 
@@ -333,20 +332,29 @@ class _Lifeline:
         with self._lock:
             if self._pipe is not None and self._owner == os.getpid():
                 return self
+            argv = [sys.executable, "-I", "-S", _LIFELINE_FILE, f"{OWNER_ENV}={owner_mark()}"]
+            read_end, write_end = os.pipe()  # both close on exec: only the dup2 survives
             try:
-                proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", _LIFELINE_FILE, f"{OWNER_ENV}={owner_mark()}"],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                    env={},
+                # Spawned, not a Popen: it is never waited for (it outlives this
+                # process by design, and init reaps it).
+                pid = os.posix_spawn(
+                    sys.executable,
+                    argv,
+                    {},
+                    file_actions=[
+                        (os.POSIX_SPAWN_DUP2, read_end, 0),
+                        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                        (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                    ],
+                    setsid=True,
                 )
-            except OSError:
+            except (OSError, AttributeError, NotImplementedError):
+                os.close(write_end)
                 return None  # the group kills at exit still apply
-            # Kept, never waited for: it outlives this process by design (init reaps it).
-            self._proc = proc
-            self._pipe, self._owner, self.pid = proc.stdin, os.getpid(), proc.pid
+            finally:
+                os.close(read_end)
+            self._pipe = os.fdopen(write_end, "wb", buffering=0)
+            self._owner, self.pid = os.getpid(), pid
             return self
 
     def _send(self, line: str) -> None:
@@ -355,7 +363,6 @@ class _Lifeline:
                 return
             try:
                 self._pipe.write(line.encode())
-                self._pipe.flush()
             except (OSError, ValueError):
                 self._pipe = None
 
