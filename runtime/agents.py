@@ -19,6 +19,7 @@ accepted and warned about once per process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import locale
 import os
@@ -33,6 +34,7 @@ from typing import Any
 import yaml
 
 from graphrun.eventstore.errors import GraphrunError
+from graphrun.runtime.builtins.settings import settings_from_config
 from graphrun.runtime.errors import GraphLoadError, GraphValidationError
 from graphrun.runtime.graph.loader import LoadedGraph, load_graph, load_text
 
@@ -52,9 +54,23 @@ KNOWN_FIELDS = {
     "version",
     "agent_session",
     "max_iterations",
+    # Loki's built-in functions (graphrun.runtime.builtins)
+    "can_spawn_agents",
+    "spawnable_agents",
+    "max_concurrent_agents",
+    "max_agent_depth",
+    "inject_spawn_instructions",
+    "inject_todo_instructions",
+    "skills_enabled",
+    "enabled_skills",
+    "auto_continue",
 }
 #: Loki fields graphrun reads but does not act on (warned about once when set).
-_UNSUPPORTED = {"agent_session": "graphrun runs have no chat sessions"}
+_UNSUPPORTED = {
+    "agent_session": "graphrun runs have no chat sessions",
+    "auto_continue": "graphrun offers the todo__* functions but does not prompt the agent "
+    "again while todos are open",
+}
 _warned: set[str] = set()
 
 DEFAULT_MAX_ITERATIONS = 50
@@ -344,6 +360,8 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
     # is still in the log. Any other {{...}} renders empty, as Loki renders it.
     instructions = _keep_variables(template, {**_declared_names(name, config), **context})
     tools = _tool_names(agent_dir, global_tools, mcp_servers, config_dir)
+    tools += _builtin_names(config, template)
+    instructions += settings_from_config(config).injected()
     graph: dict[str, Any] = {
         "name": name,
         "description": config.get("description") or f"LLM-loop agent {name}",
@@ -392,6 +410,22 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
         lines=_config_lines(loaded.lines, config_lines, config),
         seed_state=dict(context),
     )
+
+
+def _builtin_names(config: dict[str, Any], template: str) -> list[str]:
+    """Loki's built-in functions the agent is offered: by its settings (spawning, todos,
+    skills when it sets ``skills_enabled``/``enabled_skills``); the user functions, and
+    skills, when its instructions name them."""
+    settings = settings_from_config(config)
+    mentions = set(re.findall(r"\b(user|skill)__[a-z_]+\b", template))
+    wants_skills = (
+        config.get("skills_enabled") is True
+        or bool(config.get("enabled_skills"))
+        or "skill" in mentions
+    )
+    if not wants_skills:
+        settings = dataclasses.replace(settings, skills_enabled=False)
+    return settings.names(user="user" in mentions)
 
 
 def _declared_names(name: str, config: dict[str, Any]) -> dict[str, str]:

@@ -24,15 +24,19 @@ def deep(fn):  # type: ignore[no-untyped-def]
 def llm_tools_known(c: Check) -> list[Diagnostic]:
     """Each ``tools:`` entry must name a known tool or ``mcp:<server>``."""
     from graphrun.actors.tools.toolbox import validate_whitelist
+    from graphrun.runtime.builtins.toolbox import known
 
     out = []
     for nid, node in c.nodes():
         if not isinstance(node, LlmNode) or not node.tools:
             continue
+        own = [name for name in node.tools if not known(name)]  # Loki's built-ins are offered
+        if not own:
+            continue
         try:
             problems = validate_whitelist(
                 c.loaded.agent_dir,
-                node.tools,
+                own,
                 global_tools=c.graph.global_tools,
                 mcp_servers=c.graph.mcp_servers,
                 config_dir=c.config_dir,

@@ -151,6 +151,7 @@ class LlmActor:
         self.config_dir = options.config_dir
         self.agent_dir = ports.agent_dir
         self.variables = options.variables  # the run's, given to its tools
+        self.ports = ports
         self._toolboxes: dict[tuple[str, ...], Any] = {}
 
     def toolbox(self, whitelist: tuple[str, ...]) -> Any:
@@ -195,8 +196,19 @@ class LlmActor:
         # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
         # supervisor prefixes the node id, so they carry none of their own.
         from graphrun.actors.llm.call import perform_llm
+        from graphrun.runtime.builtins import BuiltinToolbox, is_builtin
 
-        return perform_llm(task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools))
+        builtins = [name for name in task.tools if is_builtin(name)]
+        if not builtins:
+            return perform_llm(
+                task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools)
+            )
+        own = self.toolbox(tuple(name for name in task.tools if not is_builtin(name)))
+        box = BuiltinToolbox(own, builtins, ports=self.ports, ctx=ctx, node_id=task.node_id)
+        try:
+            return perform_llm(task, ctx, client_factory=self.clients, toolbox=box)
+        finally:
+            box.close()
 
 
 def effect(ports: RunPorts) -> tuple[type, tuple[Any, ...]]:
