@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support.fake_llm import FakeLlm, RecordedRequest, Reply, text, tool_calls  # noqa: E402
 
+BUILTINS = ("user__", "todo__", "agent__", "skill__")
 PREFERRED = ("fs_write", "execute_command", "fs_ls", "fs_read", "fs_cat", "get_current_time")
 
 
@@ -185,6 +186,70 @@ def _ok(name: str, result: str) -> bool:
     return bool(result) and result != "DONE" and not result.startswith(f"tool '{name}'")
 
 
+def _called(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], Any]]:
+    """Every tool call of the conversation so far: (name, arguments, parsed result)."""
+    results = {m.get("tool_call_id"): m.get("content") for m in messages if m.get("role") == "tool"}
+    out = []
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            raw = results.get(call["id"])
+            try:
+                value = json.loads(raw) if isinstance(raw, str) else raw
+            except ValueError:
+                value = raw
+            try:
+                arguments = json.loads(call["function"].get("arguments") or "{}")
+            except ValueError:
+                arguments = {}
+            out.append((call["function"]["name"], arguments, value))
+    return out
+
+
+def _builtin_step(messages: list[dict[str, Any]], tools: dict[str, Any]) -> Reply | None:
+    """Loki's built-ins, as its prompts ask: list the skills and load the first one;
+    an orchestrator lists the agents it may spawn, spawns (code-reviewer: file-reviewer;
+    others: explore and coder, else the first listed), then collects each. None when
+    there is nothing (more) of that to do."""
+    called = _called(messages)
+    names = [name for name, _, _ in called]
+    if "skill__list" in tools and "skill__list" not in names:
+        return tool_calls(("skill__list", {}))
+    if "skill__load" in tools and "skill__load" not in names:
+        listed = next((v for n, _, v in called if n == "skill__list"), None)
+        skills = listed.get("skills") if isinstance(listed, dict) else None
+        if skills:
+            return tool_calls(("skill__load", {"name": skills[0]["name"]}))
+    if "agent__spawn" not in tools:
+        return None
+    if "agent__list_available" not in names:
+        return tool_calls(("agent__list_available", {}))
+    if "agent__spawn" not in names:
+        listed = next(v for n, _, v in called if n == "agent__list_available")
+        available = [a["name"] for a in (listed or {}).get("agents") or []]
+        system = str(messages[0].get("content") or "").lower() if messages else ""
+        wanted = ["file-reviewer"] if "code review" in system else ["explore", "coder"]
+        chosen = [a for a in wanted if a in available] or available[:1]
+        if not chosen:
+            return None
+        return tool_calls(
+            *[
+                (
+                    "agent__spawn",
+                    {"agent": a, "prompt": "Please do one small thing with your tools."},
+                )
+                for a in chosen
+            ]
+        )
+    spawned = [
+        v["id"] for n, _, v in called if n == "agent__spawn" and isinstance(v, dict) and "id" in v
+    ]
+    collected = {a.get("id") for n, a, _ in called if n == "agent__collect"}
+    pending = [i for i in spawned if i not in collected]
+    if pending:
+        return tool_calls(*[("agent__collect", {"id": i}) for i in pending])
+    return None
+
+
 def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> dict[str, Any]:
     calls: list[tuple[str, str]] = []  # (tool, result) of every tool the model called
     offered: list[bool] = []  # per LLM request: were tools offered?
@@ -193,21 +258,30 @@ def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> d
 
     def answer(request: RecordedRequest) -> Reply:
         messages = request.body.get("messages") or []
+        tools = {t["function"]["name"]: t["function"] for t in request.body.get("tools") or []}
         if messages and messages[-1].get("role") == "tool":
             asked = next(m for m in reversed(messages) if m.get("role") == "assistant")
             names = {c["id"]: c["function"]["name"] for c in asked.get("tool_calls") or []}
             for m in messages[messages.index(asked) + 1 :]:
                 calls.append((names.get(m.get("tool_call_id"), "?"), str(m.get("content"))))
+        builtin = _builtin_step(messages, tools)
+        if builtin is not None:
+            return builtin
+        own = [n for n, _, _ in _called(messages) if not n.startswith(BUILTINS)]
+        if messages and messages[-1].get("role") == "tool" and own:
             return text(_final(messages))
-        tools = {t["function"]["name"]: t["function"] for t in request.body.get("tools") or []}
         offered.append(bool(tools))
         if not tools:
             return text(_final(messages))
         name = next((n for n in PREFERRED if n in tools), None)
-        plain = [n for n in tools if not n.startswith(("mcp_", "user__", "todo__"))]
-        if name is None and not plain:  # only MCP servers: search one, as Loki's prompts do
+        plain = [n for n in tools if not n.startswith(("mcp_", *BUILTINS))]
+        if (
+            name is None and not plain and any(n.startswith("mcp_search_") for n in tools)
+        ):  # only MCP servers: search one, as Loki's prompts do
             name = next(n for n in tools if n.startswith("mcp_search_"))
             return tool_calls((name, {"query": "add two numbers"}))
+        if name is None and not plain:
+            return text(_final(messages))
         name = name or plain[0]
         return tool_calls((name, _arguments(tools[name], scratch)))
 

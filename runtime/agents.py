@@ -127,7 +127,8 @@ def resolve_agent_dir(
             raise GraphLoadError(f"agent '{name}' ({path}) has neither graph.yaml nor config.yaml")
     raise GraphLoadError(
         f"no agent '{name}' in {agents_dir}",
-        hint="set --agents-dir or GRAPHRUN_AGENTS_DIR",
+        hint="set --agents-dir or GRAPHRUN_AGENTS_DIR, or --loki-dir DIR for a Loki/Coyote "
+        "configuration directory",
     )
 
 
@@ -329,12 +330,18 @@ def _config_lines(
     return out
 
 
-def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph:
+def loop_agent_graph(
+    agent_dir: Path, *, config_dir: Path | None, recorded: Any = None
+) -> LoadedGraph:
     """The graph an LLM-loop agent (config.yaml) runs as.
 
     The instructions are rendered here (Loki's special variables and the agent's
     ``variables``), so the graph text that ``RunStarted`` records is exactly what
     the model was told. Diagnostics point at config.yaml.
+
+    ``recorded`` (a recording's graph, when one is replayed) stands in for what the
+    configuration directory would give when it is not here: the default model and
+    the global tools' names.
     """
     path = agent_dir / "config.yaml"
     config, config_lines = _read_config(path)
@@ -346,20 +353,34 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
         template = dynamic_instructions(agent_dir, config_dir=config_dir)
     else:
         template = str(config.get("instructions") or "")
-    context: dict[str, Any] = builtin_variables(
-        agent_dir,
-        global_tools,
-        config_dir,
-        mcp_servers,
-        with_tools="__tools__" in template,
-    )
+    offline = recorded is not None and (config_dir is None or not Path(config_dir).is_dir())
+    try:
+        context: dict[str, Any] = builtin_variables(
+            agent_dir,
+            global_tools,
+            config_dir,
+            mcp_servers,
+            with_tools="__tools__" in template,
+        )
+    except GraphrunError:
+        if not offline:
+            raise
+        # Replayed without the configuration: the tools' text is in the recorded state.
+        context = builtin_variables(agent_dir, global_tools, config_dir, with_tools=False)
+        context["__tools__"] = ""
     context.update(agent_variables(name, config))
     # The variables stay templates in the graph and their values go into the run's
     # initial state (recorded in RunStarted): the graph text is the same on every
     # load and machine, so recorded runs replay against it; what the model was told
     # is still in the log. Any other {{...}} renders empty, as Loki renders it.
     instructions = _keep_variables(template, {**_declared_names(name, config), **context})
-    tools = _tool_names(agent_dir, global_tools, mcp_servers, config_dir)
+    try:
+        tools = _tool_names(agent_dir, global_tools, mcp_servers, config_dir)
+    except GraphrunError:
+        node = recorded.nodes.get("agent") if recorded is not None else None
+        if not offline or node is None:
+            raise
+        tools = [name for name in node.tools if not _is_builtin(name)]
     tools += _builtin_names(config, template)
     instructions += settings_from_config(config).injected()
     graph: dict[str, Any] = {
@@ -388,7 +409,7 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
         if config.get(key) is not None:
             graph[key] = config[key]
     if "model" not in graph:
-        model = default_model(name, config_dir)
+        model = default_model(name, config_dir) or (recorded.model if recorded else None)
         if model:
             graph["model"] = model
     if config.get("conversation_starters"):
@@ -410,6 +431,12 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
         lines=_config_lines(loaded.lines, config_lines, config),
         seed_state=dict(context),
     )
+
+
+def _is_builtin(name: str) -> bool:
+    from graphrun.runtime.builtins.toolbox import is_builtin
+
+    return is_builtin(name)
 
 
 def _builtin_names(config: dict[str, Any], template: str) -> list[str]:
@@ -475,7 +502,9 @@ def default_model(agent: str, config_dir: Path | None) -> str | None:
         return None  # validation reports a broken config.yaml where a model is needed
 
 
-def _with_default_model(loaded: LoadedGraph, config_dir: Path | None) -> LoadedGraph:
+def _with_default_model(
+    loaded: LoadedGraph, config_dir: Path | None, fallback_model: str | None = None
+) -> LoadedGraph:
     """Loki's default-model chain for a graph agent: llm nodes without a model, in a
     graph without one, use :func:`default_model`. The model is written into the graph
     text (at its end, so no line moves), so the run records it and replays it."""
@@ -488,7 +517,7 @@ def _with_default_model(loaded: LoadedGraph, config_dir: Path | None) -> LoadedG
     if re.search(r"^model\s*:", loaded.source, re.MULTILINE):
         return loaded  # an explicit empty model: validation says so
     agent = loaded.agent_dir.name if loaded.path.name == "graph.yaml" else graph.name
-    model = default_model(agent, config_dir)
+    model = default_model(agent, config_dir) or fallback_model
     if not model:
         return loaded
     text = loaded.source
@@ -509,13 +538,19 @@ def _env_var(agent: str) -> str:
     return f"{env_name(agent)}_MODEL"
 
 
-def load_agent(target: Path, *, config_dir: Path | None) -> LoadedGraph:
-    """A graph agent's graph, or the graph an LLM-loop agent runs as."""
+def load_agent(target: Path, *, config_dir: Path | None, recorded: Any = None) -> LoadedGraph:
+    """A graph agent's graph, or the graph an LLM-loop agent runs as.
+
+    ``recorded`` is the graph a recording holds, when one is replayed: what the
+    configuration directory would give and it is not here for (Loki's default
+    model, global tools' names) is taken from it, so a missing configuration is
+    not a changed graph."""
     if target.is_dir() and (target / "config.yaml").exists():
         if (target / "graph.yaml").exists():
             raise GraphLoadError(
                 f"{target} has both graph.yaml and config.yaml",
                 hint="an agent is either a graph agent or an LLM-loop agent: remove one",
             )
-        return loop_agent_graph(target, config_dir=config_dir)
-    return _with_default_model(load_graph(target), config_dir)
+        return loop_agent_graph(target, config_dir=config_dir, recorded=recorded)
+    fallback = recorded.model if recorded is not None else None
+    return _with_default_model(load_graph(target), config_dir, fallback)
