@@ -227,7 +227,7 @@ def _builtin_step(messages: list[dict[str, Any]], tools: dict[str, Any]) -> Repl
         listed = next(v for n, _, v in called if n == "agent__list_available")
         available = [a["name"] for a in (listed or {}).get("agents") or []]
         system = str(messages[0].get("content") or "").lower() if messages else ""
-        wanted = ["file-reviewer"] if "code review" in system else ["explore", "coder"]
+        wanted = ["file-reviewer"] if "code review orchestrator" in system else ["explore", "coder"]
         chosen = [a for a in wanted if a in available] or available[:1]
         if not chosen:
             return None
@@ -306,6 +306,14 @@ def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> d
             cwd=scratch,
             stdin=subprocess.DEVNULL,
         )
+    delegated = []
+    for name, result in calls:
+        if name == "agent__collect":
+            try:
+                collected = json.loads(result)
+            except ValueError:
+                continue
+            delegated.append(f"{collected.get('agent')}:{collected.get('exit_status')}")
     ran = sorted({name for name, result in calls if _ok(name, result)})
     failed = sorted({name for name, result in calls if not _ok(name, result)} - set(ran))
     written = (scratch / "written.txt").is_file()
@@ -327,6 +335,7 @@ def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> d
         "tools_ran": ran,
         "tools_failed": failed,
         "effect": effect,
+        "delegated": sorted(delegated),
         "seen": seen.replace("\n", " "),
         "error": last if proc.returncode else "",
         "narration": proc.stderr,
@@ -397,6 +406,7 @@ def main() -> int:
                 f"{status} {row['agent']:<18} exit={row['exit']} ran={ran}{failed} "
                 f"effect={row['effect']}: {row['error'] or row['seen']}"
                 + (f" [{row['note']}]" if row.get("note") else "")
+                + (f" delegated={','.join(row['delegated'])}" if row["delegated"] else "")
             )
         good = sum(1 for r in rows if r["exit"] == 0 and r["effect"])
         print(f"{good}/{len(rows)} agents completed a turn with a tool that really ran")
