@@ -32,6 +32,7 @@ Exit 0 when every agent completed and a tool of it really ran.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -250,7 +251,20 @@ def _builtin_step(messages: list[dict[str, Any]], tools: dict[str, Any]) -> Repl
     return None
 
 
-def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> dict[str, Any]:
+def _export(graphrun: list[str], env: dict[str, str], scratch: Path, target: Path) -> None:
+    """Export the agent's run (the newest top-level one, with its child runs) to ``target``."""
+    listed = subprocess.run(
+        [*graphrun, "runs", "--json"], capture_output=True, text=True, env=env, cwd=scratch
+    )
+    rows = [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
+    top = next(r["run_id"] for r in rows if not r.get("parent_run_id"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([*graphrun, "export", top, "-o", str(target)], check=True, env=env, cwd=scratch)
+
+
+def run_agent(
+    graphrun: list[str], config: Path, agent: str, scratch: Path, record: Path | None = None
+) -> dict[str, Any]:
     calls: list[tuple[str, str]] = []  # (tool, result) of every tool the model called
     offered: list[bool] = []  # per LLM request: were tools offered?
     if agent in PROJECTS:
@@ -306,6 +320,8 @@ def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> d
             cwd=scratch,
             stdin=subprocess.DEVNULL,
         )
+    if record is not None and proc.returncode == 0:
+        _export(graphrun, env, scratch, record / f"{agent}.run.jsonl")
     delegated = []
     for name, result in calls:
         if name == "agent__collect":
@@ -356,11 +372,24 @@ def main() -> int:
         action="store_true",
         help="serve every mcp.json server with tests/support/mcp_server.py (no internet)",
     )
+    parser.add_argument(
+        "--record",
+        type=Path,
+        metavar="DIR",
+        help="keep the config and projects in DIR and export each run to "
+        "DIR/recordings/<agent>.run.jsonl (then: graphrun test DIR/recordings)",
+    )
     options = parser.parse_args()
     graphrun = [sys.executable, "-m", "graphrun.cli"]
     rows = []
     added: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="graphrun-loki-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if options.record is not None:
+            options.record.mkdir(parents=True, exist_ok=True)
+            tmp = str(options.record.resolve())
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="graphrun-loki-"))
+        record = Path(tmp) / "recordings" if options.record is not None else None
         config = Path(tmp) / "config"
         shutil.copytree(options.assets, config, symlinks=True)
         (config / "config.yaml").write_text(
@@ -388,7 +417,7 @@ def main() -> int:
         for agent in options.agent or agents:
             scratch = Path(tmp) / "work" / agent
             scratch.mkdir(parents=True)
-            row = run_agent(graphrun, config, agent, scratch)
+            row = run_agent(graphrun, config, agent, scratch, record)
             missing = sorted(set(_mcp_servers(config / "agents" / agent)) & set(added))
             row["note"] = f"not in mcp.json, stubbed: {', '.join(missing)}" if missing else ""
             rows.append(row)
