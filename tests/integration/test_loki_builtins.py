@@ -272,6 +272,20 @@ def test_todos_and_skills(graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path) -
     assert "Goal: ship" in shown.stdout
     assert "✓ 1. write" in shown.stdout and "○ 2. test" in shown.stdout
 
+    # The loaded skill is in the log: a changed skill document is a divergence.
+    recording = cfg.parent / "recordings" / "planner.run.jsonl"
+    exported = graphrun("export", _root(graphrun), "-o", str(recording))
+    assert exported.code == 0, exported.stderr
+    env = _env(fake_llm, cfg)
+    assert graphrun("test", str(recording), **env).code == 0
+    skill = cfg / "skills" / "checklist" / "SKILL.md"
+    skill.write_text(skill.read_text().replace("EVERY EDGE CASE", "NOTHING"))
+    changed = graphrun("test", str(recording), **env)
+    assert changed.code == 1
+    assert "skill 'checklist'" in changed.stdout and "changed since the run was recorded" in (
+        changed.stdout
+    )
+
 
 def _runs(db: Path) -> dict[str, str]:
     with sqlite3.connect(db) as conn:
