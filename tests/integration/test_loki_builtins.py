@@ -325,3 +325,78 @@ def test_kill_9_mid_delegation_resumes_without_rerunning_the_finished_child(
     assert sum("SLOW" in _system(r) for r in fake_llm.requests) == slow_calls + 1
     events = _events(graphrun, _root(graphrun))
     assert [e["type"] for e in events].count("ChildRunStarted") == 2
+
+
+def test_max_agent_depth_stops_a_spawn_too_deep(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    _agent(
+        cfg,
+        "recur",
+        """\
+        can_spawn_agents: true
+        max_agent_depth: 1
+        instructions: RECUR spawns itself.
+        """,
+    )
+
+    def answer(request: RecordedRequest) -> Reply:
+        results = _tool_results(request)
+        if not results:
+            return tool_calls(("agent__spawn", {"agent": "recur", "prompt": "again"}))
+        last = results[-1]
+        if last.get("status") == "ok" and "id" in last:
+            return tool_calls(("agent__collect", {"id": last["id"]}))
+        if last.get("status") == "error":
+            return text(f"child stopped: {last['message']}")
+        return text(f"parent got: {last.get('output')}")
+
+    fake_llm.default = answer
+    res = graphrun("run", "recur", "go", **_env(fake_llm, cfg))
+    assert res.code == 0, res.stderr
+    assert res.stdout.strip() == "parent got: child stopped: Max agent depth exceeded (2/1)"
+
+
+def test_on_a_terminal_the_question_is_asked_there(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path, tmp_path: Path
+) -> None:
+    import re
+    import sys
+
+    import pexpect
+
+    fake_llm.script(tool_calls(("user__confirm", {"question": "Proceed now?"})), text("went on"))
+    env = {k: v for k, v in graphrun.env(**_env(fake_llm, cfg)).items()}
+    env.pop("GRAPHRUN_NO_TTY", None)
+    env.update(TERM="xterm", OUT=str(tmp_path / "stdout.txt"))
+    child = pexpect.spawn(
+        "/bin/sh",
+        [
+            "-c",
+            'exec "$@" >"$OUT"',
+            "sh",
+            sys.executable,
+            "-m",
+            "graphrun.cli",
+            "run",
+            "asker",
+            "go",
+        ],
+        env=env,
+        cwd=str(tmp_path),
+        encoding="utf-8",
+        timeout=30,
+        dimensions=(30, 120),
+    )
+    try:
+        while child.expect(["Proceed now", re.escape("\x1b[6n")]) != 0:
+            child.send("\x1b[5;1R")  # answer cursor-position requests as a terminal does
+        child.send("1\r")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert (tmp_path / "stdout.txt").read_text().strip() == "went on"
+    assert _tool_results(fake_llm.requests[-1]) == [{"answer": "yes"}]
+    received = [e for e in _events(graphrun, _root(graphrun)) if e["type"] == "HumanInputReceived"]
+    assert [(e["answer"], e["channel"]) for e in received] == [("yes", "tty")]
