@@ -114,3 +114,24 @@ def settings_for(agent_dir: Path) -> BuiltinSettings:
     except (OSError, yaml.YAMLError):
         return BuiltinSettings()
     return settings_from_config(config if isinstance(config, dict) else {})
+
+
+def node_skills(graph: Any, node: Any) -> tuple[bool, tuple[str, ...] | None]:
+    """Whether a graph's llm node has skills, and which (Loki: the node's
+    ``skills_enabled``/``enabled_skills``, else the graph's; off unless set)."""
+    enabled = getattr(node, "skills_enabled", None)
+    if enabled is None:
+        enabled = getattr(graph, "skills_enabled", None)
+    chosen = getattr(node, "enabled_skills", None)
+    if chosen is None:
+        chosen = getattr(graph, "enabled_skills", None)
+    return bool(enabled), (tuple(chosen) if chosen is not None else None)
+
+
+def node_tools(graph: Any, node: Any) -> tuple[str, ...]:
+    """An llm node's ``tools:`` plus the skill functions its skills settings give it."""
+    tools = tuple(getattr(node, "tools", None) or ())
+    enabled, _chosen = node_skills(graph, node)
+    if not enabled:
+        return tools
+    return tools + tuple(f"skill__{n}" for n in SKILL if f"skill__{n}" not in tools)

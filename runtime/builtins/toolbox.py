@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from graphrun.actors.base import CancelToken
@@ -128,7 +129,7 @@ class BuiltinToolbox:
         self, inner: Any, names: Sequence[str], *, ports: Any, ctx: Any, node_id: str
     ) -> None:
         from graphrun.runtime.builtins.agents import Supervisor
-        from graphrun.runtime.builtins.settings import settings_for
+        from graphrun.runtime.builtins.settings import node_skills, settings_for
         from graphrun.runtime.builtins.skills import Skills
         from graphrun.runtime.builtins.todo import Todos
         from graphrun.runtime.builtins.user import UserQuestions
@@ -139,6 +140,10 @@ class BuiltinToolbox:
             inner.specs if inner is not None else []
         )
         settings = settings_for(ports.agent_dir)
+        node = ports.graph.nodes.get(node_id)
+        enabled, chosen = node_skills(ports.graph, node)
+        if enabled:  # a graph's llm node with Loki's skills settings
+            settings = replace(settings, skills_enabled=True, enabled_skills=chosen)
         prior = tuple(getattr(ctx, "prior", ()) or ())
         self.agents = Supervisor(ports, ctx, node_id, settings, prior)
         self.user = UserQuestions(ports, ctx, node_id, prior)

@@ -311,8 +311,6 @@ def map_contract(c: Check) -> list[Diagnostic]:
 
 #: Loki fields graphrun accepts but does not act on (warned once each).
 _NOT_IMPLEMENTED = {
-    "skills_enabled": "skills",
-    "enabled_skills": "skills",
     "inject_skill_instructions": "skills",
     "skill_instructions": "skills",
     "extractor_model": "graph-based RAG",
@@ -344,7 +342,9 @@ def accepted_not_implemented(c: Check) -> list[Diagnostic]:
             )
     for nid, node in c.nodes():
         texts = [getattr(node, f, None) for f in ("prompt", "instructions")]
-        offered = set(getattr(node, "tools", None) or ())
+        from graphrun.runtime.builtins.settings import node_tools
+
+        offered = set(node_tools(c.graph, node))
         missing: list[str] = []
         for text in texts:
             if isinstance(text, str):

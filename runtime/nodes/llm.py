@@ -31,6 +31,8 @@ def _effect_names() -> tuple[Any, Any]:
 
 def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
     """The rendered request of an llm node (schema hint placed as the spec says)."""
+    from graphrun.runtime.builtins.settings import node_tools
+
     LlmTask, schema_hint = _effect_names()
     system = (
         render(node.instructions, s, strict=True, field=f"{node_id}.instructions")
@@ -56,7 +58,7 @@ def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str,
         reasoning_effort=(
             node.reasoning_effort if node.reasoning_effort is not None else graph.reasoning_effort
         ),
-        tools=tuple(node.tools or ()),
+        tools=node_tools(graph, node),  # Loki's skills settings add skill__*
         max_attempts=node.max_attempts,
         max_iterations=node.max_iterations,
         timeout=node.timeout,

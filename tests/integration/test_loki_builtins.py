@@ -400,3 +400,43 @@ def test_on_a_terminal_the_question_is_asked_there(
     assert _tool_results(fake_llm.requests[-1]) == [{"answer": "yes"}]
     received = [e for e in _events(graphrun, _root(graphrun)) if e["type"] == "HumanInputReceived"]
     assert [(e["answer"], e["channel"]) for e in received] == [("yes", "tty")]
+
+
+def test_a_graph_node_with_skills_enabled_loads_its_skills(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    folder = cfg / "agents" / "reviewer"
+    folder.mkdir()
+    (folder / "graph.yaml").write_text(
+        textwrap.dedent(
+            """\
+            name: reviewer
+            version: "1.0"
+            start: review
+            skills_enabled: true
+            nodes:
+              review:
+                type: llm
+                prompt: "{{initial_prompt}}"
+                enabled_skills: [checklist]
+                state_updates: {answer: "{{output}}"}
+                next: done
+              done: {type: end, output: "{{answer}}"}
+            """
+        )
+    )
+    (cfg / "skills" / "secret").mkdir()
+    (cfg / "skills" / "secret" / "SKILL.md").write_text("not for this node")
+    fake_llm.script(
+        tool_calls(("skill__load", {"name": "checklist"}), ("skill__load", {"name": "secret"})),
+        text("reviewed"),
+    )
+    env = _env(fake_llm, cfg)
+    assert graphrun("validate", "reviewer", **env).code == 0
+    res = graphrun("run", "reviewer", "review it", **env)
+    assert res.code == 0, res.stderr
+    offered = [t["function"]["name"] for t in fake_llm.requests[0].body["tools"]]
+    assert offered == ["skill__list", "skill__load", "skill__unload"]
+    loaded, refused = _tool_results(fake_llm.requests[1])
+    assert loaded["instructions"] == "CHECK EVERY EDGE CASE."
+    assert refused == {"error": "Skill 'secret' is not enabled in this context"}
