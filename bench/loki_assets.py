@@ -11,6 +11,10 @@ user's project). Each time the model is offered tools it calls one —
 ``fs_write``/``execute_command`` (writing ``written.txt``) when it has them, else
 ``fs_ls``/``fs_read``/``fs_cat``, else its first tool — then answers (with a
 JSON value matching the schema when the node has an ``output_schema``).
+Loki's built-ins are used as its prompts ask: ``skill__list`` then ``skill__load``
+of the first skill listed; an orchestrator lists the agents it may spawn, spawns
+(code-reviewer: file-reviewer; others: explore and coder, else the first listed)
+and collects each (the row says which agents were collected, and how they ended).
 Approval nodes are answered with their first option, input nodes with a line
 (Loki would ask at the terminal). step-runner gets the plan repository its
 README asks for (``plans/steps/01-first-step.md``).
@@ -20,6 +24,10 @@ neither graphrun's tool-failure message nor empty), the tools that only failed,
 and the side effect observed (``written.txt`` written, or a tool's output).
 Agents that need the internet (web search, Jira, ...) still run: only their
 tools' results differ.
+
+``--record DIR`` keeps the configuration and the projects in DIR and exports each
+run to ``DIR/recordings/<agent>.run.jsonl`` (``graphrun test DIR/recordings``
+then replays them, with or without the configuration directory).
 
 ``--offline-mcp`` serves every server of ``functions/mcp.json``, and every server
 an agent names that mcp.json lacks (said in the row), with the test MCP server
