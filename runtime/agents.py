@@ -66,10 +66,11 @@ KNOWN_FIELDS = {
     "auto_continue",
 }
 #: Loki fields graphrun reads but does not act on (warned about once when set).
-_UNSUPPORTED = {
-    "agent_session": "graphrun runs have no chat sessions",
-    "auto_continue": "graphrun offers the todo__* functions but does not prompt the agent "
-    "again while todos are open",
+_UNSUPPORTED = {"agent_session": "graphrun runs have no chat sessions"}
+#: Loki fields graphrun acts on only in part (warned about once when set).
+_PARTIAL = {
+    "auto_continue": "it offers the todo__* functions, but graphrun does not prompt the "
+    "agent again while todos are open"
 }
 _warned: set[str] = set()
 
@@ -243,7 +244,10 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
 
 def _warn_fields(name: str, config: dict[str, Any]) -> None:
     for key, value in config.items():
-        if key in _UNSUPPORTED:
+        if key in _PARTIAL:
+            if value not in (None, "", False, [], {}):
+                _warn_once(f"{name}:{key}", f"agent '{name}': '{key}': {_PARTIAL[key]}")
+        elif key in _UNSUPPORTED:
             if value not in (None, "", False, [], {}):
                 _warn_once(
                     f"{name}:{key}",
