@@ -785,8 +785,12 @@ def create_app(config: Config) -> Starlette:
 
         return JSONResponse(document(base))
 
+    async def no_icon(request: Request) -> Response:
+        return Response(status_code=204)
+
     routes = [
         Route("/", home),
+        Route("/favicon.ico", no_icon),
         Route("/runs", runs_page),
         Route("/runs/{run_id}", run_page),
         Route("/runs/{run_id}/report", run_report),

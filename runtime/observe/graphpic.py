@@ -255,7 +255,7 @@ def to_dot(pic: Picture) -> str:
         label = f"{n.id}\n({n.type})"
         attrs = [f"shape={_DOT_SHAPES.get(n.type, 'box')}"]
         if n.type == "llm":
-            attrs[0] = "box"
+            attrs[0] = "shape=box"
         if with_visits:
             label += f"\n×{n.visits}" if n.visits else "\nnot visited"
             if n.id == pic.current:

@@ -65,6 +65,10 @@ class ConsoleServer:
             line = proc.stdout.readline()
             if not line:
                 err = proc.stderr.read() if proc.stderr else ""
+                proc.wait()
+                for stream in (proc.stdout, proc.stderr):
+                    if stream is not None:
+                        stream.close()
                 raise RuntimeError(f"graphrun serve exited: {err}")
             found = re.match(r"invitation for (\S+): (\S+)", line)
             if found:
@@ -79,8 +83,11 @@ class ConsoleServer:
 
     def _drain(self) -> None:
         assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.stderr.append(line)
+        try:
+            for line in self.proc.stderr:
+                self.stderr.append(line)
+        except ValueError:  # closed by stop()
+            pass
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -89,6 +96,9 @@ class ConsoleServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def passkey_page(browser: Any) -> tuple[Any, Any, list[str]]:
@@ -101,6 +111,10 @@ def passkey_page(browser: Any) -> tuple[Any, Any, list[str]]:
     page.on(
         "console",
         lambda msg: problems.append(f"console: {msg.text}") if msg.type == "error" else None,
+    )
+    page.on(
+        "response",
+        lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None,
     )
     page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
     cdp = context.new_cdp_session(page)

@@ -1,0 +1,265 @@
+"""The console in a real Chromium against a real ``graphrun serve`` process.
+
+alice registers a passkey from her invitation link (Chromium's virtual WebAuthn
+authenticator), sees a waiting run appear in her inbox while a worker drives
+other runs on PostgreSQL, approves it (her passkey signs the decision statement),
+and watches the run page reach "completed" without reloading; ``graphrun audit
+--verify`` then reports her decision verified by her passkey, and OpenSSH's
+``ssh-keygen -Y verify`` agrees. bob, who is not an approver, does not see the
+run in his inbox and cannot answer it (HTTP 403, nothing recorded). A model's
+``<script>`` shows as text on every page.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import write_agent
+from tests.support.console import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    ConsoleServer,
+    passkey_page,
+    register,
+)
+from tests.support.fake_llm import text
+from tests.support.pg import pg_server, pg_url  # noqa: F401  (fixtures)
+
+GATE = """
+name: gate
+version: "1.0"
+start: review
+nodes:
+  review:
+    type: approval
+    question: "Publish release {{initial_prompt}}?"
+    options: [approve, reject]
+    approvers: [alice]
+    routes: {approve: done, reject: stop}
+    on_other: stop
+  done: {type: end, output: "published"}
+  stop: {type: end, output: "stopped"}
+"""
+
+BUSY = """
+name: busy
+version: "1.0"
+model: openai:gpt-4o-mini
+start: think
+nodes:
+  think:
+    type: llm
+    prompt: "{{initial_prompt}}"
+    next: done
+  done: {type: end, output: "{{output}}"}
+"""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (tests/support/setup-browser.sh installs it)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _cli(db: str, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ, GRAPHRUN_DB=db, **env)
+    return subprocess.run(
+        [sys.executable, "-m", "graphrun.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=cwd,
+        timeout=90,
+    )
+
+
+def _events(db: str, cwd: Path, run_id: str) -> list[str]:
+    done = _cli(db, cwd, "events", run_id, "--json")
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.timeout(240)
+def test_alice_signs_an_approval_in_the_browser_while_a_worker_drives_runs(
+    browser, pg_url, fake_llm, tmp_path
+):
+    db = pg_url
+    llm = {"OPENAI_BASE_URL": fake_llm.url_openai, "OPENAI_API_KEY": "sk-test"}
+    fake_llm.default = lambda request: text("thought it over", delay=0.4)
+    gate = write_agent(tmp_path / "gate", GATE)
+    busy = write_agent(tmp_path / "busy", BUSY)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "graphrun.cli", "worker", "-c", "2"],
+        env=dict(os.environ, GRAPHRUN_DB=db, **llm),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    server = ConsoleServer.start(db, tmp_path, "--invite", "alice", "--invite", "bob")
+    try:
+        alice_ctx, alice, alice_problems = passkey_page(browser)
+        register(alice, server.invites["alice"])
+        assert alice.locator("article.wait").count() == 0
+
+        # Other runs keep the worker busy; then one run comes to wait for alice.
+        for n in range(4):
+            assert _cli(db, tmp_path, "submit", str(busy), f"job {n}", **llm).returncode == 0
+        submitted = _cli(db, tmp_path, "submit", str(gate), "2.0", **llm)
+        assert submitted.returncode == 0, submitted.stderr
+        run_id = submitted.stdout.strip()
+
+        # It appears in her inbox (the page notices; no reload by hand), with the
+        # question as it will be recorded and its options.
+        card = alice.locator(f"#wait-{run_id}")
+        card.wait_for(timeout=60_000)
+        assert "Publish release 2.0?" in card.locator("pre.question").text_content()
+        assert card.locator("button.choice").all_text_contents()[:2] == ["approve", "reject"]
+
+        # bob is no approver: the run is not in his inbox, and he cannot answer it.
+        bob_ctx, bob, _ = passkey_page(browser)
+        register(bob, server.invites["bob"])
+        assert bob.locator(f"#wait-{run_id}").count() == 0
+        before = _events(db, tmp_path, run_id)
+        for path, body in (
+            ("statement", {"node": "review", "visit": 1, "answer": "approve"}),
+            ("answer", {"node": "review", "visit": 1, "answer": "approve"}),
+        ):
+            status = bob.evaluate(
+                """async ([url, body]) => (await fetch(url, {method: 'POST',
+                    headers: {'Content-Type': 'application/json',
+                              'X-CSRF-Token': document.body.dataset.csrf},
+                    body: JSON.stringify(body)})).status""",
+                [f"{server.url}/api/runs/{run_id}/{path}", body],
+            )
+            assert status in (400, 403), (path, status)
+            if path == "statement":
+                assert status == 403
+        assert _events(db, tmp_path, run_id) == before
+
+        # alice opens the run and approves: her passkey signs the statement.
+        alice.goto(f"{server.url}/runs/{run_id}")
+        assert alice.locator("#run-status").text_content() == "waiting"
+        alice.evaluate("window.__same_page = true")
+        alice.click("#wait button.choice[data-answer=approve]")
+        result = alice.locator("#wait .result")
+        result.filter(has_text="Recorded").wait_for(timeout=30_000)
+        assert "by alice (verified)" in result.text_content()
+        # The worker continues it; the page follows over server-sent events.
+        alice.locator("#run-status", has_text="completed").wait_for(timeout=60_000)
+        assert alice.evaluate("window.__same_page") is True  # never reloaded
+        assert alice_problems == []
+        alice_ctx.close()
+        bob_ctx.close()
+
+        # The signers file lists her passkey; audit verifies the decision with it.
+        exported = _cli(db, tmp_path, "serve", "--export-signers")
+        assert exported.returncode == 0, exported.stderr
+        lines = exported.stdout.splitlines()
+        assert [line.split()[0] for line in lines] == ["alice", "bob"]
+        signers = tmp_path / "allowed_signers"
+        signers.write_text(lines[0] + "\n")
+        audit = _cli(db, tmp_path, "audit", run_id, "--verify", "--signers", str(signers))
+        assert audit.returncode == 0, audit.stdout + audit.stderr
+        assert "verified" in audit.stdout and "alice" in audit.stdout
+        from graphrun.runtime.decisions.webauthn import fingerprint
+
+        key = " ".join(lines[0].split()[2:4])
+        assert fingerprint(key) in audit.stdout
+
+        # OpenSSH agrees: the recorded signature is an SSHSIG it verifies.
+        import json
+
+        received = [
+            json.loads(e) for e in _events(db, tmp_path, run_id) if "HumanInputReceived" in e
+        ][-1]
+        assert received["signature_kind"] == "webauthn" and received["identity"] == "verified"
+        sig = tmp_path / "decision.sig"
+        sig.write_text(received["signature"])
+        ssh = subprocess.run(
+            ["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", "alice"]
+            + ["-n", "graphrun-decision@v1", "-s", str(sig)],
+            input=received["statement"].encode(),
+            capture_output=True,
+            check=False,
+        )
+        assert ssh.returncode == 0, ssh.stderr
+    finally:
+        server.stop()
+        worker.terminate()
+        worker.wait(timeout=60)
+
+
+ECHO = """
+name: echo
+version: "1.0"
+model: openai:gpt-4o-mini
+start: ask
+nodes:
+  ask:
+    type: llm
+    prompt: "{{initial_prompt}}"
+    state_updates: {said: "{{output}}"}
+    next: check
+  check:
+    type: approval
+    question: "Keep this? {{said}}"
+    options: [keep, drop]
+    routes: {keep: done, drop: done}
+    on_other: done
+  done: {type: end, output: "{{said}}"}
+"""
+
+HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+
+
+@pytest.mark.timeout(120)
+def test_a_models_script_is_text_on_every_page(browser, fake_llm, tmp_path):
+    db = str(tmp_path / "events.db")
+    fake_llm.script(text(HOSTILE))
+    root = write_agent(tmp_path / "echo", ECHO)
+    started = _cli(
+        db,
+        tmp_path,
+        "run",
+        str(root),
+        "<script>window.__pwned = 3</script>",
+        OPENAI_BASE_URL=fake_llm.url_openai,
+        OPENAI_API_KEY="sk-test",
+    )
+    assert started.returncode == 3, started.stderr
+    run_id = _cli(db, tmp_path, "runs", "--json").stdout.split('"run_id": "')[1].split('"')[0]
+    server = ConsoleServer.start(db, tmp_path, "--invite", "alice")
+    try:
+        context, page, problems = passkey_page(browser)
+        register(page, server.invites["alice"])
+        for path in ("/inbox", "/runs", f"/runs/{run_id}", f"/runs/{run_id}/report"):
+            page.goto(server.url + path)
+            page.wait_for_load_state("load")
+            assert page.evaluate("window.__pwned") is None, path
+            assert page.locator("img[src=x]").count() == 0, path
+        page.goto(server.url + "/inbox")
+        assert HOSTILE in page.locator(f"#wait-{run_id} pre.question").text_content()
+        page.goto(f"{server.url}/runs/{run_id}")
+        frame = page.frame_locator("#run-report")
+        frame.locator("body").wait_for()
+        assert "window.__pwned" in frame.locator("body").text_content()
+        assert frame.locator("img[src=x]").count() == 0
+        time.sleep(0.5)
+        assert problems == []
+        context.close()
+    finally:
+        server.stop()
