@@ -202,9 +202,17 @@ def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> N
 
 
 @click.command("audit")
-@click.argument("run_id")
+@click.argument("run_id", metavar="RUN_ID|FILE")
 @click.option(
-    "--verify", is_flag=True, help="Check the hash chain of every event (exit 1 if broken)."
+    "--verify",
+    is_flag=True,
+    help="Check the hash chain of every event and every signature (exit 1 if anything is broken).",
+)
+@click.option(
+    "--signers",
+    metavar="FILE",
+    help="The allowed_signers file signatures are checked against (default: next to the "
+    "graph, else in the config directory).",
 )
 @click.option(
     "--anchor",
@@ -217,13 +225,30 @@ def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> N
 )
 @json_option
 @db_option
-def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: str | None) -> None:
-    """Every human decision of RUN_ID and its child runs: when, node, question, answer, by, via.
+def audit_cmd(
+    run_id: str,
+    verify: bool,
+    signers: str | None,
+    anchor: str | None,
+    as_json: bool,
+    db: str | None,
+) -> None:
+    """Every human decision of RUN_ID and its child runs: when, node, question, answer,
+    by, identity, via.
 
-    BY is the claimed name (--as), followed by the OS account and host when they
-    differ from it. With --verify, the hash chain of every event of every run is
-    recomputed; the first broken seq is named and the exit code is 1.
+    BY is the claimed name (--as) or the signer, followed by the OS account and host
+    when they differ from it. IDENTITY is signed or claimed (verified or BROKEN with
+    --verify). With --verify, the hash chain of every event of every run is
+    recomputed and every signature is checked against the signers file; each
+    decision is reported as verified (by which key), claimed, or BROKEN (which check
+    failed), and the exit code is 1 if anything is broken. Given an export FILE
+    instead of a run, --verify checks the file on its own, without a database.
     """
+    from pathlib import Path
+
+    if verify and Path(run_id).is_file():
+        _verify_file(Path(run_id), signers, as_json)
+        return
     from graphrun.cli.render import table, when
     from graphrun.runtime.inspect import audit_tree
 
@@ -231,12 +256,16 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
     run_id = resolve_run(store, run_id)
     if anchor is not None and _anchor(store, run_id, anchor, verify):
         return
+    signatures: dict[str, Any] | None = None
     if verify:
         # The chain first, from the stored bytes alone: a damaged log is reported
         # by seq, not by whichever reader trips over it first.
         checks = verify_tree(store, run_id)
         if all(item["ok"] for item in checks):
             report = audit_tree(store, run_id, verify=False)
+            signatures = _verify_signatures(store, run_id, signers)
+            _merge(report["decisions"], signatures)
+            report["signatures"] = signatures
         else:
             report = {"run_id": run_id, "decisions": []}
         report["verify"] = checks
@@ -252,6 +281,7 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
                 d["question"].strip(),
                 _answer_cell(d),
                 d["by"] if d["by"] == d["os_user"] else f"{d['by']} ({d['os_user']}@{d['host']})",
+                d["identity"],
                 d["via"],
                 d["run_id"],
             )
@@ -259,11 +289,14 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
         ]
         if rows:
             click.echo(
-                table(rows, ["WHEN (UTC)", "NODE", "QUESTION", "ANSWER", "BY", "VIA", "RUN"])
+                table(
+                    rows,
+                    ["WHEN (UTC)", "NODE", "QUESTION", "ANSWER", "BY", "IDENTITY", "VIA", "RUN"],
+                )
             )
         else:
             click.echo(f"no human decisions in run {run_id} or its child runs", err=True)
-        for item in report["verify"]:
+        for item in report.get("verify", []):
             if item["ok"]:
                 click.echo(f"ok: run {item['run_id']}: {item['events']} events verify", err=True)
             else:
@@ -271,7 +304,66 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
                     f"BROKEN: run {item['run_id']}: first bad seq {item['seq']}: {item['reason']}",
                     err=True,
                 )
+        if signatures is not None:
+            from graphrun.runtime.decisions.report import format_report
+
+            for line in format_report(signatures):
+                click.echo(line, err=True)
     if verify and not all(item["ok"] for item in report["verify"]):
+        raise SystemExit(1)
+    if signatures is not None and not signatures["ok"]:
+        raise SystemExit(1)
+
+
+def _trust(signers: str | None, agent_dir: str | None) -> Any:
+    from graphrun.runtime.decisions import Trust
+    from graphrun.runtime.decisions.sshsig import find_signers
+    from graphrun.runtime.graph.config import config_dir
+
+    return Trust(signers=find_signers(signers, graph_dir=agent_dir, config_dir=config_dir()))
+
+
+def _verify_signatures(store: Any, run_id: str, signers: str | None) -> dict[str, Any]:
+    from graphrun.runtime.decisions.report import verify_store
+
+    first = store.read(run_id, upto=1)[0]
+    return verify_store(store, run_id, _trust(signers, getattr(first, "agent_dir", "") or None))
+
+
+def _merge(decisions: list[dict[str, Any]], signatures: dict[str, Any]) -> None:
+    """The verified identity (and key, or what broke) on each audit row."""
+    found = {(d["run_id"], d["seq"]): d for d in signatures["decisions"]}
+    for row in decisions:
+        check = found.get((row["run_id"], row["seq"]))
+        if check is None:
+            continue
+        row["identity"] = "BROKEN" if check["identity"] == "broken" else check["identity"]
+        row["key"] = check["key"]
+        row["problem"] = check["problem"]
+
+
+def _verify_file(path: Any, signers: str | None, as_json: bool) -> None:
+    """``audit --verify FILE``: an export checked on its own (no database)."""
+    from graphrun.runtime.decisions.report import format_report, verify_export
+    from graphrun.runtime.replay.transfer import ExportFileError
+
+    try:
+        report = verify_export(path, _trust(signers, None))
+    except ExportFileError as exc:
+        if as_json:
+            click.echo(json.dumps({"file": str(path), "ok": False, "error": str(exc)}))
+        else:
+            click.echo(f"BROKEN: {exc}", err=True)
+        raise SystemExit(1) from None
+    report["file"] = str(path)
+    if as_json:
+        click.echo(json.dumps(report, ensure_ascii=False, default=str))
+    else:
+        for line in format_report(report):
+            click.echo(line, err=True)
+        counts = ", ".join(f"{n} {kind}" for kind, n in sorted(report["counts"].items()))
+        click.echo(f"{path}: {counts or 'no human decisions'}", err=True)
+    if not report["ok"]:
         raise SystemExit(1)
 
 

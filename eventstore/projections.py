@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from graphrun.eventstore.events import (
+    ApprovalSigned,
     ChildRunFinished,
     ChildRunStarted,
     Event,
@@ -170,6 +171,10 @@ class Decision:
     via: str
     requested_at: float | None
     depth: int = 0
+    #: "signed" (a signature, not checked here; ``audit --verify`` checks it),
+    #: "token", "proxy" or "claimed".
+    identity: str = "claimed"
+    visit: int = 0
 
 
 @dataclass(frozen=True)
@@ -212,28 +217,43 @@ def prefix_match(prefix: str, found: list[Any], unknown: Exception) -> str:
 
 
 def decisions(events: Iterable[Event], depth: int = 0) -> list[Decision]:
-    """Every ``HumanInputReceived`` of one run, with when it was asked."""
-    asked: dict[tuple[str, int], float] = {}
+    """Every ``HumanInputReceived`` (and ``ApprovalSigned``) of one run, with when it
+    was asked."""
+    asked: dict[tuple[str, int], HumanInputRequested] = {}
     out: list[Decision] = []
     for event in events:
         if isinstance(event, HumanInputRequested):
-            asked[(event.node_id, event.visit)] = event.ts
-        elif isinstance(event, HumanInputReceived):
+            asked[(event.node_id, event.visit)] = event
+        elif isinstance(event, HumanInputReceived | ApprovalSigned):
+            request = asked.get((event.node_id, event.visit))
+            if isinstance(event, HumanInputReceived):
+                question, options = event.question, list(event.options)
+                via = event.channel
+            else:
+                question = request.question if request is not None else ""
+                options = list(request.options) if request is not None else []
+                via = f"{event.channel} (co-signature)"
+            if event.signature:
+                ident = "signed"
+            else:
+                ident = event.identity if event.identity in ("token", "proxy") else "claimed"
             out.append(
                 Decision(
                     run_id=event.run_id,
                     seq=event.seq,
                     ts=event.ts,
                     node_id=event.node_id,
-                    question=event.question,
-                    options=list(event.options),
+                    question=question,
+                    options=options,
                     answer=event.answer,
                     by=event.by,
                     os_user=event.os_user,
                     host=event.host,
-                    via=event.channel,
-                    requested_at=asked.get((event.node_id, event.visit)),
+                    via=via,
+                    requested_at=request.ts if request is not None else None,
                     depth=depth,
+                    identity=ident,
+                    visit=event.visit,
                 )
             )
     return out

@@ -20,7 +20,15 @@ from pathlib import Path
 
 from graphrun.runtime.decisions import DOMAIN, SignatureInvalid, Trust
 
-__all__ = ["SSHSIG", "SigningError", "SshSig", "find_signers", "sign"]
+__all__ = [
+    "SSHSIG",
+    "SigningError",
+    "SshSig",
+    "find_signers",
+    "principals_of",
+    "public_key",
+    "sign",
+]
 
 #: The name of the allowed-signers file looked for next to a graph and in the config dir.
 SIGNERS_FILE = "allowed_signers"
@@ -149,3 +157,56 @@ def find_signers(
             if candidate.is_file():
                 return candidate
     return None
+
+
+def public_key(key: str | Path) -> tuple[str, str]:
+    """``(type, base64 blob)`` of ``key``: a public key file, the ``.pub`` beside a
+    private key, or what ``ssh-keygen -y`` derives from the private key.
+
+    Raises:
+        SigningError: None of these can be read.
+    """
+    path = Path(key).expanduser()
+    candidates = [path, path.with_name(path.name + ".pub")]
+    for candidate in candidates:
+        try:
+            words = candidate.read_text(encoding="utf-8", errors="replace").split()
+        except OSError:
+            continue
+        if len(words) >= 2 and (words[0].startswith(("ssh-", "ecdsa-", "sk-"))):
+            return words[0], words[1]
+    done = subprocess.run(
+        [_ssh_keygen(), "-y", "-P", "", "-f", str(path)],
+        capture_output=True,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+    )
+    words = done.stdout.decode("ascii", "replace").split()
+    if done.returncode != 0 or len(words) < 2:
+        raise SigningError(
+            f"--sign {key}: cannot read its public key",
+            hint=f"put {path.name}.pub beside it, or pass the public key file (with ssh-agent)",
+        )
+    return words[0], words[1]
+
+
+def principals_of(key: str | Path, signers: Path) -> list[str]:
+    """The principals ``signers`` lists for ``key`` (exact names, in file order)."""
+    import shlex
+
+    keytype, blob = public_key(key)
+    found: list[str] = []
+    for line in signers.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            words = shlex.split(line, posix=True)
+        except ValueError:
+            continue
+        for i in range(1, len(words) - 1):
+            if words[i] == keytype and words[i + 1] == blob:
+                found += [p for p in words[0].split(",") if p and p not in found]
+                break
+    return found
