@@ -687,22 +687,37 @@ def create_app(config: Config) -> Starlette:
 
         run_id = request.path_params["run_id"]
         body = await _json(request)
-        if who.how == "session":
+        if body.get("pending"):
+            # A signed answer over a statement this console prepared (step one).
             prepared = console.recall(str(body.get("pending", "")))
             if prepared is None or prepared.principal != who.principal or prepared.run_id != run_id:
                 return _error(400, "no statement is waiting for this signature; answer again")
-            try:
-                assertion = Assertion.from_browser(body.get("credential") or {})
-            except ValueError as exc:
-                return _error(400, str(exc))
-            passkey = await in_thread(console.accounts.passkey, assertion.credential_id)
-            if passkey is None or passkey.account != who.principal:
-                return _error(403, f"that passkey is not {who.principal}'s")
-            from graphrun.runtime.decisions import DOMAIN
+            identity = "verified"
+            if body.get("credential"):
+                try:
+                    assertion = Assertion.from_browser(body.get("credential") or {})
+                except ValueError as exc:
+                    return _error(400, str(exc))
+                passkey = await in_thread(console.accounts.passkey, assertion.credential_id)
+                if passkey is None or passkey.account != who.principal:
+                    return _error(
+                        403, f"that passkey is not {who.principal}'s; nothing was recorded"
+                    )
+                from graphrun.runtime.decisions import DOMAIN
 
-            key_line = ssh_public_key(passkey.public_key, passkey.rp_id)
-            signature = sshsig_armored(assertion, key_line, DOMAIN)
-            kind, identity = "webauthn", "verified"
+                key_line = ssh_public_key(passkey.public_key, passkey.rp_id)
+                signature, kind = sshsig_armored(assertion, key_line, DOMAIN), "webauthn"
+            elif body.get("signature"):
+                signature = str(body.get("signature"))
+                kind = str(body.get("kind") or "sshsig")
+            else:
+                return _error(400, "a signed answer needs credential (a passkey) or signature")
+        elif who.how == "session":
+            return _error(
+                400,
+                "an answer from the console is signed by your passkey",
+                hint="POST /statement first, then the passkey's assertion with its pending id",
+            )
         else:
             try:
                 prepared = await in_thread(

@@ -1,34 +1,26 @@
 """Answering from the console: the statement a person signs, and recording it.
 
-:func:`prepare` builds the decision statement for an answer to the question a run
-waits at (with :mod:`graphrun.runtime.decisions`, as the command line does) and
-the WebAuthn challenge bound to it; :func:`record` hands the signed (or token- or
-proxy-authenticated) answer to ``runtime.engine.answers.submit_answer``, which
-refuses it before anything is written if the run no longer waits there, the
-person may not answer, or the signature does not verify; :func:`continue_run`
-then continues the run as ``graphrun approve`` does: queued for a worker on
-PostgreSQL, driven in this process (in a thread of its own) on SQLite.
+:func:`prepare` checks that the run still waits at the question the page showed
+and that the person may answer it (the policy of the graph that governs the run),
+then builds the decision statement with ``runtime.engine.answers.prepare_statement``
+exactly as ``graphrun approve --sign`` does, and the WebAuthn challenge bound to
+it. :func:`record` hands the signed (or token- or proxy-authenticated) answer to
+``submit_answer``, which refuses it before anything is written if the run no
+longer waits there, the person may not answer, or the signature does not verify.
+:func:`continue_run` then continues the run as ``graphrun approve`` does: queued
+for a worker on PostgreSQL, driven in this process (in a thread) on SQLite.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from graphrun.eventstore.events import HumanInputReceived, HumanInputRequested
+from graphrun.eventstore.events import ApprovalSigned, HumanInputReceived, HumanInputRequested
 from graphrun.eventstore.fold import fold
-from graphrun.runtime.decisions import (
-    DOMAIN,
-    DecisionStatement,
-    SignedDecision,
-    build_statement,
-    shown_hash,
-    shown_text,
-)
+from graphrun.runtime.decisions import DOMAIN, SignedDecision, shown_text
 from graphrun.runtime.decisions.webauthn import b64url, challenge_for
 from graphrun.runtime.errors import AnswerError
 
@@ -56,23 +48,6 @@ def shown_for(request: HumanInputRequested) -> str:
     return shown_text(request.question, list(request.options), request.default)
 
 
-def _asked_head(store: Any, run_id: str, seq: int) -> str:
-    for row_seq, _body, _prev, digest in store.raw_rows(run_id):
-        if row_seq == seq:
-            return str(digest)
-    raise AnswerError(f"run {run_id} has no event {seq}")
-
-
-def _checked_answer(request: HumanInputRequested, text: str, other: bool) -> str:
-    from graphrun.actors.human.prompt import check_free_form, pick_option
-
-    if request.kind != "approval":
-        return text
-    if other:
-        return check_free_form(text, list(request.options), request.node_id)
-    return pick_option(text, list(request.options), request.node_id)
-
-
 def prepare(
     store: Any,
     run_id: str,
@@ -82,45 +57,56 @@ def prepare(
     answer: str,
     other: bool,
     principal: str,
-    now: float | None = None,
 ) -> Prepared:
     """The statement ``principal`` would sign to give ``answer`` at ``node``/``visit``.
 
     Raises:
         AnswerError: The run does not wait at that question (any more).
-        AnswerRefused: ``principal`` is not among the node's approvers.
-        InvalidAnswer: ``answer`` is not one of the options.
+        AnswerRefused: ``principal`` may not answer it, or already signed it.
+        PolicyError: The run's recorded graph and the graph on disk disagree.
+        InvalidAnswer: ``answer`` is not one of the options (or fails validation).
     """
-    from graphrun.actors.human.actor import check_approver
+    from graphrun.actors.human.actor import AnswerRefused, check_approver
+    from graphrun.runtime.decisions.policy import governing_policy
+    from graphrun.runtime.engine.answers import prepare_statement
 
     events = store.read(run_id)
     state = fold(events)
     request = None if state.terminal else state.waiting
     if request is None or request.node_id != node or request.visit != visit:
         raise AnswerError(
-            f"run {run_id} no longer waits at '{node}' (visit {visit})",
+            f"run {run_id} no longer waits at '{node}' (visit {visit}); nothing was recorded",
             hint="reload the page: it was answered meanwhile, or the run moved on",
         )
-    check_approver(request.approvers, principal, node)
-    text = _checked_answer(request, answer, other)
-    when = datetime.fromtimestamp(time.time() if now is None else now, UTC)
-    statement = DecisionStatement(
-        run_id=run_id,
-        node_id=request.node_id,
-        visit=request.visit,
-        branch=str(getattr(request, "branch", "") or ""),
+    policy = governing_policy(events, node)
+    check_approver(policy.approvers, principal, node)
+    if principal in signed_by(events, request):
+        raise AnswerRefused(f"{principal!r} already signed node '{node}'; a signer counts once")
+    waiting, statement = prepare_statement(
+        store,
+        run_id,
+        answer,
         kind=request.kind,
-        question=request.question,
-        options=list(request.options),
-        answer=text,
-        other=other,
-        asked_seq=request.seq,
-        asked_head=_asked_head(store, run_id, request.seq),
-        shown=shown_hash(shown_for(request)),
         principal=principal,
-        signed_at=when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        node=node,
+        other=other,
+        shown=shown_for(request),
     )
-    return Prepared(run_id, request, text, other, principal, build_statement(statement))
+    from graphrun.runtime.decisions import parse_statement
+
+    recorded = parse_statement(statement).answer
+    return Prepared(waiting, request, recorded, other, principal, statement)
+
+
+def signed_by(events: list[Any], request: HumanInputRequested) -> set[str]:
+    """Who already signed ``request`` (the earlier signatures of a multi-signer approval)."""
+    return {
+        e.by
+        for e in events
+        if isinstance(e, ApprovalSigned)
+        and e.seq > request.seq
+        and (e.node_id, e.visit) == (request.node_id, request.visit)
+    }
 
 
 def record(
@@ -131,14 +117,22 @@ def record(
     kind: str,
     identity: str,
     trust: Any,
-) -> HumanInputReceived:
-    """Record the answer (``submit_answer`` checks and appends it, or refuses)."""
+) -> HumanInputReceived | ApprovalSigned:
+    """Record the answer (``submit_answer`` checks and appends it, or refuses).
+
+    A signature (``kind`` set) goes with the prepared statement and is verified
+    against ``trust``; an answer without one is recorded with ``identity``
+    ("token" or "proxy") as its identity class.
+    """
     from graphrun.runtime.engine.answers import submit_answer
 
-    signed = SignedDecision(
-        statement=prepared.statement, signature=signature, kind=kind, identity=identity
-    )
-    return submit_answer(  # type: ignore[call-arg]
+    signed = None
+    if kind:
+        signed = SignedDecision(
+            statement=prepared.statement, signature=signature, kind=kind, identity=identity
+        )
+    authenticated = None if kind else identity
+    received = submit_answer(
         store,
         prepared.run_id,
         prepared.answer,
@@ -149,18 +143,25 @@ def record(
         other=prepared.other,
         signed=signed,
         trust=trust,
+        authenticated=authenticated,
     )
+    return received
 
 
 def continue_run(
     store: Any,
-    received: HumanInputReceived,
+    received: HumanInputReceived | ApprovalSigned,
     *,
     principal: str,
     on_error: Callable[[BaseException], None],
 ) -> str:
     """Continue the run ``received`` answered, as ``graphrun approve`` does; returns
-    ``"queued"`` (a worker continues it) or ``"continuing"`` (driven here)."""
+    ``"waiting for more signatures"``, ``"queued"`` (a worker continues it) or
+    ``"continuing"`` (driven here). ``store`` holds the run's lease; it is closed."""
+    if isinstance(received, ApprovalSigned):
+        store.release_lease(received.run_id)
+        store.close()
+        return "waiting for more signatures"
     queued = getattr(store, "queued", None)
     if queued is not None and queued(received.run_id) is not None:
         store.release_lease(received.run_id)

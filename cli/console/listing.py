@@ -164,6 +164,9 @@ def inbox(
         ids = _sqlite_waiting_for(store, principal, limit, cursor)
     else:
         ids = _pg_waiting(store, cursor)
+    from graphrun.cli.console.decide import signed_by
+    from graphrun.runtime.decisions.policy import PolicyError, governing_policy
+
     out: list[Wait] = []
     for run_id in ids:
         events = store.read(run_id)
@@ -171,6 +174,13 @@ def inbox(
         request = None if state.terminal else state.waiting
         if request is None or not may_answer(request, principal):
             continue
+        try:  # the graph that governs the run decides, as when the answer comes
+            if not governing_policy(events, request.node_id).allows(principal):
+                continue
+        except PolicyError:
+            pass  # shown; answering says why it is refused
+        if principal in signed_by(events, request):
+            continue  # already signed: waits for the other signers
         row = store.run(run_id)
         out.append(Wait(run_id, row.graph_name, row.started_by, request, dict(state.state)))
         if len(out) >= limit:

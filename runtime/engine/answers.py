@@ -21,6 +21,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from graphrun.actors.human.actor import AnswerRefused, check_approver
 from graphrun.actors.human.prompt import identity
 from graphrun.eventstore.errors import LeaseHeldError
@@ -67,6 +69,7 @@ def submit_answer(
     wait_for_lease: float = 5.0,
     signed: SignedDecision | None = None,
     trust: Trust | None = None,
+    authenticated: str | None = None,
 ) -> HumanInputReceived | ApprovalSigned:
     """Record a person's answer to the ``kind`` node the run waits at.
 
@@ -94,6 +97,9 @@ def submit_answer(
         wait_for_lease: How long to wait for another process to let go of the run.
         signed: The signed decision statement, its signature, kind and identity class.
         trust: What ``signed`` is verified against (the allowed_signers file).
+        authenticated: For an unsigned answer whose answerer a server authenticated:
+            ``"token"`` (a session or API token) or ``"proxy"`` (a trusted front's
+            header), recorded as the answer's identity instead of "claimed".
 
     Returns:
         The appended ``HumanInputReceived`` (or ``ApprovalSigned``), stamped.
@@ -130,6 +136,10 @@ def submit_answer(
         check_approver(policy.approvers, ident.by, request.node_id, how=how)
         text = _checked(events, request, text, other=other)
         event: HumanInputReceived | ApprovalSigned = ident.answered(request, text, channel)
+        if authenticated is not None:
+            if authenticated not in ("token", "proxy"):
+                raise AnswerRefused(f"unknown identity class {authenticated!r}")
+            event = msgspec.structs.replace(event, identity=authenticated)
     else:
         stmt, key = _verified(store, events, request, signed, trust, as_user)
         check_approver(policy.approvers, stmt.principal, request.node_id)

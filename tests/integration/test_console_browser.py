@@ -94,7 +94,10 @@ def _events(db: str, cwd: Path, run_id: str) -> list[str]:
 
 @pytest.mark.timeout(240)
 def test_alice_signs_an_approval_in_the_browser_while_a_worker_drives_runs(
-    browser, pg_url, fake_llm, tmp_path
+    browser,
+    pg_url,  # noqa: F811
+    fake_llm,
+    tmp_path,
 ):
     db = pg_url
     llm = {"OPENAI_BASE_URL": fake_llm.url_openai, "OPENAI_API_KEY": "sk-test"}
@@ -106,8 +109,7 @@ def test_alice_signs_an_approval_in_the_browser_while_a_worker_drives_runs(
         env=dict(os.environ, GRAPHRUN_DB=db, **llm),
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        stderr=subprocess.DEVNULL,
     )
     server = ConsoleServer.start(db, tmp_path, "--invite", "alice", "--invite", "bob")
     try:
@@ -178,7 +180,8 @@ def test_alice_signs_an_approval_in_the_browser_while_a_worker_drives_runs(
         from graphrun.runtime.decisions.webauthn import fingerprint
 
         key = " ".join(lines[0].split()[2:4])
-        assert fingerprint(key) in audit.stdout
+        said = audit.stdout + audit.stderr
+        assert f"'approve' by alice (key {fingerprint(key)})" in said, said
 
         # OpenSSH agrees: the recorded signature is an SSHSIG it verifies.
         import json
@@ -190,8 +193,19 @@ def test_alice_signs_an_approval_in_the_browser_while_a_worker_drives_runs(
         sig = tmp_path / "decision.sig"
         sig.write_text(received["signature"])
         ssh = subprocess.run(
-            ["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", "alice"]
-            + ["-n", "graphrun-decision@v1", "-s", str(sig)],
+            [
+                "ssh-keygen",
+                "-Y",
+                "verify",
+                "-f",
+                str(signers),
+                "-I",
+                "alice",
+                "-n",
+                "graphrun-decision@v1",
+                "-s",
+                str(sig),
+            ],
             input=received["statement"].encode(),
             capture_output=True,
             check=False,

@@ -127,8 +127,19 @@ def test_openssh_itself_verifies_the_passkey_signature(alice, tmp_path):
     sig = tmp_path / "decision.sig"
     sig.write_text(passkey.sign(statement))
     done = subprocess.run(
-        ["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", "alice", "-n", DOMAIN]
-        + ["-s", str(sig)],
+        [
+            "ssh-keygen",
+            "-Y",
+            "verify",
+            "-f",
+            str(signers),
+            "-I",
+            "alice",
+            "-n",
+            DOMAIN,
+            "-s",
+            str(sig),
+        ],
         input=statement,
         capture_output=True,
         check=False,
@@ -137,8 +148,19 @@ def test_openssh_itself_verifies_the_passkey_signature(alice, tmp_path):
     assert f'Good "{DOMAIN}" signature for alice with ECDSA-SK key' in done.stdout.decode()
     # ...and refuses the same signature over other bytes.
     other = subprocess.run(
-        ["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", "alice", "-n", DOMAIN]
-        + ["-s", str(sig)],
+        [
+            "ssh-keygen",
+            "-Y",
+            "verify",
+            "-f",
+            str(signers),
+            "-I",
+            "alice",
+            "-n",
+            DOMAIN,
+            "-s",
+            str(sig),
+        ],
         input=_statement("reject"),
         capture_output=True,
         check=False,
