@@ -1,8 +1,9 @@
 """The console's runs list and inbox with 100,000 runs, against `graphrun runs --json`.
 
 A store of N runs (100,000; `--quick` 10,000; `--smoke` 500) is made once and
-cached: copies of two real runs of an approval graph, one that waits for alice
-(every tenth run) and one that completed. Then, side by side on that database:
+cached (in ``$GRAPHRUN_BENCH_CACHE``, default a folder in the temp dir): copies
+of two real runs of an approval graph, one that waits for alice (every tenth
+run) and one that completed. Then, side by side on that database:
 
 * baseline: ``graphrun runs --json`` printing its first 50 runs (a process, as a
   person runs it);
@@ -15,6 +16,7 @@ in-process cost of `runs --json` (no interpreter start-up) is printed as context
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import statistics
@@ -52,7 +54,11 @@ nodes:
     on_other: done
   done: {type: end, output: "shipped"}
 """
-CACHE = Path(tempfile.gettempdir()) / "graphrun-console-bench"
+CACHE = (
+    Path(os.environ["GRAPHRUN_BENCH_CACHE"]) / "console"
+    if os.environ.get("GRAPHRUN_BENCH_CACHE")
+    else Path(tempfile.gettempdir()) / "graphrun-console-bench"
+)
 
 
 def make_store(runs: int) -> Path:

@@ -33,6 +33,8 @@ from tests.support.console import (
 from tests.support.fake_llm import text
 from tests.support.pg import pg_server, pg_url  # noqa: F401  (fixtures)
 
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "images"
+
 GATE = """
 name: gate
 version: "1.0"
@@ -72,6 +74,13 @@ def browser() -> Iterator[Any]:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+def _screenshot(page: Any, name: str) -> None:
+    """With ``GRAPHRUN_UPDATE_SCREENSHOTS=1``, write the README's picture of the console."""
+    if os.environ.get("GRAPHRUN_UPDATE_SCREENSHOTS"):
+        page.set_viewport_size({"width": 1100, "height": 760})
+        page.screenshot(path=str(SCREENSHOTS / name))
 
 
 def _cli(db: str, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -130,6 +139,7 @@ def test_alice_signs_an_approval_in_the_browser_while_a_worker_drives_runs(
         card.wait_for(timeout=60_000)
         assert "Publish release 2.0?" in card.locator("pre.question").text_content()
         assert card.locator("button.choice").all_text_contents()[:2] == ["approve", "reject"]
+        _screenshot(alice, "console-inbox.png")
 
         # bob is no approver: the run is not in his inbox, and he cannot answer it.
         bob_ctx, bob, _ = passkey_page(browser)
@@ -163,6 +173,7 @@ def test_alice_signs_an_approval_in_the_browser_while_a_worker_drives_runs(
         # The worker continues it; the page follows over server-sent events.
         alice.locator("#run-status", has_text="completed").wait_for(timeout=60_000)
         assert alice.evaluate("window.__same_page") is True  # never reloaded
+        _screenshot(alice, "console-run.png")
         assert alice_problems == []
         alice_ctx.close()
         bob_ctx.close()
