@@ -350,6 +350,12 @@ def create_app(config: Config) -> Starlette:
         from sse_starlette.sse import EventSourceResponse
 
         run_id = request.path_params["run_id"]
+        from graphrun.eventstore.errors import GraphrunError
+
+        try:
+            await in_thread(read, console.store.run, run_id)
+        except GraphrunError as exc:
+            return PlainTextResponse(str(exc), status_code=404)
 
         async def changes() -> Any:
             last: tuple[Any, ...] | None = None
@@ -690,8 +696,10 @@ def create_app(config: Config) -> Starlette:
         if body.get("pending"):
             # A signed answer over a statement this console prepared (step one).
             prepared = console.recall(str(body.get("pending", "")))
-            if prepared is None or prepared.principal != who.principal or prepared.run_id != run_id:
+            if prepared is None or prepared.run_id != run_id:
                 return _error(400, "no statement is waiting for this signature; answer again")
+            if prepared.principal != who.principal:
+                return _error(403, f"that statement is not {who.principal}'s to sign")
             identity = "verified"
             if body.get("credential"):
                 try:
@@ -712,12 +720,6 @@ def create_app(config: Config) -> Starlette:
                 kind = str(body.get("kind") or "sshsig")
             else:
                 return _error(400, "a signed answer needs credential (a passkey) or signature")
-        elif who.how == "session":
-            return _error(
-                400,
-                "an answer from the console is signed by your passkey",
-                hint="POST /statement first, then the passkey's assertion with its pending id",
-            )
         else:
             try:
                 prepared = await in_thread(
@@ -735,6 +737,12 @@ def create_app(config: Config) -> Starlette:
                 return _refused(exc)
             except (TypeError, ValueError):
                 return _error(400, "node, visit and answer are required")
+            if who.how == "session":  # may answer, but a person's answer here is signed
+                return _error(
+                    400,
+                    "an answer from the console is signed by your passkey; nothing was recorded",
+                    hint="POST /statement first, then the passkey's assertion with its pending id",
+                )
             signature, kind = "", ""
             identity = "token" if who.how == "token" else "proxy"
 

@@ -269,3 +269,26 @@ def test_the_runs_list_pages_filters_and_searches(gate, http, tmp_path):
         assert api.get("/runs/nope").status_code == 404
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_started_through_the_api(gate, http, tmp_path):
+    db = tmp_path / "events.db"
+    token = _token(db, tmp_path, "carol")
+    server = ConsoleServer.start(str(db), tmp_path, env={"GRAPHRUN_AGENTS_DIR": str(gate.parent)})
+    try:
+        api = http(base_url=server.url, headers={"Authorization": f"Bearer {token}"})
+        refused = api.post("/api/runs", json={"agent": "../gate"})
+        assert refused.status_code == 400
+        assert "name an agent of the agents directory" in refused.json()["error"]
+        assert api.post("/api/runs", json={"agent": "nope"}).status_code == 400
+        started = api.post("/api/runs", json={"agent": "gate", "prompt": "3.0"})
+        assert started.status_code == 201, started.text
+        run_id = started.json()["run_id"]
+        row = _until(
+            lambda: (r := api.get(f"/api/runs/{run_id}").json())["status"] == "waiting" and r
+        )
+        assert row["started_by"] == "carol"
+        assert row["waiting"]["question"] == "Publish release 3.0?"
+    finally:
+        server.stop()
