@@ -66,6 +66,9 @@ class RunStarted(EventBase, frozen=True, kw_only=True):
     host: str = ""
     forked_from: str | None = None  # run id this run was forked from
     forked_at: int | None = None  # seq of the source run the fork copies up to
+    # The recorded run whose effects (and signed answers) this run reuses
+    # (``replay --live``, ``test --update``); its signatures stay that run's.
+    recorded_from: str | None = None
     graphrun_version: str = ""
     # Extra files the run depends on (scripts, tools), name -> "sha256:<hex>".
     files: dict[str, str] = {}

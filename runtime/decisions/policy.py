@@ -19,7 +19,15 @@ from typing import Any
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import Event, RunStarted
 
-__all__ = ["Policy", "PolicyError", "governing_policy", "graph_approvers", "policy_of"]
+__all__ = [
+    "CancelRefused",
+    "Policy",
+    "PolicyError",
+    "check_canceller",
+    "governing_policy",
+    "graph_approvers",
+    "policy_of",
+]
 
 
 class PolicyError(GraphrunError):
@@ -150,3 +158,35 @@ def governing_policy(
             hint="restore the graph the run was started with, or fork the run onto the new one",
         )
     return recorded
+
+
+def check_canceller(events: Sequence[Event], who: str, *, disk: bool = True) -> None:
+    """Refuse ``who`` unless the governing graph lets anyone cancel the run, or names
+    them among its approvers (``settings.cancel_by: approvers``); compared exactly.
+
+    Raises:
+        PolicyError: The recorded graph and the graph on disk disagree.
+        CancelRefused: ``who`` may not cancel the run.
+    """
+    graph = recorded_graph(events)
+    rule = (graph.settings.cancel_by, graph_approvers(graph))
+    found = disk_graph(events) if disk else None
+    if found is not None:
+        other, where = found
+        if (other.settings.cancel_by, graph_approvers(other)) != rule:
+            raise PolicyError(
+                f"who may cancel differs between the run's recorded graph and {where}; "
+                "nothing was recorded",
+                hint="restore the graph the run was started with",
+            )
+    cancel_by, approvers = rule
+    if cancel_by == "approvers" and who not in approvers:
+        raise CancelRefused(
+            f"{who!r} may not cancel run {events[0].run_id}: its graph lets only its "
+            f"approvers cancel it ({', '.join(approvers) or 'none are named'})",
+            hint="pass --as NAME with one of them",
+        )
+
+
+class CancelRefused(GraphrunError):
+    """Someone the graph does not allow tried to cancel a run."""

@@ -184,10 +184,9 @@ def _check_one(
     run_hashes: Mapping[int, str] | None = hashes
     if stmt.run_id != event.run_id:
         forked = first if isinstance(first, RunStarted) else None
-        carried = (
-            forked is not None
-            and forked.forked_from == stmt.run_id
-            and event.seq <= (forked.forked_at or 0)
+        carried = forked is not None and (
+            (forked.forked_from == stmt.run_id and event.seq <= (forked.forked_at or 0))
+            or forked.recorded_from == stmt.run_id
         )
         if not carried:
             check.problem = f"moved: the signed statement is for run {stmt.run_id}"
@@ -228,8 +227,9 @@ def _check_one(
         asked = run_hashes.get(stmt.asked_seq)
         if stmt.asked_seq != request.seq and not check.carried_from:
             check.problem = (
-                f"replayed: the statement answers the question asked at seq {stmt.asked_seq}, "
-                f"this answer's question is seq {request.seq}"
+                "the log up to the question is not the one the signer saw: they were asked "
+                f"at seq {stmt.asked_seq}, this log asks at seq {request.seq} (events before "
+                "it were removed or inserted, and the chain recomputed)"
             )
             return check
         if asked != stmt.asked_head:

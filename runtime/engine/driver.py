@@ -230,10 +230,12 @@ def start_run(
     parent_node_id: str | None = None,
     run_id: str | None = None,
     config: dict[str, Any] | None = None,
+    recorded_from: str | None = None,
 ) -> str:
     """Record ``RunStarted`` for a new run and return its id (the graph is not run yet).
 
-    ``config`` is the configuration the run begins with (see :func:`run_config`)."""
+    ``config`` is the configuration the run begins with (see :func:`run_config`);
+    ``recorded_from`` the recorded run whose effects it reuses."""
     run_id = run_id or new_run_id()
     files: dict[str, str] = {}
     for node in loaded.graph.nodes.values():
@@ -256,6 +258,7 @@ def start_run(
         graphrun_version=GRAPHRUN_VERSION,
         files=files,
         config=config or {},
+        recorded_from=recorded_from,
     )
     store.append(run_id, [event])
     return run_id

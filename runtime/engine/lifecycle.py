@@ -67,8 +67,13 @@ def cancel(
     request, stops its effects and records ``RunCancelled`` by ``by``. Raises
     :class:`AnswerError` when the run ended otherwise, :class:`RunError` when it
     is still running after ``wait`` (the request stays: the run is cancelled when
-    its driver next looks)."""
+    its driver next looks), and ``CancelRefused`` when the graph lets only its
+    approvers cancel (``settings.cancel_by: approvers``) and ``by`` is none of them."""
+    from graphrun.runtime.decisions.policy import check_canceller
+
     who = whoami(by)
+    # Refused before anything is recorded or asked of the driving process.
+    check_canceller(store.read(run_id, upto=1), who)
     if not store.is_live(run_id):
         try:
             return cancel_run(store, run_id, reason=reason, by=who)
