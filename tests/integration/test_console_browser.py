@@ -191,6 +191,15 @@ def test_alice_signs_an_approval_in_the_browser_while_a_worker_drives_runs(
         key = " ".join(lines[0].split()[2:4])
         said = audit.stdout + audit.stderr
         assert f"'approve' by alice (key {fingerprint(key)})" in said, said
+        # An export verifies on its own, with only the signers file.
+        export = tmp_path / "run.jsonl"
+        assert _cli(db, tmp_path, "export", run_id, "-o", str(export)).returncode == 0
+        offline = _cli(
+            str(tmp_path / "none.db"), tmp_path, "audit", str(export), "--verify",
+            "--signers", str(signers),
+        )  # fmt: skip
+        assert offline.returncode == 0, offline.stdout + offline.stderr
+        assert f"by alice (key {fingerprint(key)})" in offline.stdout + offline.stderr
 
         # OpenSSH agrees: the recorded signature is an SSHSIG it verifies.
         import json
@@ -284,5 +293,51 @@ def test_a_models_script_is_text_on_every_page(browser, fake_llm, tmp_path):
         time.sleep(0.5)
         assert problems == []
         context.close()
+    finally:
+        server.stop()
+
+
+ASK = """
+name: ask
+version: "1.0"
+start: name
+nodes:
+  name:
+    type: input
+    question: "Which version ships?"
+    validation: "len(input) >= 3"
+    state_updates: {version: "{{input}}"}
+    next: done
+  done: {type: end, output: "shipping {{version}}"}
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_input_answered_in_the_browser_continues_in_the_consoles_process(browser, tmp_path):
+    db = str(tmp_path / "events.db")
+    root = write_agent(tmp_path / "ask", ASK)
+    assert _cli(db, tmp_path, "run", str(root)).returncode == 3
+    run_id = _cli(db, tmp_path, "runs", "--json").stdout.split('"run_id": "')[1].split('"')[0]
+    server = ConsoleServer.start(db, tmp_path, "--invite", "alice")
+    try:
+        context, page, problems = passkey_page(browser)
+        register(page, server.invites["alice"])
+        page.goto(f"{server.url}/runs/{run_id}")
+        before = _events(db, tmp_path, run_id)
+        page.fill("#wait input[name=text]", "v2")  # fails the node's validation
+        page.click("#wait button.choice[data-input]")
+        result = page.locator("#wait .result")
+        result.filter(has_text="Not recorded").wait_for(timeout=15_000)
+        assert "len(input) >= 3" in result.text_content()
+        assert _events(db, tmp_path, run_id) == before
+        problems.clear()  # the refusal's HTTP 400, expected
+        page.fill("#wait input[name=text]", "v2.1")
+        page.click("#wait button.choice[data-input]")
+        result.filter(has_text="Recorded").wait_for(timeout=15_000)
+        page.locator("#run-status", has_text="completed").wait_for(timeout=30_000)
+        assert problems == []
+        context.close()
+        shown = _cli(db, tmp_path, "show", run_id, "--json")
+        assert '"output": "shipping v2.1"' in shown.stdout
     finally:
         server.stop()
