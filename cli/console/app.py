@@ -417,6 +417,10 @@ def create_app(config: Config) -> Starlette:
     # -- passkeys --------------------------------------------------------------------
 
     def limited(request: Request) -> Response | None:
+        now = time.monotonic()
+        for key, found in list(console.challenges.items()):
+            if found[3] < now - 300:  # a registration or sign-in never finished
+                del console.challenges[key]
         if not console.same_origin(request):
             return _error(403, "refused: the request does not come from the console's origin")
         client = request.client.host if request.client else "?"
@@ -706,6 +710,8 @@ def create_app(config: Config) -> Starlette:
                     assertion = Assertion.from_browser(body.get("credential") or {})
                 except ValueError as exc:
                     return _error(400, str(exc))
+                if assertion.origin() != config.origin:
+                    return _error(403, "the passkey signed for another site; nothing was recorded")
                 passkey = await in_thread(console.accounts.passkey, assertion.credential_id)
                 if passkey is None or passkey.account != who.principal:
                     return _error(
