@@ -24,7 +24,7 @@ MIGRATIONS: dict[int, list[str]] = {
     1: [
         """CREATE TABLE console_accounts (
             name TEXT PRIMARY KEY,
-            created_at REAL NOT NULL
+            created_at DOUBLE PRECISION NOT NULL
         )""",
         """CREATE TABLE console_passkeys (
             credential_id TEXT PRIMARY KEY,
@@ -32,28 +32,28 @@ MIGRATIONS: dict[int, list[str]] = {
             public_key TEXT NOT NULL,
             sign_count BIGINT NOT NULL DEFAULT 0,
             rp_id TEXT NOT NULL,
-            created_at REAL NOT NULL
+            created_at DOUBLE PRECISION NOT NULL
         )""",
         "CREATE INDEX console_passkeys_account ON console_passkeys (account)",
         """CREATE TABLE console_sessions (
             token_hash TEXT PRIMARY KEY,
             account TEXT NOT NULL REFERENCES console_accounts(name),
             csrf TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            expires_at REAL NOT NULL
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL
         )""",
         """CREATE TABLE console_invites (
             token_hash TEXT PRIMARY KEY,
             account TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            expires_at REAL NOT NULL,
-            used_at REAL
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            used_at DOUBLE PRECISION
         )""",
         """CREATE TABLE console_tokens (
             token_hash TEXT PRIMARY KEY,
             principal TEXT NOT NULL,
             label TEXT NOT NULL DEFAULT '',
-            created_at REAL NOT NULL
+            created_at DOUBLE PRECISION NOT NULL
         )""",
     ],
 }

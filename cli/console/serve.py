@@ -91,6 +91,9 @@ def serve_cmd(
     base = "/" + base_path.strip("/") if base_path.strip("/") else ""
     if any(c in base for c in "?#\\ ") or "//" in base:
         raise UsageError(f"--base-path {base_path!r}: give a plain path such as /console")
+    for account in (*invites, *tokens):
+        if not account.strip() or any(c.isspace() or c in ",*?!\"'" for c in account):
+            raise UsageError(f"{account!r}: a principal is one word (as allowed_signers names it)")
     name = _name_db(db)
     if export_signers:
         from graphrun.cli.console.passkeys import allowed_signers_line
@@ -115,8 +118,6 @@ def serve_cmd(
         raise UsageError(f"--origin {origin!r}: give scheme://host[:port]")
     accounts = Accounts(name)
     for account in invites:
-        if not account.strip() or any(c.isspace() or c in ",*?!\"'" for c in account):
-            raise UsageError(f"--invite {account!r}: a principal is one word")
         secret = accounts.invite(account)
         click.echo(f"invitation for {account}: {origin}{base}/invite/{secret}")
     for principal in tokens:
