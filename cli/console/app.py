@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import sys
 import threading
 import time
 from collections import deque
@@ -168,16 +169,16 @@ class Console:
     def same_origin(self, request: Request) -> bool:
         return request.headers.get("origin") == self.config.origin
 
-    def trust(self) -> Any:
-        """What answers are verified against: each account's registered passkeys
-        (and the configured allowed_signers file)."""
+    def trust(self, signers: Path | None) -> Any:
+        """What answers are verified against: each account's registered passkeys and
+        the run's allowed_signers file."""
         from graphrun.cli.console.passkeys import ssh_public_key
         from graphrun.runtime.decisions import Trust
 
         keys: dict[str, list[str]] = {}
         for key in self.accounts.passkeys():
             keys.setdefault(key.account, []).append(ssh_public_key(key.public_key, key.rp_id))
-        return Trust(signers=self.config.signers, extra={"webauthn": keys})
+        return Trust(signers=signers, extra={"webauthn": keys})
 
     def remember(self, value: Any) -> str:
         now = time.monotonic()
@@ -689,7 +690,13 @@ def create_app(config: Config) -> Starlette:
         who = api_who(request, write=True)
         if isinstance(who, Response):
             return who
-        from graphrun.cli.console.decide import continue_run, prepare, record
+        from graphrun.cli.console.decide import (
+            continue_run,
+            prepare,
+            record,
+            require_listed,
+            signers_file,
+        )
         from graphrun.cli.console.passkeys import ssh_public_key
         from graphrun.cli.options import open_store
         from graphrun.eventstore.errors import GraphrunError
@@ -721,6 +728,17 @@ def create_app(config: Config) -> Starlette:
 
                 key_line = ssh_public_key(passkey.public_key, passkey.rp_id)
                 signature, kind = sshsig_armored(assertion, key_line, DOMAIN), "webauthn"
+                try:
+                    await in_thread(
+                        read,
+                        require_listed,
+                        console.store,
+                        prepared,
+                        key_line,
+                        await in_thread(read, signers_file, console.store, run_id, config.signers),
+                    )
+                except GraphrunError as exc:
+                    return _refused(exc)
             elif body.get("signature"):
                 signature = str(body.get("signature"))
                 kind = str(body.get("kind") or "sshsig")
@@ -755,22 +773,28 @@ def create_app(config: Config) -> Starlette:
         def answer() -> Any:
             store = open_store(config.db)
             try:
+                signers = signers_file(store, prepared.run_id, config.signers)
                 received = record(
                     store,
                     prepared,
                     signature=signature,
                     kind=kind,
                     identity=identity,
-                    trust=console.trust(),
+                    trust=console.trust(signers),
                 )
             except BaseException:
                 store.close()
                 raise
-            state = continue_run(store, received, principal=who.principal, on_error=_log_problem)
+            state = continue_run(
+                store, received, principal=who.principal, signers=signers, on_error=_log_problem
+            )
             return received, state
 
         def _log_problem(exc: BaseException) -> None:
-            console.problems.append(f"{type(exc).__name__}: {exc}")
+            # The answer is recorded; the run stays where it is, resumable as any.
+            line = f"run {prepared.run_id} was answered but could not continue here: {exc}"
+            console.problems.append(line)
+            print(f"graphrun console: {line}", file=sys.stderr, flush=True)
 
         try:
             received, state = await in_thread(answer)

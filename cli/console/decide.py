@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from graphrun.eventstore.events import ApprovalSigned, HumanInputReceived, HumanInputRequested
@@ -24,7 +25,15 @@ from graphrun.runtime.decisions import DOMAIN, SignedDecision, shown_text
 from graphrun.runtime.decisions.webauthn import b64url, challenge_for
 from graphrun.runtime.errors import AnswerError
 
-__all__ = ["Prepared", "continue_run", "prepare", "record", "shown_for"]
+__all__ = [
+    "Prepared",
+    "continue_run",
+    "prepare",
+    "record",
+    "require_listed",
+    "shown_for",
+    "signers_file",
+]
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,50 @@ def prepare(
     return Prepared(waiting, request, recorded, other, principal, statement)
 
 
+def signers_file(store: Any, run_id: str, given: Path | None) -> Path | None:
+    """The allowed_signers file the run's answers are checked against when it is
+    continued or audited: ``given`` (``serve --signers``), else next to its graph,
+    else in its config directory (as ``graphrun approve`` and workers find it)."""
+    from graphrun.runtime.decisions.sshsig import find_signers
+    from graphrun.runtime.engine.driver import recorded_config
+    from graphrun.runtime.graph.config import config_dir as default_config_dir
+
+    first = store.read(run_id, upto=1)
+    agent_dir = getattr(first[0], "agent_dir", "") if first else ""
+    config = recorded_config(store, run_id)
+    return find_signers(
+        given,
+        graph_dir=agent_dir or None,
+        config_dir=config.get("config_dir") or default_config_dir(),
+    )
+
+
+def require_listed(store: Any, prepared: Prepared, key_line: str, signers: Path | None) -> None:
+    """Where the run's graph requires signed answers, refuse (before anything is
+    recorded) a passkey the run's allowed_signers file does not list: the run could
+    not continue with it, and ``audit --verify`` could not verify it.
+
+    Raises:
+        AnswerRefused: The passkey is not listed for the principal.
+    """
+    from graphrun.actors.human.actor import AnswerRefused
+    from graphrun.runtime.decisions.policy import governing_policy
+    from graphrun.runtime.decisions.webauthn import principal_keys
+
+    events = store.read(prepared.run_id)
+    if not governing_policy(events, prepared.request.node_id).signed:
+        return
+    listed = principal_keys(signers, prepared.principal) if signers is not None else []
+    if key_line.split()[1] not in {k.split()[1] for k in listed}:
+        where = str(signers) if signers is not None else "an allowed_signers file (none found)"
+        raise AnswerRefused(
+            f"node '{prepared.request.node_id}' requires signed answers checked against "
+            f"{where}, which does not list {prepared.principal}'s passkey; nothing was recorded",
+            hint="add the line `graphrun serve --export-signers` prints for "
+            f"{prepared.principal} to that file",
+        )
+
+
 def signed_by(events: list[Any], request: HumanInputRequested) -> set[str]:
     """Who already signed ``request`` (the earlier signatures of a multi-signer approval)."""
     return {
@@ -153,6 +206,7 @@ def continue_run(
     received: HumanInputReceived | ApprovalSigned,
     *,
     principal: str,
+    signers: Path | None,
     on_error: Callable[[BaseException], None],
 ) -> str:
     """Continue the run ``received`` answered, as ``graphrun approve`` does; returns
@@ -185,6 +239,7 @@ def continue_run(
                 recorded=recorded_config(store, received.run_id),
             )
             options.interactive = False
+            options.signers = signers
             outcome = _drive(Driver(store, received.run_id, options, resumed_by=principal))
             resume_ancestors(store, received.run_id, options, outcome)
         except BaseException as exc:

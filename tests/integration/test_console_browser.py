@@ -341,3 +341,73 @@ def test_an_input_answered_in_the_browser_continues_in_the_consoles_process(brow
         assert '"output": "shipping v2.1"' in shown.stdout
     finally:
         server.stop()
+
+
+TWO_OF_THREE = """
+name: two
+version: "1.0"
+start: publish
+nodes:
+  publish:
+    type: approval
+    question: "Publish?"
+    options: [approve, reject]
+    approvals: {required: 2, of: [alice, bob, carol]}
+    routes: {approve: done, reject: done}
+    on_other: done
+  done: {type: end, output: "decided"}
+"""
+
+
+@pytest.mark.timeout(150)
+def test_two_passkeys_sign_a_two_of_three_approval(browser, tmp_path):
+    db = str(tmp_path / "events.db")
+    root = write_agent(tmp_path / "two", TWO_OF_THREE)
+    assert _cli(db, tmp_path, "run", str(root)).returncode == 3
+    run_id = _cli(db, tmp_path, "runs", "--json").stdout.split('"run_id": "')[1].split('"')[0]
+    server = ConsoleServer.start(db, tmp_path, "--invite", "alice", "--invite", "carol")
+    try:
+        people = {}
+        for person in ("alice", "carol"):
+            context, page, problems = passkey_page(browser)
+            register(page, server.invites[person])
+            people[person] = (context, page, problems)
+
+        def approve(person: str) -> str:
+            _context, page, _problems = people[person]
+            page.goto(f"{server.url}/inbox")
+            card = page.locator(f"#wait-{run_id}")
+            card.locator("button.choice[data-answer=approve]").click()
+            result = card.locator(".result")
+            result.filter(has_text="ecorded").wait_for(timeout=15_000)
+            return str(result.text_content())
+
+        # Signed answers are required here and checked against the graph's
+        # allowed_signers, which does not list her passkey yet: refused, nothing kept.
+        before = _events(db, tmp_path, run_id)
+        refused = approve("alice")
+        assert "Not recorded" in refused and "does not list alice's passkey" in refused
+        assert _events(db, tmp_path, run_id) == before
+        people["alice"][2].clear()  # the refusal's HTTP 403, expected
+
+        (root / "allowed_signers").write_text(
+            _cli(db, tmp_path, "serve", "--export-signers").stdout
+        )
+        assert "waiting for more signatures" in approve("alice")
+        people["alice"][1].goto(f"{server.url}/inbox")  # signed: it left her inbox
+        assert people["alice"][1].locator(f"#wait-{run_id}").count() == 0
+        assert "the run is continuing" in approve("carol")
+        deadline = time.monotonic() + 30
+        while "completed" not in _cli(db, tmp_path, "runs").stdout:
+            assert time.monotonic() < deadline, "".join(server.stderr)
+            time.sleep(0.3)
+        for context, _page, problems in people.values():
+            assert problems == []
+            context.close()
+        audit = _cli(db, tmp_path, "audit", run_id, "--verify")
+        assert audit.returncode == 0, audit.stdout + audit.stderr
+        said = audit.stdout + audit.stderr
+        assert "by alice (co-signature) (key SHA256:" in said, said
+        assert "by carol (key SHA256:" in said, said
+    finally:
+        server.stop()
