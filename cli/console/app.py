@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,16 +320,16 @@ def create_app(config: Config) -> Starlette:
         who = console.who(request)
         if who is None:
             return PlainTextResponse("sign in first", status_code=401)
+        from graphrun.eventstore.errors import GraphrunError
         from graphrun.runtime.observe.report import build_report
 
         run_id = request.path_params["run_id"]
         try:
             text = await in_thread(read, build_report, console.store, run_id, prices=console.prices)
-        except Exception as exc:  # the report of a damaged run: say so, in the frame
-            text = f"<p>no report: {type(exc).__name__}</p>"
+        except GraphrunError as exc:  # an unknown or damaged run: say so, in the frame
             import html
 
-            text = html.escape(text)
+            text = f"<p>no report: {html.escape(str(exc))}</p>"
         return _secure_headers(HTMLResponse(text), _report_csp())
 
     async def run_graph(request: Request) -> Response:
@@ -337,9 +337,11 @@ def create_app(config: Config) -> Starlette:
         if who is None:
             return PlainTextResponse("sign in first", status_code=401)
         run_id = request.path_params["run_id"]
+        from graphrun.eventstore.errors import GraphrunError
+
         try:
             svg = await in_thread(read, _graph_svg, console.store, run_id)
-        except Exception as exc:
+        except GraphrunError as exc:  # an unknown run, or Graphviz missing
             return PlainTextResponse(f"no picture: {exc}", status_code=404)
         response = Response(svg, media_type="image/svg+xml")
         return _secure_headers(response, "default-src 'none'; style-src 'unsafe-inline'")
@@ -926,7 +928,5 @@ def _graph_svg(store: Any, run_id: str) -> str:
         pic.current = state.waiting.node_id if state.waiting else state.current
     return dot_to_svg(to_dot(pic))
 
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 __all__ = ["Config", "Console", "create_app"]

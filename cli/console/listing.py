@@ -14,7 +14,7 @@ from typing import Any
 
 from graphrun.eventstore.events import Event, HumanInputRequested
 from graphrun.eventstore.fold import fold
-from graphrun.eventstore.projections import COLUMNS, RunRow
+from graphrun.eventstore.projections import RunRow
 from graphrun.runtime.observe.usage import Usage, run_usage
 
 PAGE = 50
@@ -216,10 +216,6 @@ def _pg_waiting(store: Any, cursor: str | None) -> list[str]:
         args.append(cursor)
     sql += " ORDER BY run_id DESC LIMIT 2000"
     return [str(r[0]) for r in _rows(store, sql, args)]
-
-
-def run_columns() -> tuple[str, ...]:
-    return COLUMNS
 
 
 __all__ = ["PAGE", "STATUSES", "Page", "RunLine", "Wait", "inbox", "list_runs", "may_answer"]
