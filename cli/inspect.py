@@ -316,11 +316,11 @@ def audit_cmd(
 
 
 def _trust(signers: str | None, agent_dir: str | None) -> Any:
-    from graphrun.runtime.decisions import Trust
+    from graphrun.runtime.decisions import make_trust
     from graphrun.runtime.decisions.sshsig import find_signers
     from graphrun.runtime.graph.config import config_dir
 
-    return Trust(signers=find_signers(signers, graph_dir=agent_dir, config_dir=config_dir()))
+    return make_trust(find_signers(signers, graph_dir=agent_dir, config_dir=config_dir()))
 
 
 def _verify_signatures(store: Any, run_id: str, signers: str | None) -> dict[str, Any]:

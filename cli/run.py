@@ -511,7 +511,7 @@ def _signed_answer(
     """``--sign KEY``: the decision statement for this answer, signed with KEY as the
     principal the signers file lists for it (``--as`` picks one when it lists several)."""
     from graphrun.actors.human.actor import AnswerRefused
-    from graphrun.runtime.decisions import SignedDecision, Trust
+    from graphrun.runtime.decisions import SignedDecision, make_trust
     from graphrun.runtime.decisions.sshsig import find_signers, principals_of
     from graphrun.runtime.decisions.sshsig import sign as ssh_sign
     from graphrun.runtime.engine.answers import prepare_statement
@@ -553,7 +553,7 @@ def _signed_answer(
         store, run_id, text, kind=kind, principal=principal, node=node, other=other
     )
     signature = ssh_sign(statement, sign)
-    return SignedDecision(statement, signature, "sshsig"), Trust(signers=found)
+    return SignedDecision(statement, signature, "sshsig"), make_trust(found)
 
 
 _SIGN_HELP = (
@@ -755,5 +755,13 @@ def fork_cmd(
     _check_continuation(store, run_id, options, resuming=False)
     new_id = fork_run(store, run_id, at_seq, by=as_user)
     click.echo(f"▸ forked {run_id} at seq {at_seq} as {new_id}", err=True)
+    reused = [e for e in store.read(new_id) if getattr(e, "signature", "") and hasattr(e, "by")]
+    if reused:
+        signers = ", ".join(dict.fromkeys(str(getattr(e, "by", "")) for e in reused))
+        click.echo(
+            f"▸ the fork reuses {len(reused)} signed answer(s) of run {run_id} ({signers}): "
+            "kept as signed for that run, not signed again",
+            err=True,
+        )
     outcome = _drive(Driver(store, new_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)

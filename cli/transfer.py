@@ -88,5 +88,5 @@ def import_cmd(file: str, agent_dirs: tuple[str, ...], db: str | None) -> None:
 
     store = open_store(db, create=True)
     trusted = [Path(d) for d in agent_dirs]
-    for run_id, status in import_runs(store, Path(file), trusted_dirs=trusted):
+    for run_id, status in import_runs(store, Path(file), trusted_dirs=trusted, against_disk=True):
         click.echo(f"{status}: {run_id}")

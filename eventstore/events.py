@@ -301,7 +301,8 @@ class HumanInputRequested(EventBase, frozen=True, kw_only=True):
     question: str
     options: list[str] = []
     default: str | None = None
-    approvers: list[str] = []
+    approvers: list[str] = []  # as shown; who may answer is read from the graph
+    signed: bool = False  # as shown: the graph requires a signed answer here
 
 
 class HumanInputReceived(EventBase, frozen=True, kw_only=True):

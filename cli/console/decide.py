@@ -196,7 +196,7 @@ def record(
         other=prepared.other,
         signed=signed,
         trust=trust,
-        authenticated=authenticated,
+        identity_class=authenticated or "claimed",
     )
     return received
 

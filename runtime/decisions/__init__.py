@@ -28,8 +28,20 @@ Public API (stable; other faces add signature kinds, they do not change it):
   :func:`signature_kind` looks one up, :func:`verify_signature` dispatches.
   ``"sshsig"`` (OpenSSH's SSHSIG, namespace :data:`DOMAIN`) is built in
   (:mod:`graphrun.runtime.decisions.sshsig`).
+* :func:`make_trust` — the :class:`Trust` every command verifies with: the signers
+  file, plus what each registered kind loads for itself (a kind may define
+  ``load_trust(signers: Path | None) -> Any``; the result is ``extra[kind.name]``).
 * :class:`SignedDecision` — a statement, its signature, the kind and the identity
   class, as handed to ``runtime.engine.answers.submit_answer(signed=...)``.
+* Recording (``graphrun.runtime.engine.answers``): ``prepare_statement(store, run_id,
+  text, *, kind, principal, node=None, other=False, shown=None) -> (run id, bytes)``
+  builds the statement for the question the run waits at (the answer checked
+  first); ``submit_answer(..., signed=SignedDecision(...), trust=make_trust(...))``
+  verifies it against the question and the governing graph and appends it (or
+  refuses, appending nothing); an unsigned answer from an authenticated session
+  passes ``identity_class="token"`` (or ``"proxy"``) instead of ``signed``.
+* Checking a log: :func:`graphrun.runtime.decisions.verify.check_run` (per decision:
+  verified / claimed / token / proxy / broken), used by ``audit --verify``.
 * :data:`IDENTITIES` — how an answer's identity is known: ``"verified"`` (a
   signature), ``"token"`` (an authenticated session or API token), ``"proxy"``
   (asserted by a trusted front), ``"claimed"`` (a typed name; every old answer).
@@ -57,6 +69,7 @@ __all__ = [
     "StatementError",
     "Trust",
     "build_statement",
+    "make_trust",
     "parse_statement",
     "register_kind",
     "shown_hash",
@@ -212,6 +225,18 @@ def verify_signature(
         SignatureInvalid: Which check failed.
     """
     return signature_kind(kind).verify(statement, signature, principal, trust)
+
+
+def make_trust(signers: Path | None) -> Trust:
+    """A :class:`Trust` over the ``signers`` file, with each registered kind's own
+    material (its optional ``load_trust(signers)``) under ``extra[kind.name]``."""
+    _builtin()
+    extra: dict[str, Any] = {}
+    for name, kind in _KINDS.items():
+        load = getattr(kind, "load_trust", None)
+        if load is not None:
+            extra[name] = load(signers)
+    return Trust(signers=signers, extra=extra)
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,8 @@ def sign_head(store: object, run_id: str) -> bool:
     from graphrun.runtime.decisions.sshsig import sign
 
     configured = head_key()
-    if configured is None:
-        return False
+    if configured is None or not hasattr(store, "raw_rows"):
+        return False  # no key, or a replay's scratch log (never persisted)
     key, principal = configured
     row = store.run(run_id)  # type: ignore[attr-defined]
     last = store.read(run_id, after=row.last_seq - 1)  # type: ignore[attr-defined]

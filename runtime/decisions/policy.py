@@ -155,7 +155,7 @@ def governing_policy(
         raise PolicyError(
             f"who may answer node '{node_id}' differs between the run's recorded graph "
             f"({recorded.describe()}) and {where} ({on_disk.describe()}); nothing was recorded",
-            hint="restore the graph the run was started with, or fork the run onto the new one",
+            hint="restore the graph.yaml the run was started with (its source is in the log)",
         )
     return recorded
 
@@ -168,7 +168,10 @@ def check_canceller(events: Sequence[Event], who: str, *, disk: bool = True) -> 
         PolicyError: The recorded graph and the graph on disk disagree.
         CancelRefused: ``who`` may not cancel the run.
     """
-    graph = recorded_graph(events)
+    try:
+        graph = recorded_graph(events)
+    except GraphrunError:
+        return  # a run whose graph cannot be read can never go on: anyone may end it
     rule = (graph.settings.cancel_by, graph_approvers(graph))
     found = disk_graph(events) if disk else None
     if found is not None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import (
     ApprovalSigned,
     Event,
@@ -112,7 +113,7 @@ def check_run(
     try:
         graph = recorded_graph(events)
         bad_graph = ""
-    except (PolicyError, Exception) as exc:  # a run whose graph no longer parses
+    except GraphrunError as exc:  # a run whose graph does not parse (any more)
         graph, bad_graph = None, f"the run's recorded graph cannot be read: {exc}"
     requests: dict[tuple[str, int, str], HumanInputRequested] = {}
     cosigs: dict[tuple[str, int, str], list[tuple[ApprovalSigned, DecisionCheck]]] = {}
@@ -301,6 +302,10 @@ def _check_heads(
     if not heads:
         return None
     run_id = events[0].run_id
+    first = events[0]
+    sources = {
+        getattr(first, "forked_from", None): getattr(first, "forked_at", None) or 0,
+    }
     check = HeadCheck(run_id, len(heads), ok=False)
     for head in heads:
         where = f"signed head at seq {head.seq}"
@@ -309,6 +314,8 @@ def _check_heads(
         except StatementError as exc:
             check.problem = f"{where}: {exc.message}"
             return check
+        if stmt.run_id != run_id and stmt.run_id in sources and head.seq <= sources[stmt.run_id]:
+            continue  # a fork's copy of its source's head: that run's, checked there
         if (stmt.run_id, stmt.head_seq, stmt.head) != (run_id, head.head_seq, head.head):
             check.problem = f"{where}: its statement is for another run or head"
             return check

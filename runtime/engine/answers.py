@@ -21,8 +21,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import msgspec
-
 from graphrun.actors.human.actor import AnswerRefused, check_approver
 from graphrun.actors.human.prompt import identity
 from graphrun.eventstore.errors import LeaseHeldError
@@ -69,7 +67,7 @@ def submit_answer(
     wait_for_lease: float = 5.0,
     signed: SignedDecision | None = None,
     trust: Trust | None = None,
-    authenticated: str | None = None,
+    identity_class: str = "claimed",
 ) -> HumanInputReceived | ApprovalSigned:
     """Record a person's answer to the ``kind`` node the run waits at.
 
@@ -97,9 +95,10 @@ def submit_answer(
         wait_for_lease: How long to wait for another process to let go of the run.
         signed: The signed decision statement, its signature, kind and identity class.
         trust: What ``signed`` is verified against (the allowed_signers file).
-        authenticated: For an unsigned answer whose answerer a server authenticated:
-            ``"token"`` (a session or API token) or ``"proxy"`` (a trusted front's
-            header), recorded as the answer's identity instead of "claimed".
+        identity_class: For an unsigned answer, how ``as_user`` is known:
+            ``"claimed"`` (typed), ``"token"`` (an authenticated session or API
+            token) or ``"proxy"`` (asserted by a trusted front). Where the graph
+            requires signed answers, none of these is enough.
 
     Returns:
         The appended ``HumanInputReceived`` (or ``ApprovalSigned``), stamped.
@@ -133,13 +132,15 @@ def submit_answer(
                 f"node '{request.node_id}' requires a signed answer; nothing was recorded",
                 hint=f"graphrun {_VERB[kind]} {run_id} ... --sign KEY (a key in allowed_signers)",
             )
+        if identity_class not in ("claimed", "token", "proxy"):
+            raise AnswerRefused(f"an unsigned answer cannot be {identity_class!r}")
         check_approver(policy.approvers, ident.by, request.node_id, how=how)
         text = _checked(events, request, text, other=other)
         event: HumanInputReceived | ApprovalSigned = ident.answered(request, text, channel)
-        if authenticated is not None:
-            if authenticated not in ("token", "proxy"):
-                raise AnswerRefused(f"unknown identity class {authenticated!r}")
-            event = msgspec.structs.replace(event, identity=authenticated)
+        if identity_class != "claimed":
+            import msgspec
+
+            event = msgspec.structs.replace(event, identity=identity_class)
     else:
         stmt, key = _verified(store, events, request, signed, trust, as_user)
         check_approver(policy.approvers, stmt.principal, request.node_id)

@@ -490,7 +490,7 @@ class Driver:
 
     def _require_answers_allowed(self, events: list[Event]) -> None:
         from graphrun.eventstore.events import ApprovalSigned
-        from graphrun.runtime.decisions import Trust
+        from graphrun.runtime.decisions import make_trust
         from graphrun.runtime.decisions.sshsig import find_signers
         from graphrun.runtime.decisions.verify import require_answers_allowed
         from graphrun.runtime.graph.config import config_dir as default_config_dir
@@ -505,7 +505,7 @@ class Driver:
             config_dir=self.options.config_dir or config.get("config_dir") or default_config_dir(),
         )
         hashes = {seq: digest for seq, _b, _p, digest in self.store.raw_rows(self.run_id)}
-        require_answers_allowed(events, Trust(signers=signers), hashes=hashes)
+        require_answers_allowed(events, make_trust(signers), hashes=hashes)
 
     def _sign_head(self) -> None:
         """Sign the head the run is left at, when a head key is configured."""

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from graphrun.eventstore.errors import LeaseHeldError
+from graphrun.eventstore.errors import GraphrunError, LeaseHeldError
 from graphrun.eventstore.events import ChildCancelled, Event, RunCancelled, RunStarted
 from graphrun.eventstore.fold import fold
 from graphrun.eventstore.ids import new_run_id
@@ -44,8 +44,23 @@ def cancel_run(store: Store, run_id: str, *, reason: str, by: str | None = None)
                     )
                 store.append(run_id, [ChildCancelled(child_run_id=child, reason=reason)])
         store.append(run_id, [RunCancelled(reason=reason, by=whoami(by))], sync=True)
+        _sign_head(store, run_id)
     cancelled.append(run_id)
     return cancelled
+
+
+def _sign_head(store: Store, run_id: str) -> None:
+    """Sign the head a cancellation leaves, when a head key is configured."""
+    import logging
+
+    from graphrun.runtime.decisions.heads import sign_head
+
+    try:
+        sign_head(store, run_id)
+    except GraphrunError as exc:
+        logging.getLogger("graphrun.run").warning(
+            "run %s: the head was not signed: %s", run_id, exc
+        )
 
 
 def cancel(

@@ -64,6 +64,7 @@ def request(graph: Graph, node: ApprovalNode | InputNode, node_id: str, state: R
                     options=list(task.options),
                     default=task.default,
                     approvers=list(task.approvers),
+                    signed=task.signed,
                 ),
             )
         )

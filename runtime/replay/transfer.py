@@ -484,11 +484,12 @@ def _check_parents(path: Path, runs: dict[str, list[Event]]) -> None:
             up = parent.get(up)
 
 
-def _check_approvals(path: Path, runs: dict[str, list[Event]]) -> None:
+def _check_approvals(path: Path, runs: dict[str, list[Event]], *, disk: bool = False) -> None:
     """Every recorded answer is one the run's own graph allows: by one of the node's
     approvers (compared exactly), signed where the graph requires it. The graph is
-    the run's recorded source, and its graph.yaml next to the file when it is there
-    (they must agree); never the approvers copied into the recorded question."""
+    the run's recorded source and, with ``disk`` (an import), its graph.yaml next to
+    the file when it is there (they must agree); never the approvers copied into
+    the recorded question."""
     from graphrun.runtime.decisions.policy import PolicyError, governing_policy
 
     for run_id, events in runs.items():
@@ -499,7 +500,7 @@ def _check_approvals(path: Path, runs: dict[str, list[Event]]) -> None:
             node = event.node_id
             try:
                 if node not in policies:
-                    policies[node] = governing_policy(events, node, base=path.parent)
+                    policies[node] = governing_policy(events, node, disk=disk, base=path.parent)
             except PolicyError as exc:
                 raise ExportFileError(f"{path}: run {run_id}: {exc.message}") from None
             policy = policies[node]
@@ -528,7 +529,11 @@ def has_signatures(store: SqliteStore, runs: list[str]) -> bool:
 
 
 def import_runs(
-    store: SqliteStore, path: Path, *, trusted_dirs: list[Path] | None = None
+    store: SqliteStore,
+    path: Path,
+    *,
+    trusted_dirs: list[Path] | None = None,
+    against_disk: bool = False,
 ) -> list[tuple[str, str]]:
     """Load runs from an export file; returns ``(run_id, "imported"|"present")`` pairs.
 
@@ -536,8 +541,12 @@ def import_runs(
     that conflicts with the database imports nothing. With ``trusted_dirs`` (what
     the user named), a run that could still go on (not ended) is refused unless
     its agent directory is one of them: resuming it runs that folder's scripts.
+    With ``against_disk`` (``graphrun import``), every recorded answer is also
+    checked against the agent's graph.yaml beside the file, when it is there.
     """
     runs = read_export(path)
+    if against_disk:
+        _check_approvals(path, runs, disk=True)
     if trusted_dirs is not None:
         _check_agent_dirs(path, runs, trusted_dirs)
     out = []

@@ -205,7 +205,12 @@ def test_required_signature_refuses_the_wrong_key_no_key_and_a_bare_claim(
     graphrun: Any, agent: Any, keys: dict[str, Key]
 ) -> None:
     folder = agent_with_signers(agent, SIGNED, keys, "pub")
-    run_id = waiting_run(graphrun, folder)
+    started = graphrun("run", str(folder), "v1")
+    assert started.code == 3
+    run_id = graphrun.last_run()
+    assert f"answer with: graphrun approve {run_id} <approve|reject> --sign <key>" in (
+        started.stderr
+    )
     before = rows(graphrun.db, run_id)
     res = graphrun("approve", run_id, "approve", "--sign", str(keys["bob"].path))
     unchanged(graphrun, run_id, before, res, "'bob' may not answer approval node 'publish'")
@@ -421,6 +426,14 @@ def test_a_cut_tail_is_named_by_the_signed_heads(
     res = audit(graphrun, run_id)
     assert res.code == 0, res.stderr
     assert f"ok: run {run_id}: 4 signed head(s)" in res.stderr
+    # A replay keeps its scratch log to itself; a fork's copied heads stay its source's.
+    assert graphrun("replay", run_id, **env).code == 0
+    at = index(events_of(graphrun.db, run_id), "HumanInputReceived", 1) + 3
+    assert graphrun("fork", run_id, "--at", str(at), **env).code == 3
+    fork = graphrun.last_run()
+    res = audit(graphrun, fork)
+    assert res.code == 0, res.stderr
+    assert f"ok: run {fork}: " in res.stderr
     # Cut the last events (with the runs table made to agree) and the tail is named.
     forge(graphrun.db, run_id, lambda ev: ev[:-4])
     res = audit(graphrun, run_id)
@@ -593,6 +606,7 @@ def test_a_recorded_graph_that_disagrees_with_the_one_on_disk_is_refused(
         )
         events[0]["graph_source"] = source
         events[0]["graph_hash"] = codec.content_hash(source)
+        events[index(events, "HumanInputRequested")]["approvers"] = ["mallory"]
         return events
 
     forge(graphrun.db, run_id, widen)
@@ -634,6 +648,7 @@ def test_a_fork_reusing_a_signed_answer_says_so_and_replay_keeps_signatures(
     at = index(events, "HumanInputReceived", 1) + 2
     res = graphrun("fork", run_id, "--at", str(at))
     assert res.code == 3, res.stderr
+    assert f"the fork reuses 2 signed answer(s) of run {run_id} (alice, bob)" in res.stderr
     fork = graphrun.last_run()
     res = audit(graphrun, fork)
     assert res.code == 0, res.stderr
@@ -661,3 +676,134 @@ def test_a_fork_reusing_a_signed_answer_says_so_and_replay_keeps_signatures(
     res = audit(graphrun, rerun)
     assert res.code == 0, res.stderr
     assert res.stderr.count(f"carried from run {run_id}") == 3
+
+
+def test_signed_and_claimed_at_a_glance_in_audit_json_report_and_spans(
+    graphrun: Any, agent: Any, keys: dict[str, Key], tmp_path: Path
+) -> None:
+    signed_run = completed_chain(graphrun, agent, keys)
+    claimed_run = waiting_run(graphrun, agent(GATE, name="gate"))
+    assert graphrun("approve", claimed_run, "approve", "--as", "bob").code == 0
+    listed = graphrun("audit", signed_run, "--json").json()
+    assert {d["identity"] for d in listed["decisions"]} == {"signed"}  # type: ignore[index]
+    verified = graphrun("audit", signed_run, "--verify", "--json").json()
+    assert {d["identity"] for d in verified["decisions"]} == {"verified"}  # type: ignore[index]
+    assert verified["signatures"]["counts"] == {"verified": 3}  # type: ignore[index]
+    claimed = graphrun("audit", claimed_run, "--verify", "--json").json()
+    assert [d["identity"] for d in claimed["decisions"]] == ["claimed"]  # type: ignore[index]
+    page = tmp_path / "report.html"
+    assert graphrun("report", signed_run, "-o", str(page)).code == 0
+    html = page.read_text()
+    assert "<th>identity</th>" in html and "signed · SHA256:" in html
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from graphrun.runtime.observe.otel import emit_spans, tracer_provider
+
+    exporter = InMemorySpanExporter()
+    provider = tracer_provider(exporter)
+    with SqliteStore(graphrun.db) as store:
+        emit_spans(store, signed_run, provider.get_tracer("test"))
+        emit_spans(store, claimed_run, provider.get_tracer("test"))
+    provider.force_flush()
+    seen = {
+        (s.attributes["graphrun.human.by"], str(s.attributes["graphrun.human.identity"])[:6])
+        for s in exporter.get_finished_spans()
+        if s.attributes and "graphrun.human.by" in s.attributes
+    }
+    assert seen == {("alice", "signed"), ("bob", "signed"), ("bob", "claime")}
+
+
+def test_new_graph_fields_are_validated_with_their_line(graphrun: Any, agent: Any) -> None:
+    bad = QUORUM.replace("required: 2, of: [alice, bob, carol]", "required: 3, of: [alice, bob]")
+    res = graphrun("validate", str(agent(bad, name="q3")))
+    assert res.code == 2
+    assert "graph.yaml:11 ($.nodes.publish.approvals.required): approval 'publish': " in res.stderr
+    assert "approvals.required is 3, but approvals.of names 2 signer(s)" in res.stderr
+    typo = SIGNED.replace("signed_decisions: required", "signed_decisions: always")
+    res = graphrun("validate", str(agent(typo, name="typo")))
+    assert res.code == 2
+    assert "graph.yaml:5" in res.stderr and "signed_decisions" in res.stderr
+    schema = graphrun("schema").json()
+    node = schema["$defs"]["ApprovalNode"]["properties"]  # type: ignore[index]
+    assert {"approvals", "signed_decisions", "approvers"} <= set(node)
+
+
+def test_an_export_with_signed_heads_names_a_cut_tail_and_a_moved_answer(
+    graphrun: Any, agent: Any, keys: dict[str, Key], tmp_path: Path
+) -> None:
+    env = {"GRAPHRUN_HEAD_KEY": str(keys["host"].path), "GRAPHRUN_HEAD_PRINCIPAL": "graphrun-host"}
+    folder = agent_with_signers(agent, SIGNED, keys, "pub")
+    runs = []
+    for prompt in ("a", "b"):
+        run_id = waiting_run(graphrun, folder, prompt, **env)
+        res = graphrun("approve", run_id, "approve", "--sign", str(keys["alice"].path), **env)
+        assert res.code == 0, res.stderr
+        runs.append(run_id)
+    files = {}
+    for run_id in runs:
+        files[run_id] = tmp_path / f"{run_id}.run.jsonl"
+        assert graphrun("export", run_id, "-o", str(files[run_id])).code == 0
+    signers = str(folder / "allowed_signers")
+    nodb = {"GRAPHRUN_DB": str(tmp_path / "absent" / "none.db")}
+    first = files[runs[0]]
+    res = graphrun("audit", str(first), "--verify", "--signers", signers, **nodb)
+    assert res.code == 0, res.stderr
+    assert f"ok: run {runs[0]}: 2 signed head(s)" in res.stderr
+    # The tail cut and the trailer rewritten: the file still verifies as a chain,
+    # but it no longer ends with a signed head.
+    cut = rewrite_export(first, tmp_path / "cut.run.jsonl", lambda ev: ev[:-3])
+    res = graphrun("audit", str(cut), "--verify", "--signers", signers, **nodb)
+    assert res.code == 1
+    assert "without a signed head: its tail was cut or appended to" in res.stderr
+    # Run b's signed answer moved into run a's file, re-hashed.
+    donor = next(
+        json.loads(line)["event"]
+        for line in files[runs[1]].read_text().splitlines()[1:]
+        if '"HumanInputReceived"' in line
+    )
+
+    def move(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        at = index(events, "HumanInputReceived")
+        for field in ("statement", "signature", "key"):
+            events[at][field] = donor[field]
+        return [e for e in events if e["type"] != "HeadSigned"]
+
+    moved = rewrite_export(first, tmp_path / "moved.run.jsonl", move)
+    res = graphrun("audit", str(moved), "--verify", "--signers", signers, **nodb)
+    assert res.code == 1
+    assert f"moved: the signed statement is for run {runs[1]}" in res.stderr
+    assert not (tmp_path / "absent").exists()
+
+
+def test_a_token_authenticated_answer_is_recorded_as_such_but_is_no_signature(
+    graphrun: Any, agent: Any, keys: dict[str, Key]
+) -> None:
+    from graphrun.actors.human.actor import AnswerRefused
+    from graphrun.runtime.engine.answers import submit_answer
+
+    gate = waiting_run(graphrun, agent(GATE, name="gate"))
+    signed = waiting_run(graphrun, agent_with_signers(agent, SIGNED, keys, "pub"))
+    with SqliteStore(graphrun.db) as store:
+        got = submit_answer(
+            store,
+            gate,
+            "approve",
+            kind="approval",
+            as_user="alice",
+            channel="console",
+            identity_class="token",
+        )
+        store.release_lease(gate)
+        assert got.identity == "token"
+        with pytest.raises(AnswerRefused, match="requires a signed answer"):
+            submit_answer(
+                store,
+                signed,
+                "approve",
+                kind="approval",
+                as_user="alice",
+                channel="console",
+                identity_class="token",
+            )
+    res = graphrun("audit", gate, "--verify", "--json")
+    assert [d["identity"] for d in res.json()["decisions"]] == ["token"]  # type: ignore[index]

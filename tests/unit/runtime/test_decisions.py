@@ -100,3 +100,21 @@ def test_other_kinds_register_beside_sshsig() -> None:
     assert signature_kind("sshsig").name == "sshsig"
     with pytest.raises(SignatureInvalid, match="unknown signature kind 'nope'"):
         signature_kind("nope")
+
+
+def test_make_trust_gathers_what_each_kind_loads(tmp_path: Path) -> None:
+    from graphrun.runtime.decisions import make_trust
+
+    class Keyring:
+        name = "keyring-test"
+
+        def load_trust(self, signers: Path | None) -> str:
+            return f"loaded beside {signers}"
+
+        def verify(self, statement: bytes, signature: str, principal: str, trust: Trust) -> str:
+            return str(trust.extra[self.name])
+
+    register_kind(Keyring())
+    trust = make_trust(tmp_path / "allowed_signers")
+    assert trust.extra["keyring-test"] == f"loaded beside {tmp_path / 'allowed_signers'}"
+    assert trust.signers == tmp_path / "allowed_signers"
