@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 import click
 
 from graphrun.cli.options import db_option, json_option, open_store, resolve_run
+from graphrun.eventstore.errors import GraphrunError
 
 
 @click.command("runs")
@@ -16,15 +18,33 @@ from graphrun.cli.options import db_option, json_option, open_store, resolve_run
     type=click.Choice(["running", "interrupted", "waiting", "completed", "failed", "cancelled"]),
     help="Only runs with this status (interrupted: running, but no process drives it).",
 )
-@click.option("--limit", default=50, show_default=True, help="At most this many runs.")
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="At most this many runs (one page).",
+)
+@click.option(
+    "--offset",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Skip this many of the newest runs (the next page: --offset 50).",
+)
 @click.option("--usage", "with_usage", is_flag=True, help="Add token and cost columns.")
 @json_option
 @db_option
 def runs_cmd(
-    status: str | None, limit: int, with_usage: bool, as_json: bool, db: str | None
+    status: str | None,
+    limit: int,
+    offset: int,
+    with_usage: bool,
+    as_json: bool,
+    db: str | None,
 ) -> None:
-    """List runs, newest first (child runs indented under their parent; a fork by
-    when it was made).
+    """List runs, newest first, one page at a time (child runs indented under their
+    parent; a fork by when it was made).
 
     A waiting run shows the node it waits at and for whom: the node's
     approvers, else anyone (WAITS FOR). With --usage: each run's LLM tokens and
@@ -40,22 +60,28 @@ def runs_cmd(
         click.echo("no runs yet", err=True)
         return
     store = open_store(db)
+    # A killed process leaves its lease row behind: release those of processes
+    # that are gone for sure, so no run shows as held by one (a read-only file
+    # keeps them; `runs` still says "interrupted").
+    with contextlib.suppress(GraphrunError):
+        store.release_stale_leases()
     if status == "interrupted":
         # Stopped by Ctrl-C/SIGTERM (RunInterrupted recorded), or killed outright:
         # "running" in the log, with no process driving it.
         crashed = [
             r
-            for r in store.runs(status="running", limit=limit)
+            for r in store.runs(status="running", limit=offset + limit)
             if display_status(store, r) == "interrupted"
         ]
-        stopped = store.runs(status="interrupted", limit=limit)
-        rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)[:limit]
+        stopped = store.runs(status="interrupted", limit=offset + limit)
+        rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)
+        rows = rows[offset : offset + limit]
     else:
-        rows = store.runs(status=status, limit=limit)
+        rows = store.runs(status=status, limit=limit, offset=offset)
     # A fork copies its source's events, times included: list it by when it was made.
     made = {row.run_id: _made_at(store, row) for row in rows}
     rows.sort(key=lambda r: made[r.run_id], reverse=True)
-    waits = {row.run_id: _waiting_request(store, row.run_id) for row in rows if row.waiting_node}
+    waits = {row.run_id: _waiting_request(store, row) for row in rows if row.waiting_node}
     prices = None
     if with_usage or as_json:
         from graphrun.runtime.graph.config import config_dir
@@ -102,6 +128,8 @@ def runs_cmd(
     if with_usage:
         headers += ["TOKENS", "COST", "TREE TOKENS"]
     click.echo(table(out, headers))
+    if len(rows) == limit:
+        click.echo(f"(older runs: --offset {offset + limit})", err=True)
 
 
 def _made_at(store: Any, row: Any) -> float:
@@ -123,11 +151,19 @@ def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
     return (own.total_tokens, cost if own.calls else "", tree.total_tokens)
 
 
-def _waiting_request(store: Any, run_id: str) -> Any:
-    """The ``HumanInputRequested`` a run waits at, or None."""
+def _waiting_request(store: Any, row: Any) -> Any:
+    """The ``HumanInputRequested`` a run waits at, or None. A waiting run's request
+    is its last one (an answer, or a node entered after it, ends the wait): it is
+    read from the log's tail, not by folding a long log whole."""
+    from graphrun.eventstore.events import HumanInputRequested
     from graphrun.eventstore.fold import fold
 
-    return fold(store.read(run_id)).waiting
+    if row.status == "waiting":
+        tail = store.read(row.run_id, after=max(0, row.last_seq - 32))
+        asked = [e for e in tail if isinstance(e, HumanInputRequested)]
+        if asked:
+            return asked[-1]
+    return fold(store.read(row.run_id)).waiting
 
 
 @click.command("show")

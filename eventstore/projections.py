@@ -188,10 +188,21 @@ class ChildLink:
 
 
 def runs_query(
-    select: str, mark: str, *, status: str | None, parent: str | None, limit: int
+    select: str,
+    mark: str,
+    *,
+    status: str | None,
+    parent: str | None,
+    limit: int,
+    offset: int = 0,
+    heads: str | None = None,
 ) -> tuple[str, list[Any]]:
-    """``select`` over the runs projection, filtered and newest first, with its
-    arguments; ``mark`` is the driver's placeholder (``?`` or ``%s``)."""
+    """``select`` over the runs projection, filtered and newest first, one page of
+    it (``limit`` rows after ``offset``), with its arguments; ``mark`` is the
+    driver's placeholder (``?`` or ``%s``). ``heads``: a table with the filter and
+    order columns, indexed for them (SQLite's ``run_heads``): the page is picked
+    there first, so only its rows are read through ``select`` (a view whose
+    columns cost a look at each run's last event)."""
     where: list[str] = []
     args: list[Any] = []
     if status:
@@ -200,9 +211,13 @@ def runs_query(
     if parent:
         where.append(f"parent_run_id = {mark}")
         args.append(parent)
-    sql = select + (" WHERE " + " AND ".join(where) if where else "")
-    sql += f" ORDER BY started_at DESC, run_id DESC LIMIT {mark}"
-    return sql, [*args, limit]
+    filtered = " WHERE " + " AND ".join(where) if where else ""
+    order = " ORDER BY started_at DESC, run_id DESC"
+    page = f" LIMIT {mark} OFFSET {mark}"
+    if heads:
+        picked = f"SELECT run_id FROM {heads}{filtered}{order}{page}"
+        return f"{select} WHERE run_id IN ({picked}){order}", [*args, limit, max(0, offset)]
+    return select + filtered + order + page, [*args, limit, max(0, offset)]
 
 
 def prefix_match(prefix: str, found: list[Any], unknown: Exception) -> str:
