@@ -42,7 +42,8 @@ from graphrun.cli.options import db_option
     "--signers",
     type=click.Path(dir_okay=False),
     metavar="FILE",
-    help="An allowed_signers file answers are also checked against.",
+    help="The allowed_signers file signed answers are checked against (default: next "
+    "to the run's graph, else in the config directory).",
 )
 @click.option(
     "--proxy-header",
