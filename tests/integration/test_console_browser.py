@@ -120,7 +120,15 @@ def test_alice_signs_an_approval_in_the_browser_while_a_worker_drives_runs(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    server = ConsoleServer.start(db, tmp_path, "--invite", "alice", "--invite", "bob")
+    server = ConsoleServer.start(
+        db,
+        tmp_path,
+        "--invite",
+        "alice",
+        "--invite",
+        "bob",
+        env={"GRAPHRUN_AGENTS_DIR": str(gate.parent), **llm},
+    )
     try:
         alice_ctx, alice, alice_problems = passkey_page(browser)
         register(alice, server.invites["alice"])
@@ -129,9 +137,20 @@ def test_alice_signs_an_approval_in_the_browser_while_a_worker_drives_runs(
         # Other runs keep the worker busy; then one run comes to wait for alice.
         for n in range(4):
             assert _cli(db, tmp_path, "submit", str(busy), f"job {n}", **llm).returncode == 0
-        submitted = _cli(db, tmp_path, "submit", str(gate), "2.0", **llm)
-        assert submitted.returncode == 0, submitted.stderr
-        run_id = submitted.stdout.strip()
+        # The gated run is started through the API, from alice's page (a write:
+        # her session's CSRF token, the console's origin): queued for the worker.
+        submitted = alice.evaluate(
+            """async (url) => {
+                const r = await fetch(url, {method: 'POST',
+                    headers: {'Content-Type': 'application/json',
+                              'X-CSRF-Token': document.body.dataset.csrf},
+                    body: JSON.stringify({agent: 'gate', prompt: '2.0'})});
+                return [r.status, await r.json()];
+            }""",
+            f"{server.url}/api/runs",
+        )
+        assert submitted[0] == 201 and submitted[1]["status"] == "queued", submitted
+        run_id = submitted[1]["run_id"]
 
         # It appears in her inbox (the page notices; no reload by hand), with the
         # question as it will be recorded and its options.
