@@ -131,6 +131,16 @@ def main(argv: list[str] | None = None) -> Any:
             shown = name if len(name) <= 60 else name[:60] + "…"
             click.echo(f"error: path too long: {shown} ({len(name)} characters)", err=True)
             sys.exit(2)
+        if isinstance(exc, UnicodeEncodeError) and "surrogate" in str(exc):
+            # Arguments were checked to be text above, so a lone surrogate here came
+            # from a JSON escape (``"\ud800"``) in some input: bad input, not a bug.
+            bad = exc.object[exc.start : exc.end].encode("utf-8", "surrogatepass").hex()
+            click.echo(
+                f"error: a value holds a lone surrogate (0x{bad}, half of a JSON \\u "
+                "escape pair), which is not text",
+                err=True,
+            )
+            sys.exit(2)
 
         if os.environ.get("GRAPHRUN_DEBUG"):
             raise
