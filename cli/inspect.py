@@ -58,8 +58,8 @@ def runs_cmd(
     waits = {row.run_id: _waiting_request(store, row.run_id) for row in rows if row.waiting_node}
     prices = None
     if with_usage or as_json:
+        from graphrun.runtime.engine.usage import load_prices
         from graphrun.runtime.graph.config import config_dir
-        from graphrun.runtime.observe.usage import load_prices
 
         prices = load_prices(config_dir(None))
     if as_json:
@@ -115,7 +115,7 @@ def _made_at(store: Any, row: Any) -> float:
 
 
 def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
-    from graphrun.runtime.observe.usage import run_usage, tree_usage
+    from graphrun.runtime.engine.usage import run_usage, tree_usage
 
     own, _ = run_usage(store.read(row.run_id), prices)
     tree = tree_usage(store, row.run_id, prices)

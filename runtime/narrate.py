@@ -68,6 +68,14 @@ def configure_logging() -> None:
     root.setLevel(level)
 
 
+def child_narrator() -> Narrator:
+    """A narrator for a child run: its lines indented under its parent's."""
+    narrator = Narrator()
+    original = narrator.line
+    narrator.line = lambda text: original("  " + text)  # type: ignore[method-assign]
+    return narrator
+
+
 class Narrator:
     """Turns appended events into ``▸`` lines on stderr."""
 

@@ -41,18 +41,6 @@ from graphrun.eventstore.events import (
     VisitCapExceeded,
 )
 from graphrun.eventstore.fold import RunState, effect_output
-from graphrun.runtime.engine.plan import (
-    ERROR_KEY,
-    Append,
-    Finished,
-    Perform,
-    PerformMany,
-    Step,
-    completed,
-    fail,
-    last,
-    state_json,
-)
 from graphrun.runtime.engine.reducers import ABSENT, ReducerError, merge_writes, reduce, writes_of
 from graphrun.runtime.errors import TemplateError
 from graphrun.runtime.graph.model import (
@@ -69,6 +57,18 @@ from graphrun.runtime.graph.templates import _MISSING, lookup, render
 from graphrun.runtime.nodes import kind_of
 from graphrun.runtime.nodes.human import human_task, match_choice
 from graphrun.runtime.nodes.llm import llm_task, structured_value
+from graphrun.runtime.nodes.plan import (
+    ERROR_KEY,
+    Append,
+    Finished,
+    Perform,
+    PerformMany,
+    Step,
+    completed,
+    fail,
+    last,
+    state_json,
+)
 
 #: A stand-in successor for a map's branch node, whose own routing is ignored.
 _MAP_ITEM_NEXT = "\x00map-item"

@@ -18,7 +18,7 @@ from graphrun.runtime.nodes import agent, end, human, llm, rag, script
 from graphrun.runtime.nodes.kind import NodeKind
 
 if TYPE_CHECKING:
-    from graphrun.runtime.engine.ports import RunPorts
+    from graphrun.runtime.nodes.ports import RunPorts
 
 #: Every node kind with an effect or a completion of its own, by ``type``. ``map`` is
 #: control flow (the decider runs its items as a super-step).

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 from graphrun.actors.messages import HumanTask
 from graphrun.eventstore.events import HumanInputReceived, HumanInputRequested, NodeCompleted
 from graphrun.eventstore.fold import RunState
-from graphrun.runtime.engine.plan import Append, Perform, Step, fail
 from graphrun.runtime.errors import WaitingForHuman
 from graphrun.runtime.graph.model import ApprovalNode, Graph, InputNode
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.kind import NodeKind
+from graphrun.runtime.nodes.plan import Append, Perform, Step, fail
 
 if TYPE_CHECKING:
-    from graphrun.runtime.engine.ports import RunPorts
+    from graphrun.runtime.nodes.ports import RunPorts
 
 
 def human_task(

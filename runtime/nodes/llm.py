@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from graphrun.eventstore.events import LlmResult
 from graphrun.eventstore.fold import RunState
-from graphrun.runtime.engine.plan import ERROR_KEY, Append, Perform, Step, completed, fail, last
 from graphrun.runtime.graph.model import Graph, LlmNode
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.kind import NodeKind
+from graphrun.runtime.nodes.plan import ERROR_KEY, Append, Perform, Step, completed, fail, last
 
 if TYPE_CHECKING:
     from graphrun.eventstore.events import Event
-    from graphrun.runtime.engine.ports import RunPorts
+    from graphrun.runtime.nodes.ports import RunPorts
 
 
 @functools.cache

@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING, Any
 from graphrun.actors.messages import ScriptTask
 from graphrun.eventstore.events import ScriptFinished
 from graphrun.eventstore.fold import RunState
-from graphrun.runtime.engine.plan import (
+from graphrun.runtime.graph.model import Graph, ScriptNode
+from graphrun.runtime.graph.templates import render_updates
+from graphrun.runtime.nodes.kind import NodeKind
+from graphrun.runtime.nodes.plan import (
     ERROR_KEY,
     Append,
     Perform,
@@ -17,12 +20,9 @@ from graphrun.runtime.engine.plan import (
     fail,
     state_json,
 )
-from graphrun.runtime.graph.model import Graph, ScriptNode
-from graphrun.runtime.graph.templates import render_updates
-from graphrun.runtime.nodes.kind import NodeKind
 
 if TYPE_CHECKING:
-    from graphrun.runtime.engine.ports import RunPorts
+    from graphrun.runtime.nodes.ports import RunPorts
 
 
 def request(graph: Graph, node: ScriptNode, node_id: str, state: RunState) -> Step:

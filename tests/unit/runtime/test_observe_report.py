@@ -18,7 +18,7 @@ from graphrun.eventstore.events import (
 )
 from graphrun.runtime.observe.logs import log_markdown
 from graphrun.runtime.observe.report import render_report, request_messages, view_run
-from graphrun.runtime.observe.usage import (
+from graphrun.runtime.engine.usage import (
     Usage,
     budget_breach,
     call_tokens,
