@@ -404,7 +404,10 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
     branch = graph.nodes.get(node.branch)
     if branch is None:
         return _fail(node_id, visit, f"map node '{node_id}': branch '{node.branch}' not found")
-    if isinstance(branch, ApprovalNode | InputNode | EndNode | MapNode):
+    if (
+        isinstance(branch, ApprovalNode | InputNode | EndNode | MapNode)
+        or not type(branch).MAP_BRANCH
+    ):
         return _fail(
             node_id,
             visit,

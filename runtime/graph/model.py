@@ -7,7 +7,7 @@ on ``type``. ``graph.schema.json`` is generated from these Structs
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -26,6 +26,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_cost: float | None = None
 
 
+class Route(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One conditional edge of a ``routes:`` list: ``when`` it matches, go ``to``."""
+
+    when: str
+    to: str
+
+
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
     """Fields every node has."""
 
@@ -40,10 +47,33 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
     def type(self) -> str:
         return str(type(self).__struct_config__.tag)
 
+    # What a node kind declares about itself, for the code that iterates over kinds
+    # (validator, schema, pictures, the decider): a kind defined in its own module
+    # under runtime/nodes/ overrides these, and nothing else needs to name it.
+    #: ``{field or None: description}`` for graph.schema.json.
+    DESCRIPTIONS: ClassVar[dict[str | None, str]] = {}
+    #: Routes through ``next`` (the validator warns when it is missing).
+    NEEDS_NEXT: ClassVar[bool] = False
+    #: May run as a map's branch (an item at a time, concurrently).
+    MAP_BRANCH: ClassVar[bool] = True
+
     @property
     def targets(self) -> tuple[str, ...]:
         """The static successors: ``next`` as a tuple (empty when absent)."""
         return next_targets(self.next)
+
+    def route_edges(self) -> list[tuple[str, str, str]]:
+        """``(field path, target, label)`` of the kind's own routes, beyond ``next``
+        and ``fallback`` (edges, reachability, cycles and pictures include them)."""
+        return []
+
+    def reads(self) -> set[str]:
+        """The state keys the kind's own fields read (templates, expressions)."""
+        return set()
+
+    def rules(self, node_id: str, check: Any) -> list[Any]:
+        """The kind's own validation rules: ``Diagnostic``s made with ``check.diag``."""
+        return []
 
 
 class AgentNode(NodeBase, tag="agent", kw_only=True):
@@ -158,6 +188,17 @@ NODE_TYPES: dict[str, type[NodeBase]] = {
 }
 
 
+def register_node_type(cls: type[NodeBase]) -> type[NodeBase]:
+    """Make a node kind's Struct known to the loader and the schema (its module under
+    runtime/nodes/ calls this when the kind registry imports it)."""
+    tag = str(cls.__struct_config__.tag)
+    known = NODE_TYPES.get(tag)
+    if known is not None and known is not cls:
+        raise ValueError(f"node type '{tag}' is already {known.__name__}")
+    NODE_TYPES[tag] = cls
+    return cls
+
+
 def next_targets(value: str | list[str] | None) -> tuple[str, ...]:
     """``next`` as a tuple of targets."""
     if value is None:
@@ -216,4 +257,5 @@ def static_edges(node: NodeBase) -> list[tuple[str, str]]:
     fallback = getattr(node, "fallback", None)
     if fallback:
         edges.append(("fallback", fallback))
+    edges.extend((field, target) for field, target, _label in node.route_edges())
     return edges

@@ -34,7 +34,7 @@ def _close_objects(node: Any) -> None:
 #: brief (docs/graph-yaml.md has the whole of it); a test checks that every property
 #: of the generated schema has one.
 _NODE_COMMON: dict[str, str] = {
-    "type": "The node type: agent, script, approval, input, llm, rag, end or map.",
+    "type": "The node type: {types}.",
     "id": "The node's id. Optional: it defaults to the key under `nodes:`; when given it "
     "must equal that key.",
     "description": "Free-form prose about the node, for people; not used at run time.",
@@ -197,6 +197,12 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "next": "Ignored: an end node ends the run.",
         "state_updates": "Last state changes (lenient; no scoped variables).",
     },
+    "Route": {
+        None: "One conditional edge of a `routes:` list; the first route that matches wins.",
+        "when": "A condition over the state (an expression with the paths templates use), "
+        "a value to compare a decision's `expr` with, or `default` (always matches).",
+        "to": "The node the run goes to when this route matches.",
+    },
     "MapNode": {
         None: "Runs the `branch` node once per item of a list, concurrently, and collects "
         "the results in input order.",
@@ -221,16 +227,27 @@ def _describe(defs: dict[str, Any]) -> None:
     """Put the descriptions of :data:`_DESCRIPTIONS` into the schema's definitions."""
     from graphrun.runtime.graph.model import NODE_TYPES
 
-    node_defs = {cls.__name__ for cls in NODE_TYPES.values()}
+    node_defs = {cls.__name__: cls for cls in NODE_TYPES.values()}
     for name, definition in defs.items():
-        table = _DESCRIPTIONS.get(name, {})
+        kind = node_defs.get(name)
+        table = _DESCRIPTIONS.get(name) or (kind.DESCRIPTIONS if kind is not None else {})
         if None in table:
             definition["description"] = table[None]
         common = _NODE_COMMON if name in node_defs else {}
         for prop, sub in definition.get("properties", {}).items():
             text = table.get(prop) or common.get(prop)
+            if text is not None and prop == "type" and name in node_defs:
+                text = text.format(types=_types())
             if text is not None:
                 sub["description"] = text
+
+
+def _types() -> str:
+    """The node types, as a sentence lists them."""
+    from graphrun.runtime.graph.model import NODE_TYPES
+
+    names = list(NODE_TYPES)
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def generate() -> dict[str, Any]:
@@ -239,6 +256,10 @@ def generate() -> dict[str, Any]:
     from graphrun.runtime.graph.model import NODE_TYPES, Graph
 
     schema = msgspec.json.schema(Graph)
+    # Node kinds defined in their own modules (not in the Node union) join the defs.
+    (_extra, more) = msgspec.json.schema_components(list(NODE_TYPES.values()))
+    for name, definition in more.items():
+        schema["$defs"].setdefault(name, definition)
     _close_objects(schema)
     defs = schema["$defs"]
     # `id` of a node, `type` as a const (editors complete it), and a flat if/then
@@ -255,7 +276,12 @@ def generate() -> dict[str, Any]:
     graph["properties"]["nodes"]["additionalProperties"] = {
         "type": "object",
         "required": ["type"],
-        "properties": {"type": {"enum": list(NODE_TYPES), "description": _NODE_COMMON["type"]}},
+        "properties": {
+            "type": {
+                "enum": list(NODE_TYPES),
+                "description": _NODE_COMMON["type"].format(types=_types()),
+            }
+        },
         "allOf": [
             {
                 "if": {"properties": {"type": {"const": tag}}},

@@ -269,7 +269,9 @@ def next_where_required(c: Check) -> list[Diagnostic]:
     branches = {n.branch for _, n in c.nodes() if isinstance(n, MapNode)}
     out = []
     for nid, node in c.nodes():
-        needs_next = isinstance(node, AgentNode | RagNode | InputNode | LlmNode | MapNode)
+        needs_next = type(node).NEEDS_NEXT or isinstance(
+            node, AgentNode | RagNode | InputNode | LlmNode | MapNode
+        )
         if needs_next and not node.next and nid in reachable and nid not in branches:
             out.append(
                 c.diag(
@@ -280,6 +282,15 @@ def next_where_required(c: Check) -> list[Diagnostic]:
                     node=nid,
                 )
             )
+    return out
+
+
+@rule
+def node_kind_rules(c: Check) -> list[Diagnostic]:
+    """The rules a node kind declares in its own module (``NodeBase.rules``)."""
+    out: list[Diagnostic] = []
+    for nid, node in c.nodes():
+        out.extend(node.rules(nid, c))
     return out
 
 
