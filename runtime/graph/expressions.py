@@ -19,7 +19,7 @@ import ast
 from collections.abc import Mapping
 from typing import Any
 
-import simpleeval
+import simpleeval  # type: ignore[import-untyped]
 
 from graphrun.runtime.errors import GraphrunError
 
