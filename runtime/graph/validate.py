@@ -67,7 +67,11 @@ def _npath(node_id: str, *fields: str) -> str:
 
     path = _child("$.nodes", node_id)
     for f in fields:
-        path = _child(path, f)
+        # ``routes[0]`` / ``next[1]``: a field, then list indices.
+        name, _, rest = f.partition("[")
+        path = _child(path, name)
+        for index in rest.rstrip("]").split("][") if rest else ():
+            path = _child(path, int(index)) if index.isdigit() else _child(path, index)
     return path
 
 
