@@ -11,6 +11,8 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 
+from graphrun.runtime.graph.routing import route_reads, route_rules
+
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``settings:`` of a graph."""
@@ -31,6 +33,15 @@ class Route(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     when: str
     to: str
+
+
+class ErrorRoute(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One entry of ``on_error:``: a failure whose message ``match``es (a regular
+    expression, searched) goes ``to``; ``default: true`` matches any failure."""
+
+    to: str
+    match: str | None = None
+    default: bool = False
 
 
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
@@ -63,20 +74,30 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
         return next_targets(self.next)
 
     def route_edges(self) -> list[tuple[str, str, str]]:
-        """``(field path, target, label)`` of the kind's own routes, beyond ``next``
-        and ``fallback`` (edges, reachability, cycles and pictures include them)."""
-        return []
+        """``(field path, target, label)`` of the node's routes beyond ``next`` and
+        ``fallback``: a ``routes:`` list and ``on_error:`` (edges, reachability, cycles
+        and pictures include them). A kind with routes of its own overrides it."""
+        edges: list[tuple[str, str, str]] = []
+        routes = getattr(self, "routes", None)
+        if isinstance(routes, list):
+            edges += [(f"routes[{i}].to", r.to, r.when) for i, r in enumerate(routes)]
+        for i, err in enumerate(getattr(self, "on_error", None) or ()):
+            label = "on_error" if err.default else f"on_error /{err.match}/"
+            edges.append((f"on_error[{i}].to", err.to, label))
+        return edges
 
     def reads(self) -> set[str]:
         """The state keys the kind's own fields read (templates, expressions)."""
-        return set()
+        return route_reads(self)
 
     def rules(self, node_id: str, check: Any) -> list[Any]:
         """The kind's own validation rules: ``Diagnostic``s made with ``check.diag``."""
-        return []
+        return route_rules(self, node_id, check)
 
 
 class AgentNode(NodeBase, tag="agent", kw_only=True):
+    routes: list[Route] = []
+    on_error: list[ErrorRoute] = []
     agent: str
     prompt: str
     timeout: float = 300.0
@@ -84,6 +105,8 @@ class AgentNode(NodeBase, tag="agent", kw_only=True):
 
 
 class ScriptNode(NodeBase, tag="script", kw_only=True):
+    routes: list[Route] = []
+    on_error: list[ErrorRoute] = []
     script: str
     timeout: float = 30.0
     fallback: str | None = None
@@ -99,12 +122,15 @@ class ApprovalNode(NodeBase, tag="approval", kw_only=True):
 
 
 class InputNode(NodeBase, tag="input", kw_only=True):
+    routes: list[Route] = []
     question: str
     default: str | None = None
     validation: str | None = None
 
 
 class LlmNode(NodeBase, tag="llm", kw_only=True):
+    routes: list[Route] = []
+    on_error: list[ErrorRoute] = []
     prompt: str
     instructions: str | None = None
     tools: list[str] | None = None
@@ -125,6 +151,8 @@ class LlmNode(NodeBase, tag="llm", kw_only=True):
 
 
 class RagNode(NodeBase, tag="rag", kw_only=True):
+    routes: list[Route] = []
+    on_error: list[ErrorRoute] = []
     documents: list[str] = []
     query: str = "{{initial_prompt}}"
     top_k: int | None = None

@@ -44,6 +44,11 @@ _NODE_COMMON: dict[str, str] = {
     '(lenient: a missing key renders as ""). A value that is exactly one '
     "`{{expression}}` keeps its JSON type. Scoped here only: {{output}} (agent, llm, rag, "
     "map), {{choice}} (approval), {{input}} (input).",
+    "routes": "graphrun: conditional edges, a list of `{when, to}` tried in order after the "
+    "node's state_updates; the first whose `when` holds wins (`when: default` always does); "
+    "none: `next`.",
+    "on_error": "graphrun: failure routes, a list of `{match, to}` or `{default: true, to}`; "
+    "the first whose pattern is found in the error message wins (not with `fallback`).",
     "fallback": "Where to route when the node fails (tolerant fail). Without it a "
     "failure continues to `next`, with the error in state as `_error`.",
     "timeout": "The node's wall-clock cap, in seconds.",
@@ -196,6 +201,13 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         'the error (default "completed").',
         "next": "Ignored: an end node ends the run.",
         "state_updates": "Last state changes (lenient; no scoped variables).",
+    },
+    "ErrorRoute": {
+        None: "One entry of `on_error:`; the first entry that matches the failure wins.",
+        "match": "A regular expression searched for in the error message.",
+        "default": "true: matches any failure (the last entry, usually).",
+        "to": "The node the run goes to when this entry matches; the error is in the "
+        "state as `_error`.",
     },
     "Route": {
         None: "One conditional edge of a `routes:` list; the first route that matches wins.",

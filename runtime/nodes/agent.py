@@ -24,11 +24,21 @@ from graphrun.eventstore.events import (
 from graphrun.eventstore.fold import RunState, fold
 from graphrun.eventstore.ids import new_run_id
 from graphrun.runtime.errors import GraphrunError, WaitingForHuman
+from graphrun.runtime.graph.expressions import ExpressionError
 from graphrun.runtime.graph.loader import graph_of
 from graphrun.runtime.graph.model import AgentNode, Graph
+from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.kind import NodeKind
-from graphrun.runtime.nodes.plan import Append, Perform, Step, completed, fail, last
+from graphrun.runtime.nodes.plan import (
+    Append,
+    Perform,
+    Step,
+    completed,
+    fail,
+    last,
+    tolerated,
+)
 
 if TYPE_CHECKING:
     from graphrun.eventstore.events import Event
@@ -227,7 +237,11 @@ def complete(
     visit = state.current_visit
     if done.status != "completed":
         why = done.error or done.status
-        return fail(node_id, visit, f"child agent '{node.agent}' run {done.child_run_id} {why}")
+        message = f"child agent '{node.agent}' run {done.child_run_id} {why}"
+        target = error_route(node, message)
+        if target is not None:
+            return tolerated(node_id, visit, node, state.state, target, message)
+        return fail(node_id, visit, message)
     output: Any = done.output or ""
     merged: dict[str, Any] = {}
     if node.output_schema is not None:
@@ -243,10 +257,14 @@ def complete(
             return fail(node_id, visit, error)
         if isinstance(output, dict):
             merged = dict(output)
-    if node.next is None:
-        return fail(node_id, visit, "agent node has no next to route to")
     updates = {**merged, **render_updates(node.state_updates, {**s, **merged}, {"output": output})}
-    return Append((completed(node_id, visit, node.next, updates=updates),))
+    try:
+        routed = pick_route(node, {**s, **updates}, node.next)
+    except ExpressionError as exc:
+        return fail(node_id, visit, str(exc))
+    if routed is None:
+        return fail(node_id, visit, "agent node has no next to route to")
+    return Append((completed(node_id, visit, routed, updates=updates),))
 
 
 def primary(node: AgentNode, effects: tuple[Event, ...], done: Any) -> Any:

@@ -21,23 +21,15 @@ so replay reproduces the route. Everything about the kind is in this module.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, ClassVar
 
 from graphrun.eventstore.fold import RunState
-from graphrun.runtime.graph.expressions import (
-    ExpressionError,
-    evaluate,
-    parse,
-    paths,
-    writable_keys,
-)
+from graphrun.runtime.graph.expressions import ExpressionError, evaluate
 from graphrun.runtime.graph.model import Graph, NodeBase, Route
+from graphrun.runtime.graph.routing import DEFAULT, check_expressions, expression_reads
 from graphrun.runtime.graph.templates import render_updates
 from graphrun.runtime.nodes.kind import NodeKind
 from graphrun.runtime.nodes.plan import Append, Step, completed, fail
-
-DEFAULT = "default"
 
 
 class DecisionNode(NodeBase, tag="decision", kw_only=True):
@@ -73,13 +65,7 @@ class DecisionNode(NodeBase, tag="decision", kw_only=True):
         return found
 
     def reads(self) -> set[str]:
-        roots: set[str] = set()
-        for _field, text in self._expressions():
-            try:
-                roots |= {path.split(".")[0] for path in paths(parse(text))}
-            except ExpressionError:
-                continue
-        return roots
+        return expression_reads(self._expressions())
 
     def rules(self, node_id: str, check: Any) -> list[Any]:
         out = []
@@ -112,27 +98,7 @@ class DecisionNode(NodeBase, tag="decision", kw_only=True):
                     node=node_id,
                 )
             )
-        known = writable_keys(check.graph)
-        for field, text in self._expressions():
-            path = f"{where}.{field}"
-            try:
-                read = paths(parse(text))
-            except ExpressionError as exc:
-                out.append(check.diag("error", "expression", str(exc), path, node=node_id))
-                continue
-            for key in sorted({p.split(".")[0] for p in read} - known):
-                close = difflib.get_close_matches(key, sorted(known), n=1)
-                out.append(
-                    check.diag(
-                        "warning",
-                        "expression-path",
-                        f"decision node '{node_id}': {field} reads '{key}', which no node, "
-                        "initial_state or output schema of this graph writes",
-                        path,
-                        node=node_id,
-                        hint=f"did you mean '{close[0]}'?" if close else "a script may write it",
-                    )
-                )
+        out += check_expressions(node_id, check, self._expressions())
         return out
 
 

@@ -107,7 +107,7 @@ def test_validate_points_at_the_line(graphrun: GraphrunCli, tmp_path: Path) -> N
         "\"len(ticket.tags) > 1 and and picked != 'p0'\" does not parse: invalid syntax"
     ) in result.stderr
     assert (
-        f"{graph_file}:9 ($.nodes.pick.expr): decision node 'pick': expr reads 'tikcet', "
+        f"{graph_file}:9 ($.nodes.pick.expr): node 'pick': expr reads 'tikcet', "
         "which no node, initial_state or output schema of this graph writes"
     ) in result.stderr
     assert "did you mean 'ticket'?" in result.stderr

@@ -194,10 +194,10 @@ def test_node_types_and_shapes() -> None:
     """) == [
         "graph.yaml:5 ($.nodes.a.type): node 'a' has unknown type 'ennd' (did you mean 'end'?)",
         "graph.yaml:6 ($.nodes.b.type): node 'b' has no 'type' (the types are: agent, script, "
-        "approval, input, llm, rag, end, map)",
+        "approval, input, llm, rag, end, map, decision)",
         "graph.yaml:7 ($.nodes.c): node 'c' must be a mapping of fields",
         "graph.yaml:8 ($.nodes.d.type): node 'd' has unknown type '7' (the types are: agent, "
-        "script, approval, input, llm, rag, end, map)",
+        "script, approval, input, llm, rag, end, map, decision)",
     ]
 
 
