@@ -301,6 +301,19 @@ class HumanInputRequested(EventBase, frozen=True, kw_only=True):
     approvers: list[str] = []
 
 
+class NodeRetrying(EventBase, frozen=True, kw_only=True):
+    """A node's effect failed and is tried again (its ``retry`` policy): after
+    ``delay`` seconds from this event's time, attempt ``attempt + 1`` begins. The
+    delay is decided here, so a replay reproduces it without waiting and a run
+    resumed after a crash waits only what is left of it."""
+
+    node_id: str
+    visit: int
+    attempt: int  # the attempt that failed, from 1
+    error: str
+    delay: float
+
+
 class HumanInputReceived(EventBase, frozen=True, kw_only=True):
     """A person answered. Who, from where, through what, and what they were shown."""
 
@@ -366,6 +379,7 @@ Event = (
     | TimeoutFired
     | VisitCapExceeded
     | ChildCancelled
+    | NodeRetrying
 )
 
 EFFECT_TYPES: tuple[type, ...] = (
@@ -397,6 +411,7 @@ DECISION_TYPES: tuple[type, ...] = (
     VisitCapExceeded,
     StepStarted,
     BranchesMerged,
+    NodeRetrying,
 )
 TERMINAL_TYPES: tuple[type, ...] = (RunCompleted, RunFailed, RunCancelled)
 
@@ -419,6 +434,7 @@ __all__ = [
     "NodeCompleted",
     "NodeEntered",
     "NodeFailed",
+    "NodeRetrying",
     "RetrievalDone",
     "RunCancelled",
     "RunCompleted",

@@ -35,6 +35,7 @@ from graphrun.eventstore.events import (
     NodeCompleted,
     NodeEntered,
     NodeFailed,
+    NodeRetrying,
     RunCompleted,
     RunFailed,
     StepStarted,
@@ -69,6 +70,7 @@ from graphrun.runtime.nodes.plan import (
     last,
     state_json,
 )
+from graphrun.runtime.nodes.retry import pending_retry, retry_step
 
 #: A stand-in successor for a map's branch node, whose own routing is ignored.
 _MAP_ITEM_NEXT = "\x00map-item"
@@ -259,7 +261,7 @@ def _parallel(graph: Graph, state: RunState) -> Step:
         elif isinstance(step, PerformMany):
             pending.extend(step.tasks)
         elif isinstance(step, Append):
-            if any(isinstance(e, HumanInputRequested) for e in step.events):
+            if any(isinstance(e, HumanInputRequested | NodeRetrying) for e in step.events):
                 return Append(tuple(_tag(e, bid) for e in step.events))
             outcomes[bid] = step.events
     if pending:
@@ -347,9 +349,13 @@ def _step(graph: Graph, node: NodeBase, node_id: str, state: RunState) -> Step:
     if kind.result is None:
         return kind.complete(graph, node, node_id, state, None)
     done = _last(state.effects, kind.result)
-    if done is None:
+    if done is None or pending_retry(state.effects) is not None:
+        # No effect yet, or a failed one to try again (``retry:``).
         assert kind.request is not None
         return kind.request(graph, node, node_id, state)
+    again = retry_step(node, node_id, state, done)
+    if again is not None:
+        return again
     return kind.complete(graph, node, node_id, state, done)
 
 
@@ -436,6 +442,8 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
             step = _fail(node.branch, visit, str(exc))
         if isinstance(step, Perform):
             pending.append(Perform(step.node_id, step.node_type, step.task, iid, node_id, cap))
+        elif isinstance(step, Append) and any(isinstance(e, NodeRetrying) for e in step.events):
+            return Append(tuple(_tag(e, iid) for e in step.events))
         else:
             done.append((step, view))
     if pending:

@@ -52,6 +52,7 @@ from graphrun.eventstore.events import (
     HumanInputReceived,
     HumanInputRequested,
     NodeFailed,
+    NodeRetrying,
     RunCancelled,
     RunFailed,
     RunInterrupted,
@@ -68,6 +69,7 @@ from graphrun.runtime.errors import GraphValidationError, WaitingForHuman
 from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph, graph_of
 from graphrun.runtime.graph.model import Graph
 from graphrun.runtime.nodes.ports import ChildRuns, RunOptions, RunPorts
+from graphrun.runtime.nodes.retry import pending_retry, since_last_retry
 
 _replace = msgspec.structs.replace
 log = logging.getLogger("graphrun.run")
@@ -624,7 +626,8 @@ class Driver:
             self.node_cancel.cancel(self.cancel.reason or "cancelled")
         if self.interrupted is not None:
             self.node_cancel.cancel(self.interrupted[1])
-        ctx = _Context(self, node_id, visit, cancel=self.node_cancel, prior=self.state.effects)
+        prior = since_last_retry(self.state.effects)
+        ctx = _Context(self, node_id, visit, cancel=self.node_cancel, prior=prior)
         source = self.options.effect_source
         if source is not None:
             # A recorded outcome (replay, regression) instead of the effect; the log
@@ -640,6 +643,8 @@ class Driver:
                 if served.error is not None:
                     self._effect_failed(node_id, visit, served.error)
                 return None
+        if not self._wait_out_retry(self.state.effects, self.node_cancel, deadline):
+            return None  # cancelled, interrupted or out of time while waiting
         try:
             effect = self._effect(step.node_type)
             inline = getattr(effect, "inline", None)
@@ -808,16 +813,54 @@ class Driver:
         call) holds no thread while it waits; any other runs on a worker thread."""
         if self.interrupted is not None:
             token.cancel(self.interrupted[1])
-        prior = self.state.branch_effects.get(task.branch, ())
+        effects = self.state.branch_effects.get(task.branch, ())
+        prior = since_last_retry(effects)
         ctx = _Context(
             self, task.node_id, task.visit, branch=task.branch, cancel=token, prior=prior
         )
         effect = self._effect(task.node_type)
+        retry = pending_retry(effects) if self.options.effect_source is None else None
+        if retry is not None:
+            # A branch trying again waits out its delay on its worker, not the loop's.
+            future = self._workers.submit(self._after_delay, retry, token, effect, task.task, ctx)
+            return future, ctx
         submit = getattr(effect, "submit", None)
         future = submit(task.task, ctx) if submit is not None else None
         if future is None:
             future = self._workers.submit(effect.perform, task.task, ctx)
         return future, ctx
+
+    def _after_delay(
+        self, retry: NodeRetrying, token: CancelToken, effect: Any, task: Any, ctx: _Context
+    ) -> Any:
+        """A branch's next attempt, once its retry delay has passed (or never, when
+        the branch is cancelled meanwhile)."""
+        left = retry.ts + retry.delay - self.clock.now()
+        if left > 0 and token.wait(left):
+            raise GraphrunError(token.reason or "cancelled")
+        return effect.perform(task, ctx)
+
+    def _wait_out_retry(
+        self, effects: tuple[Any, ...], token: CancelToken, deadline: float | None
+    ) -> bool:
+        """Wait what is left of a pending retry's delay (from its recorded time), in
+        slices that watch for cancel requests and the run's timeout; a replay does
+        not wait. Whether the attempt may start."""
+        retry = pending_retry(effects)
+        if retry is None or self.options.effect_source is not None:
+            return True
+        until = retry.ts + retry.delay
+        while True:
+            left = until - self.clock.now()
+            if left <= 0:
+                return True
+            if token.wait(min(left, _CANCEL_POLL_EVERY)):
+                return False
+            self._while_in_flight()
+            if self.cancel.cancelled or self.interrupted is not None:
+                return False
+            if deadline is not None and self.clock.monotonic() > deadline:
+                return False
 
     def _settle(
         self, task: decider.Perform, token: CancelToken, ctx: _Context, future: Any

@@ -228,6 +228,9 @@ class _Builder:
                     if key_node.tag == f"{_YAML}null":
                         self.problem(key_node, path, "mapping keys must be plain scalars")
                     continue
+                if isinstance(key, bool):
+                    # A key is its text: YAML 1.1 reads `on:` / `yes:` as booleans.
+                    key = key_node.value
                 key = str(key) if not isinstance(key, str) else key
                 child = _child(path, key)
                 if key in out:

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 
-from graphrun.runtime.graph.routing import route_reads, route_rules
+from graphrun.runtime.graph.routing import retry_rules, route_reads, route_rules
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -42,6 +42,18 @@ class ErrorRoute(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     to: str
     match: str | None = None
     default: bool = False
+
+
+class RetryPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``retry:`` of an effectful node: how often, and after how long, a failed effect
+    is tried again. Each attempt, its error and the delay are recorded."""
+
+    max_attempts: int = 3
+    backoff: Literal["exponential", "fixed"] = "exponential"
+    initial: float = 1.0
+    max: float = 60.0
+    jitter: bool = True
+    on: list[str] = []
 
 
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
@@ -92,12 +104,13 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
 
     def rules(self, node_id: str, check: Any) -> list[Any]:
         """The kind's own validation rules: ``Diagnostic``s made with ``check.diag``."""
-        return route_rules(self, node_id, check)
+        return route_rules(self, node_id, check) + retry_rules(self, node_id, check)
 
 
 class AgentNode(NodeBase, tag="agent", kw_only=True):
     routes: list[Route] = []
     on_error: list[ErrorRoute] = []
+    retry: RetryPolicy | None = None
     agent: str
     prompt: str
     timeout: float = 300.0
@@ -107,6 +120,7 @@ class AgentNode(NodeBase, tag="agent", kw_only=True):
 class ScriptNode(NodeBase, tag="script", kw_only=True):
     routes: list[Route] = []
     on_error: list[ErrorRoute] = []
+    retry: RetryPolicy | None = None
     script: str
     timeout: float = 30.0
     fallback: str | None = None
@@ -131,6 +145,7 @@ class InputNode(NodeBase, tag="input", kw_only=True):
 class LlmNode(NodeBase, tag="llm", kw_only=True):
     routes: list[Route] = []
     on_error: list[ErrorRoute] = []
+    retry: RetryPolicy | None = None
     prompt: str
     instructions: str | None = None
     tools: list[str] | None = None
@@ -153,6 +168,7 @@ class LlmNode(NodeBase, tag="llm", kw_only=True):
 class RagNode(NodeBase, tag="rag", kw_only=True):
     routes: list[Route] = []
     on_error: list[ErrorRoute] = []
+    retry: RetryPolicy | None = None
     documents: list[str] = []
     query: str = "{{initial_prompt}}"
     top_k: int | None = None

@@ -160,6 +160,45 @@ def _child_path(node_id: str, field: str, index: int | None = None) -> str:
     return _child(path, index) if index is not None else path
 
 
+def retry_rules(node: Any, node_id: str, check: Any) -> list[Any]:
+    """A retry policy's numbers and patterns make sense."""
+    policy = getattr(node, "retry", None)
+    if policy is None:
+        return []
+    out = []
+    where = _child_path(node_id, "retry")
+    if policy.max_attempts < 1:
+        out.append(
+            check.diag(
+                "error",
+                "retry",
+                f"node '{node_id}': retry.max_attempts must be at least 1",
+                f"{where}.max_attempts",
+                node=node_id,
+            )
+        )
+    if policy.initial < 0 or policy.max < 0:
+        out.append(
+            check.diag(
+                "error", "retry", f"node '{node_id}': retry delays cannot be negative", where
+            )
+        )
+    for i, pattern in enumerate(policy.on):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            out.append(
+                check.diag(
+                    "error",
+                    "retry",
+                    f"node '{node_id}': retry.on[{i}] is not a regular expression: {exc}",
+                    _child(_child(where, "on"), i),
+                    node=node_id,
+                )
+            )
+    return out
+
+
 def pick_route(node: Any, state: Mapping[str, Any], default: Any) -> Any:
     """The first ``routes:`` entry whose ``when`` holds over ``state``, else
     ``default`` (``next``). Raises :class:`ExpressionError` when a condition fails."""
@@ -184,6 +223,7 @@ __all__ = [
     "error_route",
     "expression_reads",
     "pick_route",
+    "retry_rules",
     "route_reads",
     "route_rules",
 ]

@@ -49,6 +49,8 @@ _NODE_COMMON: dict[str, str] = {
     "none: `next`.",
     "on_error": "graphrun: failure routes, a list of `{match, to}` or `{default: true, to}`; "
     "the first whose pattern is found in the error message wins (not with `fallback`).",
+    "retry": "graphrun: try a failed effect again (`{max_attempts, backoff, initial, max, "
+    "jitter, on}`); the failure routes only once the attempts are used up.",
     "fallback": "Where to route when the node fails (tolerant fail). Without it a "
     "failure continues to `next`, with the error in state as `_error`.",
     "timeout": "The node's wall-clock cap, in seconds.",
@@ -201,6 +203,17 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         'the error (default "completed").',
         "next": "Ignored: an end node ends the run.",
         "state_updates": "Last state changes (lenient; no scoped variables).",
+    },
+    "RetryPolicy": {
+        None: "graphrun: how a failed effect is tried again; each attempt, its error and "
+        "the delay are recorded.",
+        "max_attempts": "Attempts in all, the first included (3).",
+        "backoff": "`exponential` (initial, then doubling) or `fixed` (initial each time).",
+        "initial": "Seconds before the second attempt (1).",
+        "max": "The longest delay, in seconds (60).",
+        "jitter": "Wait between half and all of the delay (true), from a value fixed by the "
+        "run, node, visit and attempt, so a replay decides the same.",
+        "on": "Regular expressions: retry only errors whose message matches one (empty: any).",
     },
     "ErrorRoute": {
         None: "One entry of `on_error:`; the first entry that matches the failure wins.",
