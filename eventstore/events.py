@@ -301,6 +301,20 @@ class HumanInputRequested(EventBase, frozen=True, kw_only=True):
     approvers: list[str] = []
 
 
+class ToolFinished(EventBase, frozen=True, kw_only=True):
+    """A ``tool`` node's call ran: the tool, the arguments as sent (JSON text), its
+    output (a JSON value when it printed one, else the text) or its error."""
+
+    node_id: str
+    visit: int
+    tool: str
+    arguments: str = ""
+    output: Any = None
+    error: str | None = None
+    duration_ms: float = 0.0
+    source: str = ""  # "tools.sh", "tools.py", "global", "mcp:<server>"
+
+
 class NodeRetrying(EventBase, frozen=True, kw_only=True):
     """A node's effect failed and is tried again (its ``retry`` policy): after
     ``delay`` seconds from this event's time, attempt ``attempt + 1`` begins. The
@@ -380,10 +394,12 @@ Event = (
     | VisitCapExceeded
     | ChildCancelled
     | NodeRetrying
+    | ToolFinished
 )
 
 EFFECT_TYPES: tuple[type, ...] = (
     ScriptFinished,
+    ToolFinished,
     LlmCalled,
     ToolCalled,
     LlmResult,
@@ -396,6 +412,7 @@ EFFECT_TYPES: tuple[type, ...] = (
 #: result, a child run's start) are facts recorded on the way.
 RESULT_TYPES: tuple[type, ...] = (
     ScriptFinished,
+    ToolFinished,
     LlmResult,
     RetrievalDone,
     ChildRunFinished,
@@ -446,5 +463,6 @@ __all__ = [
     "StepStarted",
     "TimeoutFired",
     "ToolCalled",
+    "ToolFinished",
     "VisitCapExceeded",
 ]

@@ -38,6 +38,7 @@ from graphrun.eventstore.events import (
     ScriptFinished,
     StepStarted,
     ToolCalled,
+    ToolFinished,
 )
 
 _replace = msgspec.structs.replace
@@ -209,6 +210,7 @@ def apply(state: RunState, event: Event) -> RunState:
             | LlmResult()
             | RetrievalDone()
             | NodeRetrying()
+            | ToolFinished()
         ):
             return _replace(state, effects=(*state.effects, event), **base)
         case HumanInputRequested():
@@ -335,6 +337,7 @@ def _apply_branch(state: RunState, event: Event, base: dict[str, Any]) -> RunSta
             | LlmResult()
             | RetrievalDone()
             | NodeRetrying()
+            | ToolFinished()
         ):
             effects = _add_effect(state.branch_effects, bid, event)
             return _replace(state, branch_effects=effects, **base)

@@ -36,6 +36,7 @@ from graphrun.runtime.graph.expressions import (
 )
 
 DEFAULT = "default"
+_MAY_WRITE = "a script or tool may write it"
 
 
 def _route_list(node: Any) -> list[Any]:
@@ -86,7 +87,7 @@ def check_expressions(node_id: str, check: Any, found: list[tuple[str, str]]) ->
                     "or output schema of this graph writes",
                     path,
                     node=node_id,
-                    hint=f"did you mean '{close[0]}'?" if close else "a script may write it",
+                    hint=f"did you mean '{close[0]}'?" if close else _MAY_WRITE,
                 )
             )
     return out

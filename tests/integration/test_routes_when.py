@@ -140,8 +140,8 @@ def test_validate_checks_routes_and_on_error(graphrun: GraphrunCli, tmp_path: Pa
         "a regular expression: missing ), unterminated subpattern at position 0",
         # A script may write any key: a warning.
         f"warning: {f}:10 ($.nodes.work.routes[1].when): node 'work': routes[1].when reads "
-        "'scroe', which no node, initial_state or output schema of this graph writes (a script "
-        "may write it)",
+        "'scroe', which no node, initial_state or output schema of this graph writes (a script or "
+        "tool may write it)",
     ]
 
 
