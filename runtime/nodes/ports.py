@@ -42,6 +42,9 @@ class RunOptions:
     variables: dict[str, str] | None = None
     # Node types -> actor factories, filled in by graphrun.runtime.engine.effects.
     extra: dict[str, Any] = field(default_factory=dict)
+    # The allowed_signers file recorded answers are checked against (--signers; else
+    # found next to the graph, then in the config directory).
+    signers: Path | None = None
 
 
 @dataclass

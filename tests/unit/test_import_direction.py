@@ -17,7 +17,13 @@ PACKAGES = ("eventstore", "actors", "runtime", "cli")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("graphrun.eventstore",),
     ("graphrun.actors",),
-    ("graphrun.runtime.errors", "graphrun.runtime.graph", "graphrun.runtime.agents"),
+    (
+        "graphrun.runtime.errors",
+        "graphrun.runtime.graph",
+        "graphrun.runtime.agents",
+        # Decision statements, signatures and the approver policy (read from a graph).
+        "graphrun.runtime.decisions",
+    ),
     ("graphrun.runtime.nodes",),
     ("graphrun.runtime.engine",),
     (
@@ -25,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "graphrun.runtime.observe",
         "graphrun.runtime.inspect",
         "graphrun.runtime.narrate",
+        "graphrun.runtime.decisions.report",
         "graphrun.runtime",
     ),
     ("graphrun.cli",),
