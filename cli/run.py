@@ -63,6 +63,13 @@ def _parse_set(values: tuple[str, ...]) -> dict[str, Any]:
             value, too_deep = raw, False
         if too_deep:
             raise UsageError(f"--set {key}: JSON nests deeper than {MAX_SET_DEPTH} levels")
+        try:  # a JSON escape can name half a surrogate pair, which is not text
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(
+                f"--set {key}: the JSON value holds a lone surrogate (a \\uD800-\\uDFFF "
+                "escape without its pair), which is not text"
+            ) from None
         out[key] = value
     return out
 

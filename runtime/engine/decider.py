@@ -75,7 +75,7 @@ from graphrun.runtime.nodes.retry import pending_retry, retry_step
 #: A stand-in successor for a map's branch node, whose own routing is ignored.
 _MAP_ITEM_NEXT = "\x00map-item"
 
-# The helpers of every node kind (runtime/engine/plan.py), under the names used here.
+# The helpers of every node kind (runtime/nodes/plan.py), under the names used here.
 _fail = fail
 _completed = completed
 _last = last

@@ -41,6 +41,7 @@ from typing import Any
 
 import msgspec
 
+from graphrun.actors import process
 from graphrun.actors.base import CancelToken, start_actor_around
 from graphrun.actors.messages import Execute
 from graphrun.eventstore.codec import content_hash
@@ -546,6 +547,10 @@ class Driver:
             self.store.require_intact(self.run_id)
             # Nor one holding an answer the governing graph does not allow.
             self._require_answers_allowed(events)
+            # A graphrun killed outright may have left a script or tool running on
+            # this host (if its lifeline died with it): end it before the node is
+            # performed again, never beside it.
+            process.end_orphans()
             self._speculate(
                 (
                     RunResumed(

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphrun.actors.paths import outside_hint, outside_problem, real_path
+from graphrun.actors.rag.loaders import document_problem
+from graphrun.runtime.agents import is_agent_path
 from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph
 from graphrun.runtime.graph.model import (
     AgentNode,
@@ -468,15 +471,10 @@ def script_files(c: Check) -> list[Diagnostic]:
         where = _npath(nid, "script")
         path = script_path(agent_dir, node.script)
         ext = Path(node.script).suffix
-        if not path.is_relative_to(agent_dir):
+        outside = outside_problem(agent_dir, node.script, what=f"script '{node.script}'")
+        if outside is not None:
             out.append(
-                c.diag(
-                    "error",
-                    "script-outside",
-                    f"script '{node.script}' is outside the agent directory",
-                    where,
-                    node=nid,
-                )
+                c.diag("error", "script-outside", outside, where, node=nid, hint=outside_hint())
             )
         elif ext not in SCRIPT_RUNTIMES:
             out.append(
@@ -529,11 +527,26 @@ def agents_exist(c: Check) -> list[Diagnostic]:
         if not isinstance(node, AgentNode):
             continue
         where = _npath(nid, "agent")
+        path_like = is_agent_path(node.agent)
+        if path_like:  # a path from the graph's folder: the rule the run applies
+            outside = outside_problem(c.loaded.agent_dir, node.agent, what=f"agent '{node.agent}'")
+            if outside is not None:
+                out.append(
+                    c.diag(
+                        "error",
+                        "agent-outside",
+                        outside,
+                        where,
+                        node=nid,
+                        hint="name an agent in the agents directory, or " + outside_hint(),
+                    )
+                )
+                continue
         if c.agents_dir is None:
             continue
         adir = c.agents_dir / node.agent
-        if "/" in node.agent or node.agent.startswith("."):  # a path: from the graph's folder
-            adir = c.loaded.agent_dir / node.agent
+        if path_like:
+            adir = Path(real_path(c.loaded.agent_dir, node.agent))
         if not adir.is_dir():
             known = (
                 sorted(p.name for p in c.agents_dir.iterdir() if p.is_dir())
@@ -580,6 +593,24 @@ def rag_documents(c: Check) -> list[Diagnostic]:
                     hint="at least one knowledge source is required",
                 )
             )
+        for index, entry in enumerate(node.documents):
+            problem = document_problem(entry, c.loaded.agent_dir) if entry else None
+            if problem is not None:
+                out.append(
+                    c.diag(
+                        "error",
+                        "document-outside",
+                        f"rag node '{nid}': {problem}",
+                        _npath(nid, "documents") + f"[{index}]",
+                        node=nid,
+                        hint=outside_hint(),
+                    )
+                )
+        kb_file = outside_problem(
+            c.loaded.agent_dir, f"{nid}.yaml", what=f"the knowledge base file of rag node '{nid}'"
+        )
+        if kb_file is not None:
+            out.append(c.diag("error", "kb-outside", kb_file, _npath(nid), node=nid))
         if not node.state_updates:
             out.append(
                 c.diag(

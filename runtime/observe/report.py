@@ -283,6 +283,11 @@ document.getElementById('expand-all').addEventListener('click', function () {
 """
 
 
+#: The report's one script (expand/collapse all): a page that embeds a report can
+#: allow exactly this script by its hash.
+SCRIPT = _JS
+
+
 def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 

@@ -387,7 +387,7 @@ def read_export(
             # The typed decoder straight from the raw bytes (no dict in between).
             event = codec.decode(record.event)
             digest = record.hash
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        except codec.DECODE_ERRORS as exc:
             raise ExportFileError(f"{where}: not a valid event line ({exc})") from None
         run_id = _check_run_id(event.run_id, where)
         if listed is not None and run_id not in listed:

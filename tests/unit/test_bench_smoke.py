@@ -95,3 +95,13 @@ def test_parallel_bench_runs_every_contender_in_its_own_process(tmp_path: Path) 
     assert report["ideal_s"] == 0.2
     assert report["graphrun_s"] > report["ideal_s"]
     assert report["replay_events"] > 40  # the 20-item map's log, replayed through the CLI
+
+
+@pytest.mark.timeout(120)
+def test_console_bench_runs_and_prints_every_ratio(tmp_path: Path) -> None:
+    proc = run_bench("console_bench.py", tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    names = " | ".join(check_lines(proc.stdout))
+    assert "runs page with 500 runs / `runs --json` first 50" in names, proc.stdout
+    assert "inbox with 500 runs / `runs --json` first 50" in names, proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("== console_bench: ")
