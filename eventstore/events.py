@@ -319,6 +319,19 @@ class ToolFinished(EventBase, frozen=True, kw_only=True):
     source: str = ""  # "tools.sh", "tools.py", "global", "mcp:<server>"
 
 
+class CacheChecked(EventBase, frozen=True, kw_only=True):
+    """A node with ``cache:`` looked its request up by ``key``. With ``from_run``, a
+    hit: the effect events that follow are copies of that run's, recorded from its
+    ``from_seq``; without, a miss: the effect is performed and later runs may reuse
+    it."""
+
+    node_id: str
+    visit: int
+    key: str
+    from_run: str | None = None
+    from_seq: int | None = None
+
+
 class NodeRetrying(EventBase, frozen=True, kw_only=True):
     """A node's effect failed and is tried again (its ``retry`` policy): after
     ``delay`` seconds from this event's time, attempt ``attempt + 1`` begins. The
@@ -444,6 +457,7 @@ Event = (
     | ChildCancelled
     | NodeRetrying
     | ToolFinished
+    | CacheChecked
 )
 
 EFFECT_TYPES: tuple[type, ...] = (
@@ -489,6 +503,7 @@ __all__ = [
     "TERMINAL_TYPES",
     "ApprovalSigned",
     "BranchesMerged",
+    "CacheChecked",
     "ChildCancelled",
     "ChildRunFinished",
     "ChildRunStarted",

@@ -48,6 +48,7 @@ from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import (
     RESULT_TYPES,
+    CacheChecked,
     ChildCancelled,
     Event,
     HumanInputReceived,
@@ -69,6 +70,8 @@ from graphrun.runtime.engine.lifecycle import cancel_run, whoami
 from graphrun.runtime.errors import GraphValidationError, WaitingForHuman
 from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph, graph_of
 from graphrun.runtime.graph.model import Graph
+from graphrun.runtime.nodes.cache import cache_key
+from graphrun.runtime.nodes.cache import find as find_cached
 from graphrun.runtime.nodes.ports import ChildRuns, RunOptions, RunPorts
 from graphrun.runtime.nodes.retry import pending_retry, since_last_retry
 
@@ -688,6 +691,8 @@ class Driver:
                 return None
         if not self._wait_out_retry(self.state.effects, self.node_cancel, deadline):
             return None  # cancelled, interrupted or out of time while waiting
+        if source is None and self._served_from_cache(step, visit):
+            return None
         try:
             effect = self._effect(step.node_type)
             inline = getattr(effect, "inline", None)
@@ -882,6 +887,36 @@ class Driver:
         if left > 0 and token.wait(left):
             raise GraphrunError(token.reason or "cancelled")
         return effect.perform(task, ctx)
+
+    def _served_from_cache(self, step: decider.Perform, visit: int) -> bool:
+        """A node with ``cache:``: serve an earlier run's recorded effect for the same
+        request (a hit), or mark this one as performed here (a miss)."""
+        policy = getattr(self.graph.nodes.get(step.node_id), "cache", None)
+        if policy is None:
+            return False
+        key = cache_key(step.node_type, step.task, list(policy.key), self.state.state)
+        found = find_cached(
+            self.store,
+            self.graph.name,
+            key,
+            ttl=policy.ttl,
+            now=self.clock.now(),
+            own_run=self.run_id,
+        )
+        if found is None:
+            self.record_effects([CacheChecked(node_id=step.node_id, visit=visit, key=key)])
+            return False
+        marker, copied = found
+        hit = CacheChecked(
+            node_id=step.node_id,
+            visit=visit,
+            key=key,
+            from_run=marker.run_id,
+            from_seq=marker.seq,
+        )
+        self.record_effects([hit, *(_replace(e, visit=visit, branch="") for e in copied)])
+        self.absorb_effects()
+        return True
 
     def _wait_out_retry(
         self, effects: tuple[Any, ...], token: CancelToken, deadline: float | None

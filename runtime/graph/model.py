@@ -60,6 +60,14 @@ class RetryPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     on: list[str] = []
 
 
+class CachePolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``cache:`` of an llm, script or tool node: an earlier run's recorded effect for
+    the same request is served instead of performing it again."""
+
+    key: list[str] = []
+    ttl: float | None = None
+
+
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
     """Fields every node has."""
 
@@ -125,6 +133,7 @@ class ScriptNode(NodeBase, tag="script", kw_only=True):
     routes: list[Route] = []
     on_error: list[ErrorRoute] = []
     retry: RetryPolicy | None = None
+    cache: CachePolicy | None = None
     script: str
     timeout: float = 30.0
     fallback: str | None = None
@@ -165,6 +174,7 @@ class LlmNode(NodeBase, tag="llm", kw_only=True):
     routes: list[Route] = []
     on_error: list[ErrorRoute] = []
     retry: RetryPolicy | None = None
+    cache: CachePolicy | None = None
     prompt: str
     instructions: str | None = None
     tools: list[str] | None = None

@@ -51,6 +51,8 @@ _NODE_COMMON: dict[str, str] = {
     "the first whose pattern is found in the error message wins (not with `fallback`).",
     "retry": "graphrun: try a failed effect again (`{max_attempts, backoff, initial, max, "
     "jitter, on}`); the failure routes only once the attempts are used up.",
+    "cache": "graphrun: `{key, ttl}`; serve the recorded effect of an earlier run of this "
+    "graph that made the same request.",
     "fallback": "Where to route when the node fails (tolerant fail). Without it a "
     "failure continues to `next`, with the error in state as `_error`.",
     "timeout": "The node's wall-clock cap, in seconds.",
@@ -231,6 +233,13 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "jitter": "Wait between half and all of the delay (true), from a value fixed by the "
         "run, node, visit and attempt, so a replay decides the same.",
         "on": "Regular expressions: retry only errors whose message matches one (empty: any).",
+    },
+    "CachePolicy": {
+        None: "graphrun: an earlier run's recorded effect for the same request is served "
+        "instead of performing it again (the log is the cache).",
+        "key": "State paths whose values join the request in the cache key (a script's "
+        "whole state is replaced by them).",
+        "ttl": "Seconds an entry stays usable (none: forever).",
     },
     "ErrorRoute": {
         None: "One entry of `on_error:`; the first entry that matches the failure wins.",

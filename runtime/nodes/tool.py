@@ -26,7 +26,14 @@ from graphrun.actors.tools.direct import ToolActor, ToolTask
 from graphrun.eventstore.events import ToolFinished
 from graphrun.eventstore.fold import RunState
 from graphrun.runtime.graph.expressions import ExpressionError
-from graphrun.runtime.graph.model import ErrorRoute, Graph, NodeBase, RetryPolicy, Route
+from graphrun.runtime.graph.model import (
+    CachePolicy,
+    ErrorRoute,
+    Graph,
+    NodeBase,
+    RetryPolicy,
+    Route,
+)
 from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render_updates
 from graphrun.runtime.nodes.kind import NodeKind
@@ -41,6 +48,7 @@ class ToolNode(NodeBase, tag="tool", kw_only=True):
     routes: list[Route] = msgspec.field(default_factory=list)
     on_error: list[ErrorRoute] = msgspec.field(default_factory=list)
     retry: RetryPolicy | None = None
+    cache: CachePolicy | None = None
 
     DESCRIPTIONS: ClassVar[dict[str | None, str]] = {
         None: "graphrun: calls one tool directly with templated params, no LLM.",

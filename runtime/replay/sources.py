@@ -25,6 +25,7 @@ from graphrun.eventstore.events import (
     EFFECT_TYPES,
     RESULT_TYPES,
     ApprovalSigned,
+    CacheChecked,
     ChildCancelled,
     Event,
     HeadSigned,
@@ -182,6 +183,7 @@ IGNORED = (
     TimeoutFired,
     ApprovalSigned,
     HeadSigned,
+    CacheChecked,
 )
 
 
