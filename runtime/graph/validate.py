@@ -279,6 +279,9 @@ def next_where_required(c: Check) -> list[Diagnostic]:
         needs_next = type(node).NEEDS_NEXT or isinstance(
             node, AgentNode | RagNode | InputNode | LlmNode | MapNode
         )
+        routes = getattr(node, "routes", None)
+        if isinstance(routes, list) and any(r.when == "default" for r in routes):
+            needs_next = False  # a `when: default` route always leads on
         if needs_next and not node.next and nid in reachable and nid not in branches:
             out.append(
                 c.diag(
