@@ -524,6 +524,18 @@ class PostgresStore:
                 self._locked.add(run_id)
             return got
 
+    def _relock(self, run_id: str) -> bool:
+        """Take the lock of a run this worker holds again (false: not taken). A run
+        handed back meanwhile is not locked: its hand-back dropped it from the held
+        runs before giving up the lock, and the check is under the same guard."""
+        with self._lock_guard:
+            if run_id not in self._held or run_id in self._locked:
+                return False
+            got = self._locking("SELECT pg_try_advisory_lock(%s)", run_id)
+            if got:
+                self._locked.add(run_id)
+            return got
+
     def _unlock(self, run_id: str) -> None:
         """Give up a run's advisory lock (once its lease row is gone or another's)."""
         with self._lock_guard:
@@ -1232,7 +1244,7 @@ class PostgresStore:
         relock = [r for r in held if r not in self._locked]
         # A lock another holds now (a hung worker's, whose expired lease this one
         # took) is tried again at the next beat; the lease row says who holds the run.
-        relocked = [r for r in relock if self._try_lock(r)]
+        relocked = [r for r in relock if self._relock(r)]
         with self._conn() as conn:
             kept = {
                 r[0]
