@@ -269,9 +269,10 @@ _pool_log = _PoolLog()
 
 
 def _route_pool_logging() -> None:
-    """Route psycopg_pool's logger through graphrun's (once per process): its
-    records no longer reach Python's last-resort handler, raw, on stderr."""
-    pool_logger = logging.getLogger("psycopg.pool")
+    """Route psycopg's loggers (psycopg_pool's is ``psycopg.pool``) through
+    graphrun's, once per process: their records no longer reach Python's
+    last-resort handler, raw, on stderr."""
+    pool_logger = logging.getLogger("psycopg")
     if _pool_log not in pool_logger.handlers:
         pool_logger.addHandler(_pool_log)
         pool_logger.propagate = False
