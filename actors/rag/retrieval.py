@@ -269,12 +269,20 @@ class KnowledgeBase:
 
 
 def kb_file(agent_dir: Path, node_id: str) -> Path:
-    """Where a rag node's knowledge base file lives."""
-    return Path(agent_dir) / f"{node_id}.yaml"
+    """Where a rag node's knowledge base file lives (inside the agent folder, by
+    the path rule of :mod:`graphrun.actors.paths`: a node id may hold ``/``)."""
+    return _inside(agent_dir, f"{node_id}.yaml", f"the knowledge base file of rag node '{node_id}'")
 
 
 def _data_dir(agent_dir: Path, node_id: str) -> Path:
-    return Path(agent_dir) / f"{node_id}.kb"
+    return _inside(agent_dir, f"{node_id}.kb", f"the knowledge base folder of rag node '{node_id}'")
+
+
+def _inside(agent_dir: Path, name: str, what: str) -> Path:
+    from graphrun.actors.paths import require_inside
+
+    require_inside(agent_dir, name, what=what, error=RagError)
+    return Path(agent_dir) / name
 
 
 def _yaml() -> Any:
@@ -364,7 +372,7 @@ def load_knowledge_base(agent_dir: Path, node_id: str) -> KnowledgeBase:
     config = _config_from_yaml(data)
     files = _files_from_yaml(data, node_id, path)
     count = sum(len(f.chunks) for f in files)
-    vectors_path = agent_dir / str(data["vectors"])
+    vectors_path = _inside(agent_dir, str(data["vectors"]), f"the vectors file of {path.name}")
     try:
         vectors = np.load(vectors_path, allow_pickle=False)
     except FileNotFoundError:
@@ -386,7 +394,9 @@ def load_knowledge_base(agent_dir: Path, node_id: str) -> KnowledgeBase:
             f"but the file lists {count} chunks of dimension {dim}",
         )
     index_rel = data.get("index")
-    index_path = agent_dir / str(index_rel) if index_rel else None
+    index_path = None
+    if index_rel:
+        index_path = _inside(agent_dir, str(index_rel), f"the index of {path.name}")
     try:
         index = HybridIndex.load(
             [c for f in files for c in f.chunks], vectors.astype(np.float32, copy=False), index_path

@@ -133,3 +133,13 @@ def test_store_takeover_and_dbos_benches_run(
     for target in targets:
         assert target in names, proc.stdout
     assert (proc.returncode == 1) == any(line.startswith("MISS") for line in lines)
+
+
+@pytest.mark.timeout(120)
+def test_console_bench_runs_and_prints_every_ratio(tmp_path: Path) -> None:
+    proc = run_bench("console_bench.py", tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    names = " | ".join(check_lines(proc.stdout))
+    assert "runs page with 500 runs / `runs --json` first 50" in names, proc.stdout
+    assert "inbox with 500 runs / `runs --json` first 50" in names, proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("== console_bench: ")
