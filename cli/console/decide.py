@@ -224,8 +224,7 @@ def continue_run(
 
     def drive() -> None:
         from graphrun.cli.run import _drive, _options
-        from graphrun.runtime.engine.driver import Driver, recorded_config
-        from graphrun.runtime.nodes.agent import resume_ancestors
+        from graphrun.runtime.engine.driver import Driver, recorded_config, resume_ancestors
 
         try:
             options = _options(

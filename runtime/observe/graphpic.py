@@ -120,6 +120,9 @@ def build_picture(
             fallback = getattr(node, "fallback", None)
             if fallback:
                 pic.edges.append(PicEdge(node_id, fallback, "fallback"))
+            route_edges = getattr(node, "route_edges", None)
+            for _field, target, label in route_edges() if route_edges else ():
+                pic.edges.append(PicEdge(node_id, target, label))
         if kind == "map":
             branch = getattr(node, "branch", None)
             if isinstance(branch, str):

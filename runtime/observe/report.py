@@ -42,7 +42,7 @@ from graphrun.eventstore.events import (
     ToolCalled,
 )
 from graphrun.eventstore.fold import RunState, apply
-from graphrun.runtime.observe.usage import BUILTIN_PRICES, Usage, call_usage, format_usage
+from graphrun.runtime.engine.usage import BUILTIN_PRICES, Usage, call_usage, format_usage
 
 
 @dataclass
