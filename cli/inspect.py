@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 import click
 
 from graphrun.cli.options import db_option, json_option, open_store, resolve_run
+from graphrun.eventstore.errors import GraphrunError
 
 
 @click.command("runs")
@@ -16,22 +18,53 @@ from graphrun.cli.options import db_option, json_option, open_store, resolve_run
     type=click.Choice(["running", "interrupted", "waiting", "completed", "failed", "cancelled"]),
     help="Only runs with this status (interrupted: running, but no process drives it).",
 )
-@click.option("--limit", default=50, show_default=True, help="At most this many runs.")
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="At most this many runs (one page).",
+)
+@click.option(
+    "--offset",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Skip this many of the newest runs (the next page: --offset 50).",
+)
 @click.option("--usage", "with_usage", is_flag=True, help="Add token and cost columns.")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Exit 2 when a run's stored data is damaged (default: list the others and "
+    "name the damaged run on stderr).",
+)
 @json_option
 @db_option
 def runs_cmd(
-    status: str | None, limit: int, with_usage: bool, as_json: bool, db: str | None
+    status: str | None,
+    limit: int,
+    offset: int,
+    with_usage: bool,
+    strict: bool,
+    as_json: bool,
+    db: str | None,
 ) -> None:
-    """List runs, newest first (child runs indented under their parent; a fork by
-    when it was made).
+    """List runs, newest first, one page at a time (child runs indented under their
+    parent; a fork by when it was made).
 
     A waiting run shows the node it waits at and for whom: the node's
     approvers, else anyone (WAITS FOR). With --usage: each run's LLM tokens and
     cost, and TREE, the tokens of the run with all its child runs.
+
+    A run whose stored data is damaged is left out and named in one warning line
+    on stderr (`graphrun audit RUN --verify` says where), and so is a run whose
+    log went back behind the head graphrun reported for it (committed events lost
+    to a damaged -wal file); --strict makes either an error (exit 2).
     """
     from graphrun.cli.options import store_missing
     from graphrun.cli.render import table, when
+    from graphrun.eventstore.errors import CorruptStoreError
     from graphrun.runtime.inspect import display_status, run_summary
 
     if store_missing(db):
@@ -40,31 +73,61 @@ def runs_cmd(
         click.echo("no runs yet", err=True)
         return
     store = open_store(db)
+    # A killed process leaves its lease row behind: release those of processes
+    # that are gone for sure, so no run shows as held by one (a read-only file
+    # keeps them; `runs` still says "interrupted").
+    with contextlib.suppress(GraphrunError):
+        store.release_stale_leases()
+    damaged: list[CorruptStoreError] = []
     if status == "interrupted":
         # Stopped by Ctrl-C/SIGTERM (RunInterrupted recorded), or killed outright:
         # "running" in the log, with no process driving it.
         crashed = [
             r
-            for r in store.runs(status="running", limit=limit)
+            for r in store.runs(status="running", limit=offset + limit, damaged=damaged)
             if display_status(store, r) == "interrupted"
         ]
-        stopped = store.runs(status="interrupted", limit=limit)
-        rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)[:limit]
+        stopped = store.runs(status="interrupted", limit=offset + limit, damaged=damaged)
+        rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)
+        rows = rows[offset : offset + limit]
     else:
-        rows = store.runs(status=status, limit=limit)
-    # A fork copies its source's events, times included: list it by when it was made.
-    made = {row.run_id: _made_at(store, row) for row in rows}
-    rows.sort(key=lambda r: made[r.run_id], reverse=True)
-    waits = {row.run_id: _waiting_request(store, row.run_id) for row in rows if row.waiting_node}
+        rows = store.runs(status=status, limit=limit, offset=offset, damaged=damaged)
     prices = None
     if with_usage or as_json:
+        from graphrun.runtime.engine.usage import load_prices
         from graphrun.runtime.graph.config import config_dir
-        from graphrun.runtime.observe.usage import load_prices
 
         prices = load_prices(config_dir(None))
+    # Everything read from each run's events, read before anything is shown: a run
+    # whose events do not decode is left out (and named), never the whole listing.
+    made: dict[str, float] = {}
+    waits: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    readable = []
+    for row in rows:
+        try:
+            made[row.run_id] = _made_at(store, row)
+            if row.waiting_node:
+                waits[row.run_id] = _waiting_request(store, row)
+            if as_json:
+                extra[row.run_id] = run_summary(store, row, prices)
+            elif with_usage:
+                extra[row.run_id] = _usage_cells(store, row, prices)
+        except CorruptStoreError as exc:
+            damaged.append(exc)
+            continue
+        readable.append(row)
+    rows = readable
+    _report_damaged(damaged, strict)
+    for problem in store.lost_heads().values():  # runs whose log went backwards
+        if strict:
+            raise CorruptStoreError(problem)
+        click.echo(f"warning: {problem}", err=True)
+    # A fork copies its source's events, times included: list it by when it was made.
+    rows.sort(key=lambda r: made[r.run_id], reverse=True)
     if as_json:
         for row in rows:
-            click.echo(json.dumps(run_summary(store, row, prices), ensure_ascii=False))
+            click.echo(json.dumps(extra[row.run_id], ensure_ascii=False))
         return
     by_parent: dict[str | None, list[Any]] = {}
     ids = {r.run_id for r in rows}
@@ -91,7 +154,7 @@ def runs_cmd(
                 waits_for,
                 row.started_by or "",
             )
-            + (_usage_cells(store, row, prices) if with_usage else ())
+            + (extra[row.run_id] if with_usage else ())
         )
         for child in sorted(by_parent.get(row.run_id, []), key=lambda r: made[r.run_id]):
             add(child, depth + 1)
@@ -102,6 +165,20 @@ def runs_cmd(
     if with_usage:
         headers += ["TOKENS", "COST", "TREE TOKENS"]
     click.echo(table(out, headers))
+    if len(rows) == limit:
+        click.echo(f"(older runs: --offset {offset + limit})", err=True)
+
+
+def _report_damaged(damaged: list[Any], strict: bool) -> None:
+    """Name each damaged run on stderr (once), or with ``strict`` fail on the first."""
+    seen: set[str | None] = set()
+    for exc in damaged:
+        if exc.run_id in seen:
+            continue
+        seen.add(exc.run_id)
+        if strict:
+            raise exc
+        click.echo(f"warning: skipped a damaged run: {exc}", err=True)
 
 
 def _made_at(store: Any, row: Any) -> float:
@@ -115,7 +192,7 @@ def _made_at(store: Any, row: Any) -> float:
 
 
 def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
-    from graphrun.runtime.observe.usage import run_usage, tree_usage
+    from graphrun.runtime.engine.usage import run_usage, tree_usage
 
     own, _ = run_usage(store.read(row.run_id), prices)
     tree = tree_usage(store, row.run_id, prices)
@@ -123,11 +200,19 @@ def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
     return (own.total_tokens, cost if own.calls else "", tree.total_tokens)
 
 
-def _waiting_request(store: Any, run_id: str) -> Any:
-    """The ``HumanInputRequested`` a run waits at, or None."""
+def _waiting_request(store: Any, row: Any) -> Any:
+    """The ``HumanInputRequested`` a run waits at, or None. A waiting run's request
+    is its last one (an answer, or a node entered after it, ends the wait): it is
+    read from the log's tail, not by folding a long log whole."""
+    from graphrun.eventstore.events import HumanInputRequested
     from graphrun.eventstore.fold import fold
 
-    return fold(store.read(run_id)).waiting
+    if row.status == "waiting":
+        tail = store.read(row.run_id, after=max(0, row.last_seq - 32))
+        asked = [e for e in tail if isinstance(e, HumanInputRequested)]
+        if asked:
+            return asked[-1]
+    return fold(store.read(row.run_id)).waiting
 
 
 @click.command("show")
@@ -142,6 +227,9 @@ def show_cmd(run_id: str, at_seq: int | None, as_json: bool, db: str | None) -> 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     info = describe_run(store, run_id, at_seq)
+    lost = store.lost_head(run_id)
+    if lost is not None:
+        click.echo(f"warning: {lost}", err=True)
     if as_json:
         click.echo(json.dumps(info, ensure_ascii=False, default=str))
         return
@@ -202,9 +290,17 @@ def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> N
 
 
 @click.command("audit")
-@click.argument("run_id")
+@click.argument("run_id", metavar="RUN_ID|FILE")
 @click.option(
-    "--verify", is_flag=True, help="Check the hash chain of every event (exit 1 if broken)."
+    "--verify",
+    is_flag=True,
+    help="Check the hash chain of every event and every signature (exit 1 if anything is broken).",
+)
+@click.option(
+    "--signers",
+    metavar="FILE",
+    help="The allowed_signers file signatures are checked against (default: next to the "
+    "graph, else in the config directory).",
 )
 @click.option(
     "--anchor",
@@ -217,13 +313,30 @@ def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> N
 )
 @json_option
 @db_option
-def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: str | None) -> None:
-    """Every human decision of RUN_ID and its child runs: when, node, question, answer, by, via.
+def audit_cmd(
+    run_id: str,
+    verify: bool,
+    signers: str | None,
+    anchor: str | None,
+    as_json: bool,
+    db: str | None,
+) -> None:
+    """Every human decision of RUN_ID and its child runs: when, node, question, answer,
+    by, identity, via.
 
-    BY is the claimed name (--as), followed by the OS account and host when they
-    differ from it. With --verify, the hash chain of every event of every run is
-    recomputed; the first broken seq is named and the exit code is 1.
+    BY is the claimed name (--as) or the signer, followed by the OS account and host
+    when they differ from it. IDENTITY is signed or claimed (verified or BROKEN with
+    --verify). With --verify, the hash chain of every event of every run is
+    recomputed and every signature is checked against the signers file; each
+    decision is reported as verified (by which key), claimed, or BROKEN (which check
+    failed), and the exit code is 1 if anything is broken. Given an export FILE
+    instead of a run, --verify checks the file on its own, without a database.
     """
+    from pathlib import Path
+
+    if verify and Path(run_id).is_file():
+        _verify_file(Path(run_id), signers, as_json)
+        return
     from graphrun.cli.render import table, when
     from graphrun.runtime.inspect import audit_tree
 
@@ -231,12 +344,16 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
     run_id = resolve_run(store, run_id)
     if anchor is not None and _anchor(store, run_id, anchor, verify):
         return
+    signatures: dict[str, Any] | None = None
     if verify:
         # The chain first, from the stored bytes alone: a damaged log is reported
         # by seq, not by whichever reader trips over it first.
         checks = verify_tree(store, run_id)
         if all(item["ok"] for item in checks):
             report = audit_tree(store, run_id, verify=False)
+            signatures = _verify_signatures(store, run_id, signers)
+            _merge(report["decisions"], signatures)
+            report["signatures"] = signatures
         else:
             report = {"run_id": run_id, "decisions": []}
         report["verify"] = checks
@@ -252,6 +369,7 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
                 d["question"].strip(),
                 _answer_cell(d),
                 d["by"] if d["by"] == d["os_user"] else f"{d['by']} ({d['os_user']}@{d['host']})",
+                d["identity"],
                 d["via"],
                 d["run_id"],
             )
@@ -259,11 +377,14 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
         ]
         if rows:
             click.echo(
-                table(rows, ["WHEN (UTC)", "NODE", "QUESTION", "ANSWER", "BY", "VIA", "RUN"])
+                table(
+                    rows,
+                    ["WHEN (UTC)", "NODE", "QUESTION", "ANSWER", "BY", "IDENTITY", "VIA", "RUN"],
+                )
             )
         else:
             click.echo(f"no human decisions in run {run_id} or its child runs", err=True)
-        for item in report["verify"]:
+        for item in report.get("verify", []):
             if item["ok"]:
                 click.echo(f"ok: run {item['run_id']}: {item['events']} events verify", err=True)
             else:
@@ -271,7 +392,66 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
                     f"BROKEN: run {item['run_id']}: first bad seq {item['seq']}: {item['reason']}",
                     err=True,
                 )
+        if signatures is not None:
+            from graphrun.runtime.decisions.report import format_report
+
+            for line in format_report(signatures):
+                click.echo(line, err=True)
     if verify and not all(item["ok"] for item in report["verify"]):
+        raise SystemExit(1)
+    if signatures is not None and not signatures["ok"]:
+        raise SystemExit(1)
+
+
+def _trust(signers: str | None, agent_dir: str | None) -> Any:
+    from graphrun.runtime.decisions import make_trust
+    from graphrun.runtime.decisions.sshsig import find_signers
+    from graphrun.runtime.graph.config import config_dir
+
+    return make_trust(find_signers(signers, graph_dir=agent_dir, config_dir=config_dir()))
+
+
+def _verify_signatures(store: Any, run_id: str, signers: str | None) -> dict[str, Any]:
+    from graphrun.runtime.decisions.report import verify_store
+
+    first = store.read(run_id, upto=1)[0]
+    return verify_store(store, run_id, _trust(signers, getattr(first, "agent_dir", "") or None))
+
+
+def _merge(decisions: list[dict[str, Any]], signatures: dict[str, Any]) -> None:
+    """The verified identity (and key, or what broke) on each audit row."""
+    found = {(d["run_id"], d["seq"]): d for d in signatures["decisions"]}
+    for row in decisions:
+        check = found.get((row["run_id"], row["seq"]))
+        if check is None:
+            continue
+        row["identity"] = "BROKEN" if check["identity"] == "broken" else check["identity"]
+        row["key"] = check["key"]
+        row["problem"] = check["problem"]
+
+
+def _verify_file(path: Any, signers: str | None, as_json: bool) -> None:
+    """``audit --verify FILE``: an export checked on its own (no database)."""
+    from graphrun.runtime.decisions.report import format_report, verify_export
+    from graphrun.runtime.replay.transfer import ExportFileError
+
+    try:
+        report = verify_export(path, _trust(signers, None))
+    except ExportFileError as exc:
+        if as_json:
+            click.echo(json.dumps({"file": str(path), "ok": False, "error": str(exc)}))
+        else:
+            click.echo(f"BROKEN: {exc}", err=True)
+        raise SystemExit(1) from None
+    report["file"] = str(path)
+    if as_json:
+        click.echo(json.dumps(report, ensure_ascii=False, default=str))
+    else:
+        for line in format_report(report):
+            click.echo(line, err=True)
+        counts = ", ".join(f"{n} {kind}" for kind, n in sorted(report["counts"].items()))
+        click.echo(f"{path}: {counts or 'no human decisions'}", err=True)
+    if not report["ok"]:
         raise SystemExit(1)
 
 

@@ -66,6 +66,9 @@ class RunStarted(EventBase, frozen=True, kw_only=True):
     host: str = ""
     forked_from: str | None = None  # run id this run was forked from
     forked_at: int | None = None  # seq of the source run the fork copies up to
+    # The recorded run whose effects (and signed answers) this run reuses
+    # (``replay --live``, ``test --update``); its signatures stay that run's.
+    recorded_from: str | None = None
     graphrun_version: str = ""
     # Extra files the run depends on (scripts, tools), name -> "sha256:<hex>".
     files: dict[str, str] = {}
@@ -298,7 +301,48 @@ class HumanInputRequested(EventBase, frozen=True, kw_only=True):
     question: str
     options: list[str] = []
     default: str | None = None
-    approvers: list[str] = []
+    approvers: list[str] = []  # as shown; who may answer is read from the graph
+    signed: bool = False  # as shown: the graph requires a signed answer here
+
+
+class ToolFinished(EventBase, frozen=True, kw_only=True):
+    """A ``tool`` node's call ran: the tool, the arguments as sent (JSON text), its
+    output (a JSON value when it printed one, else the text) or its error."""
+
+    node_id: str
+    visit: int
+    tool: str
+    arguments: str = ""
+    output: Any = None
+    error: str | None = None
+    duration_ms: float = 0.0
+    source: str = ""  # "tools.sh", "tools.py", "global", "mcp:<server>"
+
+
+class CacheChecked(EventBase, frozen=True, kw_only=True):
+    """A node with ``cache:`` looked its request up by ``key``. With ``from_run``, a
+    hit: the effect events that follow are copies of that run's, recorded from its
+    ``from_seq``; without, a miss: the effect is performed and later runs may reuse
+    it."""
+
+    node_id: str
+    visit: int
+    key: str
+    from_run: str | None = None
+    from_seq: int | None = None
+
+
+class NodeRetrying(EventBase, frozen=True, kw_only=True):
+    """A node's effect failed and is tried again (its ``retry`` policy): after
+    ``delay`` seconds from this event's time, attempt ``attempt + 1`` begins. The
+    delay is decided here, so a replay reproduces it without waiting and a run
+    resumed after a crash waits only what is left of it."""
+
+    node_id: str
+    visit: int
+    attempt: int  # the attempt that failed, from 1
+    error: str
+    delay: float
 
 
 class HumanInputReceived(EventBase, frozen=True, kw_only=True):
@@ -313,6 +357,49 @@ class HumanInputReceived(EventBase, frozen=True, kw_only=True):
     channel: str = ""  # "tty", "flag", "approve", "answer", "parent"
     question: str = ""
     options: list[str] = []
+    #: How ``by`` is known: "verified" (a signature), "token" (an authenticated
+    #: session or API token), "proxy" (asserted by a trusted front) or "claimed"
+    #: (a typed name or the OS user; also every answer recorded without this field).
+    identity: str = ""
+    #: The exact bytes of the signed decision statement (UTF-8 JSON, see
+    #: ``runtime/decisions``), the signature over them and its kind ("sshsig",
+    #: "webauthn", ...), and the signing key's id as seen when it was recorded.
+    statement: str = ""
+    signature: str = ""
+    signature_kind: str = ""
+    key: str = ""
+
+
+class ApprovalSigned(EventBase, frozen=True, kw_only=True):
+    """One signature of an approval that needs several distinct signers, recorded as
+    it arrives; the signature that completes the count is the ``HumanInputReceived``.
+    The run keeps waiting at the node."""
+
+    node_id: str
+    visit: int
+    answer: str
+    by: str
+    os_user: str = ""
+    host: str = ""
+    channel: str = ""
+    identity: str = ""
+    statement: str = ""
+    signature: str = ""
+    signature_kind: str = ""
+    key: str = ""
+
+
+class HeadSigned(EventBase, frozen=True, kw_only=True):
+    """A machine key signed the run's head (the hash of event ``head_seq``) when the
+    run ended or began to wait: a later cut or recomputed tail no longer matches."""
+
+    head_seq: int
+    head: str
+    statement: str  # the exact signed bytes (domain "graphrun-head@v1")
+    signature: str
+    signature_kind: str = "sshsig"
+    principal: str = ""
+    key: str = ""
 
 
 # --- supervisor policies -------------------------------------------------------
@@ -363,13 +450,19 @@ Event = (
     | ChildRunFinished
     | HumanInputRequested
     | HumanInputReceived
+    | ApprovalSigned
+    | HeadSigned
     | TimeoutFired
     | VisitCapExceeded
     | ChildCancelled
+    | NodeRetrying
+    | ToolFinished
+    | CacheChecked
 )
 
 EFFECT_TYPES: tuple[type, ...] = (
     ScriptFinished,
+    ToolFinished,
     LlmCalled,
     ToolCalled,
     LlmResult,
@@ -382,6 +475,7 @@ EFFECT_TYPES: tuple[type, ...] = (
 #: result, a child run's start) are facts recorded on the way.
 RESULT_TYPES: tuple[type, ...] = (
     ScriptFinished,
+    ToolFinished,
     LlmResult,
     RetrievalDone,
     ChildRunFinished,
@@ -397,6 +491,7 @@ DECISION_TYPES: tuple[type, ...] = (
     VisitCapExceeded,
     StepStarted,
     BranchesMerged,
+    NodeRetrying,
 )
 TERMINAL_TYPES: tuple[type, ...] = (RunCompleted, RunFailed, RunCancelled)
 
@@ -406,12 +501,15 @@ __all__ = [
     "RESULT_TYPES",
     "SCHEMA_VERSION",
     "TERMINAL_TYPES",
+    "ApprovalSigned",
     "BranchesMerged",
+    "CacheChecked",
     "ChildCancelled",
     "ChildRunFinished",
     "ChildRunStarted",
     "Event",
     "EventBase",
+    "HeadSigned",
     "HumanInputReceived",
     "HumanInputRequested",
     "LlmCalled",
@@ -419,6 +517,7 @@ __all__ = [
     "NodeCompleted",
     "NodeEntered",
     "NodeFailed",
+    "NodeRetrying",
     "RetrievalDone",
     "RunCancelled",
     "RunCompleted",
@@ -430,5 +529,6 @@ __all__ = [
     "StepStarted",
     "TimeoutFired",
     "ToolCalled",
+    "ToolFinished",
     "VisitCapExceeded",
 ]

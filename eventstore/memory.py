@@ -35,6 +35,7 @@ from graphrun.eventstore.store import (
     Store,
     _process_started,
     broken_log,
+    damaged_run,
     holder_alive,
 )
 
@@ -152,10 +153,9 @@ class MemoryStore:
                 continue
             try:
                 out.append(codec.decode(body))
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise CorruptStoreError(
-                    f"run {run_id}: event seq {seq} in {self.path} does not decode ({exc})",
-                    hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+            except codec.DECODE_ERRORS as exc:
+                raise damaged_run(
+                    run_id, seq, f"event seq {seq} in {self.path} does not decode ({exc})"
                 ) from None
         return out
 
@@ -178,6 +178,13 @@ class MemoryStore:
         problem = self.verify(run_id)
         return ([] if problem is not None else self.read(run_id)), problem
 
+    def lost_head(self, run_id: str) -> str | None:
+        """Never behind a reported head here (nothing of it outlives the process)."""
+        return None
+
+    def lost_heads(self) -> dict[str, str]:
+        return {}
+
     def require_intact(self, run_id: str) -> None:
         """Raise :class:`BrokenLogError` unless the run's log verifies."""
         problem = self.verify(run_id)
@@ -191,7 +198,13 @@ class MemoryStore:
         return row
 
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+        damaged: list[CorruptStoreError] | None = None,
     ) -> list[RunRow]:
         with self.backend.lock:
             rows = list(self.backend.runs.values())
@@ -201,7 +214,7 @@ class MemoryStore:
             if (not status or r.status == status) and (not parent or r.parent_run_id == parent)
         ]
         rows.sort(key=lambda r: (r.started_at, r.run_id), reverse=True)
-        return rows[:limit]
+        return rows[max(0, offset) :][:limit]
 
     def resolve_run_id(self, prefix: str) -> str:
         """A full run id from a unique prefix."""
@@ -227,7 +240,7 @@ class MemoryStore:
                     for run_id in sorted(b.events)
                     for _seq, body, _p, digest in b.events[run_id]
                 ]
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except codec.DECODE_ERRORS as exc:
                 raise CorruptStoreError(
                     f"{self.path}: an event does not decode ({exc}); the runs were not rebuilt",
                     hint="`graphrun audit RUN --verify` names the damaged event",
@@ -290,6 +303,18 @@ class MemoryStore:
         if lease is None or lease.expires_at < self.clock.now():
             return False
         return not self._holder_dead(lease)
+
+    def release_stale_leases(self) -> list[str]:
+        """Drop the leases whose holder is gone for sure (dead on this host)."""
+        with self.backend.lock:
+            stale = [
+                run_id
+                for run_id, lease in self.backend.leases.items()
+                if lease.owner != self.owner and self._holder_dead(lease)
+            ]
+            for run_id in stale:
+                del self.backend.leases[run_id]
+        return sorted(stale)
 
     @contextmanager
     def leased(self, run_id: str) -> Iterator[None]:

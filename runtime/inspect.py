@@ -133,7 +133,7 @@ def run_summary(
     for, or null), output, error, usage (this run's LLM calls), tree_usage
     (with every child run's).
     """
-    from graphrun.runtime.observe.usage import run_usage, tree_usage
+    from graphrun.runtime.engine.usage import run_usage, tree_usage
 
     events = store.read(row.run_id)
     state = fold(events)
@@ -166,7 +166,7 @@ def describe_run(
     The keys of :func:`run_summary` (as of ``at_seq``), plus ``at_seq``, ``visits``,
     ``path``, ``state``, ``node_usage`` and ``children`` (each described alike).
     """
-    from graphrun.runtime.observe.usage import Usage, load_prices, run_usage
+    from graphrun.runtime.engine.usage import Usage, load_prices, run_usage
 
     if prices is None:
         prices = load_prices(_config_dir())
@@ -421,6 +421,8 @@ def _cancellations(events: list[Event], depth: int) -> list[dict[str, Any]]:
                     "depth": depth,
                     "default": None,
                     "used": f"cancelled: {e.reason}",
+                    "identity": "claimed",
+                    "visit": 0,
                 }
             )
     return out

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphrun.actors.paths import outside_hint, outside_problem, real_path
+from graphrun.actors.rag.loaders import document_problem
+from graphrun.runtime.agents import is_agent_path
 from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph
 from graphrun.runtime.graph.model import (
     AgentNode,
@@ -67,7 +70,11 @@ def _npath(node_id: str, *fields: str) -> str:
 
     path = _child("$.nodes", node_id)
     for f in fields:
-        path = _child(path, f)
+        # ``routes[0]`` / ``next[1]``: a field, then list indices.
+        name, _, rest = f.partition("[")
+        path = _child(path, name)
+        for index in rest.rstrip("]").split("][") if rest else ():
+            path = _child(path, int(index)) if index.isdigit() else _child(path, index)
     return path
 
 
@@ -275,7 +282,12 @@ def next_where_required(c: Check) -> list[Diagnostic]:
     branches = {n.branch for _, n in c.nodes() if isinstance(n, MapNode)}
     out = []
     for nid, node in c.nodes():
-        needs_next = isinstance(node, AgentNode | RagNode | InputNode | LlmNode | MapNode)
+        needs_next = type(node).NEEDS_NEXT or isinstance(
+            node, AgentNode | RagNode | InputNode | LlmNode | MapNode
+        )
+        routes = getattr(node, "routes", None)
+        if isinstance(routes, list) and any(r.when == "default" for r in routes):
+            needs_next = False  # a `when: default` route always leads on
         if needs_next and not node.next and nid in reachable and nid not in branches:
             out.append(
                 c.diag(
@@ -286,6 +298,15 @@ def next_where_required(c: Check) -> list[Diagnostic]:
                     node=nid,
                 )
             )
+    return out
+
+
+@rule
+def node_kind_rules(c: Check) -> list[Diagnostic]:
+    """The rules a node kind declares in its own module (``NodeBase.rules``)."""
+    out: list[Diagnostic] = []
+    for nid, node in c.nodes():
+        out.extend(node.rules(nid, c))
     return out
 
 
@@ -328,6 +349,53 @@ def approval_options_routed(c: Check) -> list[Diagnostic]:
                     "no-options",
                     f"approval '{nid}' has no options",
                     _npath(nid, "options"),
+                    node=nid,
+                )
+            )
+    return out
+
+
+@rule
+def approvals_quorum(c: Check) -> list[Diagnostic]:
+    """``approvals: {required: N, of: [...]}`` asks for a number of signers it can get."""
+    out = []
+    for nid, node in c.nodes():
+        approvals = getattr(node, "approvals", None)
+        if approvals is None:
+            continue
+        distinct = list(dict.fromkeys(approvals.of))
+        if len(distinct) != len(approvals.of):
+            out.append(
+                c.diag(
+                    "error",
+                    "approvals-duplicate",
+                    f"approval '{nid}': approvals.of names a signer twice",
+                    _npath(nid, "approvals", "of"),
+                    node=nid,
+                )
+            )
+        if not 1 <= approvals.required <= len(distinct):
+            out.append(
+                c.diag(
+                    "error",
+                    "approvals-required",
+                    f"approval '{nid}': approvals.required is {approvals.required}, but "
+                    f"approvals.of names {len(distinct)} signer(s)",
+                    _npath(nid, "approvals", "required"),
+                    node=nid,
+                    hint="required must be between 1 and the number of signers in `of`",
+                )
+            )
+        listed = getattr(node, "approvers", None)
+        outside = [p for p in distinct if listed and p not in listed]
+        if outside:
+            out.append(
+                c.diag(
+                    "error",
+                    "approvals-not-approver",
+                    f"approval '{nid}': approvals.of names {outside[0]!r}, who is not "
+                    "among its approvers",
+                    _npath(nid, "approvals", "of"),
                     node=nid,
                 )
             )
@@ -412,15 +480,10 @@ def script_files(c: Check) -> list[Diagnostic]:
         where = _npath(nid, "script")
         path = script_path(agent_dir, node.script)
         ext = Path(node.script).suffix
-        if not path.is_relative_to(agent_dir):
+        outside = outside_problem(agent_dir, node.script, what=f"script '{node.script}'")
+        if outside is not None:
             out.append(
-                c.diag(
-                    "error",
-                    "script-outside",
-                    f"script '{node.script}' is outside the agent directory",
-                    where,
-                    node=nid,
-                )
+                c.diag("error", "script-outside", outside, where, node=nid, hint=outside_hint())
             )
         elif ext not in SCRIPT_RUNTIMES:
             out.append(
@@ -473,11 +536,26 @@ def agents_exist(c: Check) -> list[Diagnostic]:
         if not isinstance(node, AgentNode):
             continue
         where = _npath(nid, "agent")
+        path_like = is_agent_path(node.agent)
+        if path_like:  # a path from the graph's folder: the rule the run applies
+            outside = outside_problem(c.loaded.agent_dir, node.agent, what=f"agent '{node.agent}'")
+            if outside is not None:
+                out.append(
+                    c.diag(
+                        "error",
+                        "agent-outside",
+                        outside,
+                        where,
+                        node=nid,
+                        hint="name an agent in the agents directory, or " + outside_hint(),
+                    )
+                )
+                continue
         if c.agents_dir is None:
             continue
         adir = c.agents_dir / node.agent
-        if "/" in node.agent or node.agent.startswith("."):  # a path: from the graph's folder
-            adir = c.loaded.agent_dir / node.agent
+        if path_like:
+            adir = Path(real_path(c.loaded.agent_dir, node.agent))
         if not adir.is_dir():
             known = (
                 sorted(p.name for p in c.agents_dir.iterdir() if p.is_dir())
@@ -524,6 +602,24 @@ def rag_documents(c: Check) -> list[Diagnostic]:
                     hint="at least one knowledge source is required",
                 )
             )
+        for index, entry in enumerate(node.documents):
+            problem = document_problem(entry, c.loaded.agent_dir) if entry else None
+            if problem is not None:
+                out.append(
+                    c.diag(
+                        "error",
+                        "document-outside",
+                        f"rag node '{nid}': {problem}",
+                        _npath(nid, "documents") + f"[{index}]",
+                        node=nid,
+                        hint=outside_hint(),
+                    )
+                )
+        kb_file = outside_problem(
+            c.loaded.agent_dir, f"{nid}.yaml", what=f"the knowledge base file of rag node '{nid}'"
+        )
+        if kb_file is not None:
+            out.append(c.diag("error", "kb-outside", kb_file, _npath(nid), node=nid))
         if not node.state_updates:
             out.append(
                 c.diag(
