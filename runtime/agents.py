@@ -34,8 +34,8 @@ from typing import Any
 import yaml
 
 from graphrun.eventstore.errors import GraphrunError
-from graphrun.runtime.builtins.settings import settings_from_config
 from graphrun.runtime.errors import GraphLoadError, GraphValidationError
+from graphrun.runtime.graph.builtins import settings_from_config
 from graphrun.runtime.graph.loader import LoadedGraph, load_graph, load_text
 
 #: config.yaml fields graphrun reads; others are accepted and warned about once.
@@ -54,7 +54,7 @@ KNOWN_FIELDS = {
     "version",
     "agent_session",
     "max_iterations",
-    # Loki's built-in functions (graphrun.runtime.builtins)
+    # Loki's built-in functions (graphrun.runtime.nodes.builtins)
     "can_spawn_agents",
     "spawnable_agents",
     "max_concurrent_agents",
@@ -440,7 +440,7 @@ def loop_agent_graph(
 
 
 def _is_builtin(name: str) -> bool:
-    from graphrun.runtime.builtins.toolbox import is_builtin
+    from graphrun.actors.tools.builtin_specs import is_builtin
 
     return is_builtin(name)
 

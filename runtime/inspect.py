@@ -248,7 +248,7 @@ def describe_run(
 
 def _todos(events: Any) -> dict[str, Any] | None:
     """The run's todo list (Loki's ``todo__*``), when it kept one."""
-    from graphrun.runtime.builtins.todo import todo_list
+    from graphrun.runtime.nodes.builtins.todo import todo_list
 
     todos = todo_list(events)
     return None if todos is None else {"goal": todos.goal, "todos": todos.todos}
@@ -304,7 +304,7 @@ def format_description(info: dict[str, Any], depth: int = 0) -> str:
     if usage.get("calls") or (info.get("tree_usage") or {}).get("calls"):
         lines.extend(_usage_lines(info, pad))
     if info.get("todos") is not None:
-        from graphrun.runtime.builtins.todo import TodoList
+        from graphrun.runtime.nodes.builtins.todo import TodoList
 
         lines.append(f"{pad}todos:")
         rendered = TodoList(info["todos"]["goal"], info["todos"]["todos"]).render()

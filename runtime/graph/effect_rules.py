@@ -25,8 +25,8 @@ def deep(fn):  # type: ignore[no-untyped-def]
 @deep
 def llm_tools_known(c: Check) -> list[Diagnostic]:
     """Each ``tools:`` entry must name a known tool or ``mcp:<server>``."""
+    from graphrun.actors.tools.builtin_specs import known
     from graphrun.actors.tools.toolbox import validate_whitelist
-    from graphrun.runtime.builtins.toolbox import known
 
     out = []
     for nid, node in c.nodes():

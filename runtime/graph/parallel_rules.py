@@ -342,7 +342,7 @@ def accepted_not_implemented(c: Check) -> list[Diagnostic]:
             )
     for nid, node in c.nodes():
         texts = [getattr(node, f, None) for f in ("prompt", "instructions")]
-        from graphrun.runtime.builtins.settings import node_tools
+        from graphrun.runtime.graph.builtins import node_tools
 
         offered = set(node_tools(c.graph, node))
         missing: list[str] = []

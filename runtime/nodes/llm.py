@@ -33,7 +33,7 @@ def _effect_names() -> tuple[Any, Any]:
 
 def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
     """The rendered request of an llm node (schema hint placed as the spec says)."""
-    from graphrun.runtime.builtins.settings import node_tools
+    from graphrun.runtime.graph.builtins import node_tools
 
     LlmTask, schema_hint = _effect_names()
     system = (
@@ -204,7 +204,8 @@ class LlmActor:
         # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
         # supervisor prefixes the node id, so they carry none of their own.
         from graphrun.actors.llm.call import perform_llm
-        from graphrun.runtime.builtins import BuiltinToolbox, is_builtin
+        from graphrun.actors.tools.builtin_specs import is_builtin
+        from graphrun.runtime.nodes.builtins import BuiltinToolbox
 
         builtins = [name for name in task.tools if is_builtin(name)]
         if not builtins:

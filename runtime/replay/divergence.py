@@ -326,8 +326,8 @@ def skill_divergence(outcome: list[Event]) -> Divergence | None:
     result) whose document reads differently today. A skill that cannot be found
     here (no configuration directory) is not a change."""
     from graphrun.eventstore.events import ToolCalled
-    from graphrun.runtime.builtins.skills import find_skill, read_skill
     from graphrun.runtime.graph.config import config_dir
+    from graphrun.runtime.nodes.builtins.skills import find_skill, read_skill
 
     for event in outcome:
         if not isinstance(event, ToolCalled) or event.name != "skill__load" or event.is_error:

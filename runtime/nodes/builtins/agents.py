@@ -238,49 +238,41 @@ class Supervisor:
         }
 
     def _start(self, child: _Child, prompt: str) -> None:
-        """Drive ``child`` (begun now, or resumed) on its own thread."""
-        from graphrun.runtime.engine.driver import Driver, drive, start_run
-        from graphrun.runtime.graph.variables import for_run, with_variables
+        """Drive ``child`` (begun now, or resumed) on its own thread, through the
+        run's child launcher (the engine's: it registers the child with the parent)."""
+        from graphrun.runtime.graph.loader import graph_of
         from graphrun.runtime.graph.variables import resolve as resolve_variables
-        from graphrun.runtime.nodes.agent import _child_options, _knowledge
+        from graphrun.runtime.graph.variables import with_variables
+        from graphrun.runtime.nodes.agent import _knowledge
 
         ports = self.ports
         store = ports.store
         options = ports.options
         if store.has_run(child.run_id):
-            from graphrun.runtime.engine.driver import graph_of
-
             knowledge = _knowledge(graph_of(fold(store.read(child.run_id, upto=1))), options)
         else:
             loaded = self._resolve(child.agent)
             variables = resolve_variables(loaded)
             loaded = with_variables(loaded, variables)
             knowledge = _knowledge(loaded, options)
-            start_run(
-                store,
+            ports.launcher.start(
                 loaded,
                 prompt=prompt,
-                started_by=options.as_user,
-                parent_run_id=ports.run_id,
-                parent_node_id=self.node_id,
+                node_id=self.node_id,
                 run_id=child.run_id,
-                config={"variables": variables},
+                variables=variables,
             )
-        child_options = for_run(_child_options(options, knowledge), store, child.run_id)
-        driver = Driver(store, child.run_id, child_options, cancel=child.token)
         unhook = self.ctx.cancel.on_cancel(
             lambda: child.token.cancel(self.ctx.cancel.reason or "cancelled")
         )
-        ports.children.attach(child.run_id, child.token, driver)
 
         def run() -> None:
             try:
-                child.outcome = drive(driver)
+                child.outcome = ports.launcher.drive(child.run_id, knowledge, child.token)
             except Exception as exc:  # the child's own failure, told to the parent's model
                 child.failure = f"{type(exc).__name__}: {exc}"
             finally:
                 unhook()
-                ports.children.detach(child.run_id)
 
         child.thread = threading.Thread(target=run, name=f"agent-{child.id}", daemon=True)
         child.thread.start()
@@ -346,12 +338,12 @@ class Supervisor:
     def _cancel(self, child: _Child) -> dict[str, Any]:
         reason = f"cancelled by agent__cancel in node '{self.node_id}'"
         child.token.cancel(reason)
+        if child.thread is None and not child.finished(self.ports.store):
+            # Started by a visit before a crash: driven once more, its token already
+            # cancelled, so the child's own log records the cancellation.
+            self._start(child, "")
         if child.thread is not None:
             child.thread.join(5.0)
-        elif not child.finished(self.ports.store):
-            from graphrun.runtime.engine.lifecycle import cancel_run
-
-            cancel_run(self.ports.store, child.run_id, reason=reason)
         self.ctx.record(
             ChildRunFinished(
                 node_id=self.node_id,

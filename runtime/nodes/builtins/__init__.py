@@ -4,7 +4,7 @@
 recorded human input), ``todo__*`` (a todo list kept in the run's log) and
 ``skill__*`` (skill documents from the configuration directory). An LLM-loop agent
 gets them as Loki gives them (``can_spawn_agents``, ``auto_continue``,
-``skills_enabled`` …, see :mod:`graphrun.runtime.builtins.settings`); a graph's
+``skills_enabled`` …, see :mod:`graphrun.runtime.graph.builtins`); a graph's
 ``llm`` node gets the ones its ``tools:`` list names.
 
 Every call is recorded like any tool call (``ToolCalled``), so a resumed visit
@@ -15,6 +15,7 @@ how a resumed run re-attaches instead of repeating it.
 
 from __future__ import annotations
 
-from graphrun.runtime.builtins.toolbox import BuiltinToolbox, builtin_specs, is_builtin
+from graphrun.actors.tools.builtin_specs import builtin_specs, is_builtin
+from graphrun.runtime.nodes.builtins.toolbox import BuiltinToolbox
 
 __all__ = ["BuiltinToolbox", "builtin_specs", "is_builtin"]
