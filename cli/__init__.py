@@ -45,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "submit": ("worker", "submit_cmd", "Queue a run for workers (PostgreSQL); print its id."),
     "worker": ("worker", "worker_cmd", "Drive queued runs from a PostgreSQL database."),
     "migrate": ("worker", "migrate_cmd", "Copy runs between SQLite and PostgreSQL stores."),
+    "serve": ("console.serve", "serve_cmd", "Serve the web console: runs, live runs, an inbox."),
 }
 
 

@@ -94,8 +94,8 @@ def runs_cmd(
         rows = store.runs(status=status, limit=limit, offset=offset, damaged=damaged)
     prices = None
     if with_usage or as_json:
+        from graphrun.runtime.engine.usage import load_prices
         from graphrun.runtime.graph.config import config_dir
-        from graphrun.runtime.observe.usage import load_prices
 
         prices = load_prices(config_dir(None))
     # Everything read from each run's events, read before anything is shown: a run
@@ -192,7 +192,7 @@ def _made_at(store: Any, row: Any) -> float:
 
 
 def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
-    from graphrun.runtime.observe.usage import run_usage, tree_usage
+    from graphrun.runtime.engine.usage import run_usage, tree_usage
 
     own, _ = run_usage(store.read(row.run_id), prices)
     tree = tree_usage(store, row.run_id, prices)

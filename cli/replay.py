@@ -148,6 +148,14 @@ def replay_cmd(
     help="Query today's knowledge bases again instead of serving recorded retrievals "
     "(offline with a local embedding model), so a changed knowledge base fails a test.",
 )
+@click.option(
+    "--config-dir",
+    "--loki-dir",
+    "config_dir",
+    metavar="DIR",
+    help="Config directory the agents' graphs are loaded with (clients, tools, the "
+    "default model). Without one a model Loki's config would choose is the recorded one.",
+)
 @json_option
 def test_cmd(
     paths: tuple[str, ...],
@@ -155,6 +163,7 @@ def test_cmd(
     update: bool,
     dry_run: bool,
     rerun_retrieval: bool,
+    config_dir: str | None,
     as_json: bool,
 ) -> None:
     """Replay every recorded run (exported files) in PATHs (default: replays/).
@@ -166,6 +175,10 @@ def test_cmd(
     """
     if dry_run and not update:
         raise click.UsageError("--dry-run goes with --update")
+    if config_dir:  # what every later lookup of the config directory reads
+        import os
+
+        os.environ["GRAPHRUN_CONFIG_DIR"] = config_dir
     if update:
         from graphrun.runtime.replay.update import update_suite
 

@@ -134,7 +134,7 @@ def _options(
     from graphrun.runtime.engine.driver import RunOptions
     from graphrun.runtime.graph.config import agents_dir as resolve_agents
     from graphrun.runtime.graph.config import config_dir as resolve_config
-    from graphrun.runtime.narrate import Narrator
+    from graphrun.runtime.narrate import Narrator, child_narrator
 
     recorded = recorded or {}
     if config_dir is None and recorded.get("config_dir"):
@@ -149,6 +149,7 @@ def _options(
         agents_dir=resolve_agents(agents_dir, config=cfg),
         config_dir=cfg,
         listener=None if quiet else Narrator(),
+        child_listener=None if quiet else child_narrator,
     )
     if isinstance(recorded.get("variables"), dict):
         options.variables = dict(recorded["variables"])  # as the run began
@@ -216,7 +217,8 @@ def common_run_options(fn: Any) -> Any:
                 metavar="DIR",
                 help="Config directory, e.g. an existing Loki config dir with agents/, "
                 "functions/ and config.yaml (default: $GRAPHRUN_CONFIG_DIR, "
-                "$LOKI_CONFIG_DIR, else the user config dir).",
+                "$COYOTE_CONFIG_DIR, $LOKI_CONFIG_DIR, else the first of graphrun's, "
+                "Coyote's and Loki's user config dirs that exists).",
             ),
             click.option(
                 "--llm-replay",
@@ -497,7 +499,7 @@ def _answer_and_resume(
     if trust is not None:
         options.signers = trust.signers
     outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
-    from graphrun.runtime.nodes.agent import resume_ancestors
+    from graphrun.runtime.engine.driver import resume_ancestors
 
     outcome = resume_ancestors(store, run_id, options, outcome)
     finish(outcome, as_json=as_json, db=db)
@@ -742,8 +744,8 @@ def fork_cmd(
     --answer for a different human decision.
     """
     from graphrun.runtime.engine.driver import Driver, recorded_config
-    from graphrun.runtime.engine.lifecycle import fork_run
     from graphrun.runtime.narrate import configure_logging
+    from graphrun.runtime.replay.fork import fork_run
 
     configure_logging()
     store = open_store(db)

@@ -133,7 +133,7 @@ def run_summary(
     for, or null), output, error, usage (this run's LLM calls), tree_usage
     (with every child run's).
     """
-    from graphrun.runtime.observe.usage import run_usage, tree_usage
+    from graphrun.runtime.engine.usage import run_usage, tree_usage
 
     events = store.read(row.run_id)
     state = fold(events)
@@ -166,7 +166,7 @@ def describe_run(
     The keys of :func:`run_summary` (as of ``at_seq``), plus ``at_seq``, ``visits``,
     ``path``, ``state``, ``node_usage`` and ``children`` (each described alike).
     """
-    from graphrun.runtime.observe.usage import Usage, load_prices, run_usage
+    from graphrun.runtime.engine.usage import Usage, load_prices, run_usage
 
     if prices is None:
         prices = load_prices(_config_dir())
@@ -242,7 +242,16 @@ def describe_run(
         "tree_usage": tree.as_dict(),
         "node_usage": {node: u.as_dict() for node, u in per_node.items()},
         "children": children,
+        "todos": _todos(events),
     }
+
+
+def _todos(events: Any) -> dict[str, Any] | None:
+    """The run's todo list (Loki's ``todo__*``), when it kept one."""
+    from graphrun.runtime.nodes.builtins.todo import todo_list
+
+    todos = todo_list(events)
+    return None if todos is None else {"goal": todos.goal, "todos": todos.todos}
 
 
 def _config_dir() -> Any:
@@ -294,6 +303,12 @@ def format_description(info: dict[str, Any], depth: int = 0) -> str:
     usage = info.get("usage") or {}
     if usage.get("calls") or (info.get("tree_usage") or {}).get("calls"):
         lines.extend(_usage_lines(info, pad))
+    if info.get("todos") is not None:
+        from graphrun.runtime.nodes.builtins.todo import TodoList
+
+        lines.append(f"{pad}todos:")
+        rendered = TodoList(info["todos"]["goal"], info["todos"]["todos"]).render()
+        lines.extend(f"{pad}  {line}" for line in rendered.splitlines())
     lines.append(f"{pad}state:")
     text = json.dumps(info["state"], indent=2, ensure_ascii=False, sort_keys=True, default=str)
     lines.extend(f"{pad}  {line}" for line in text.splitlines())

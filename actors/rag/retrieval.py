@@ -53,6 +53,7 @@ __all__ = [
     "RagError",
     "RebuildReport",
     "RetrievalResult",
+    "kb_config",
     "kb_file",
     "load_knowledge_base",
     "load_or_build",
@@ -888,3 +889,17 @@ def sources_changed(
         if gone and f.entry not in changed:
             changed.append(f.source)
     return list(dict.fromkeys(changed))
+
+
+def kb_config(node: Any) -> KbConfig:
+    """A knowledge base's settings from a rag node (its graph.yaml Struct or a mapping)."""
+    get = node.get if isinstance(node, dict) else lambda k, d=None: getattr(node, k, d)
+    return KbConfig(
+        documents=list(get("documents") or []),
+        embedding_model=get("embedding_model"),
+        chunk_size=get("chunk_size"),
+        chunk_overlap=get("chunk_overlap"),
+        reranker_model=get("reranker_model"),
+        batch_size=get("batch_size"),
+        top_k=get("top_k"),
+    )

@@ -70,7 +70,11 @@ def _npath(node_id: str, *fields: str) -> str:
 
     path = _child("$.nodes", node_id)
     for f in fields:
-        path = _child(path, f)
+        # ``routes[0]`` / ``next[1]``: a field, then list indices.
+        name, _, rest = f.partition("[")
+        path = _child(path, name)
+        for index in rest.rstrip("]").split("][") if rest else ():
+            path = _child(path, int(index)) if index.isdigit() else _child(path, index)
     return path
 
 
@@ -233,17 +237,23 @@ def unreachable_nodes(c: Check) -> list[Diagnostic]:
     if c.graph.start not in c.graph.nodes:
         return []
     reachable = _reachable(c)
+    missing = [nid for nid in c.graph.nodes if nid not in reachable]
+    if not missing:
+        return []
+    # One warning per graph: a graph routed by scripts (_next) has many such nodes.
+    if len(missing) == 1:
+        what = f"node '{missing[0]}' is"
+    else:
+        what = "nodes " + ", ".join(f"'{nid}'" for nid in missing) + " are"
     return [
         c.diag(
             "warning",
             "unreachable",
-            f"node '{nid}' is unreachable from '{c.graph.start}' via static edges",
-            _npath(nid),
-            node=nid,
+            f"{what} unreachable from '{c.graph.start}' via static edges",
+            _npath(missing[0]),
+            node=missing[0],
             hint="fine if a script routes there with _next",
         )
-        for nid in c.graph.nodes
-        if nid not in reachable
     ]
 
 
@@ -272,7 +282,12 @@ def next_where_required(c: Check) -> list[Diagnostic]:
     branches = {n.branch for _, n in c.nodes() if isinstance(n, MapNode)}
     out = []
     for nid, node in c.nodes():
-        needs_next = isinstance(node, AgentNode | RagNode | InputNode | LlmNode | MapNode)
+        needs_next = type(node).NEEDS_NEXT or isinstance(
+            node, AgentNode | RagNode | InputNode | LlmNode | MapNode
+        )
+        routes = getattr(node, "routes", None)
+        if isinstance(routes, list) and any(r.when == "default" for r in routes):
+            needs_next = False  # a `when: default` route always leads on
         if needs_next and not node.next and nid in reachable and nid not in branches:
             out.append(
                 c.diag(
@@ -283,6 +298,15 @@ def next_where_required(c: Check) -> list[Diagnostic]:
                     node=nid,
                 )
             )
+    return out
+
+
+@rule
+def node_kind_rules(c: Check) -> list[Diagnostic]:
+    """The rules a node kind declares in its own module (``NodeBase.rules``)."""
+    out: list[Diagnostic] = []
+    for nid, node in c.nodes():
+        out.extend(node.rules(nid, c))
     return out
 
 

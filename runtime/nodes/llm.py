@@ -8,14 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 from graphrun.eventstore.events import LlmResult
 from graphrun.eventstore.fold import RunState
-from graphrun.runtime.engine.plan import ERROR_KEY, Append, Perform, Step, completed, fail, last
+from graphrun.runtime.graph.expressions import ExpressionError
 from graphrun.runtime.graph.model import Graph, LlmNode
+from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.kind import NodeKind
+from graphrun.runtime.nodes.plan import ERROR_KEY, Append, Perform, Step, completed, fail, last
 
 if TYPE_CHECKING:
     from graphrun.eventstore.events import Event
-    from graphrun.runtime.engine.ports import RunPorts
+    from graphrun.runtime.nodes.ports import RunPorts
 
 
 @functools.cache
@@ -31,6 +33,8 @@ def _effect_names() -> tuple[Any, Any]:
 
 def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
     """The rendered request of an llm node (schema hint placed as the spec says)."""
+    from graphrun.runtime.graph.builtins import node_tools
+
     LlmTask, schema_hint = _effect_names()
     system = (
         render(node.instructions, s, strict=True, field=f"{node_id}.instructions")
@@ -56,7 +60,7 @@ def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str,
         reasoning_effort=(
             node.reasoning_effort if node.reasoning_effort is not None else graph.reasoning_effort
         ),
-        tools=tuple(node.tools or ()),
+        tools=node_tools(graph, node),  # Loki's skills settings add skill__*
         max_attempts=node.max_attempts,
         max_iterations=node.max_iterations,
         timeout=node.timeout,
@@ -98,17 +102,21 @@ def complete(graph: Graph, node: LlmNode, node_id: str, state: RunState, done: L
         if error is None and isinstance(output, dict):
             merged = dict(output)
     if error is None:
-        if node.next is None:
-            return fail(node_id, visit, "llm node has no next to route to")
         updates = merged
         if node.state_updates:  # (a map's thousand items mostly have none)
             updates = {
                 **merged,
                 **render_updates(node.state_updates, {**s, **merged}, {"output": output}),
             }
-        return Append((completed(node_id, visit, node.next, updates=updates),))
+        try:
+            routed = pick_route(node, {**s, **updates}, node.next) if node.routes else node.next
+        except ExpressionError as exc:
+            return fail(node_id, visit, str(exc))
+        if routed is None:
+            return fail(node_id, visit, "llm node has no next to route to")
+        return Append((completed(node_id, visit, routed, updates=updates),))
     message = f"LLM node failed: {error}"
-    routed = node.fallback or node.next
+    routed = error_route(node, message) or node.fallback or node.next
     if routed is None:
         return fail(node_id, visit, message)
     failure = {ERROR_KEY: {"node": node_id, "message": message}}
@@ -151,6 +159,7 @@ class LlmActor:
         self.config_dir = options.config_dir
         self.agent_dir = ports.agent_dir
         self.variables = options.variables  # the run's, given to its tools
+        self.ports = ports
         self._toolboxes: dict[tuple[str, ...], Any] = {}
 
     def toolbox(self, whitelist: tuple[str, ...]) -> Any:
@@ -195,8 +204,20 @@ class LlmActor:
         # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
         # supervisor prefixes the node id, so they carry none of their own.
         from graphrun.actors.llm.call import perform_llm
+        from graphrun.actors.tools.builtin_specs import is_builtin
+        from graphrun.runtime.nodes.builtins import BuiltinToolbox
 
-        return perform_llm(task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools))
+        builtins = [name for name in task.tools if is_builtin(name)]
+        if not builtins:
+            return perform_llm(
+                task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools)
+            )
+        own = self.toolbox(tuple(name for name in task.tools if not is_builtin(name)))
+        box = BuiltinToolbox(own, builtins, ports=self.ports, ctx=ctx, node_id=task.node_id)
+        try:
+            return perform_llm(task, ctx, client_factory=self.clients, toolbox=box)
+        finally:
+            box.close()
 
 
 def effect(ports: RunPorts) -> tuple[type, tuple[Any, ...]]:

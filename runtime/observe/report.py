@@ -42,7 +42,7 @@ from graphrun.eventstore.events import (
     ToolCalled,
 )
 from graphrun.eventstore.fold import RunState, apply
-from graphrun.runtime.observe.usage import BUILTIN_PRICES, Usage, call_usage, format_usage
+from graphrun.runtime.engine.usage import BUILTIN_PRICES, Usage, call_usage, format_usage
 
 
 @dataclass
@@ -281,6 +281,11 @@ document.getElementById('expand-all').addEventListener('click', function () {
   this.textContent = open ? 'collapse all' : 'expand all';
 });
 """
+
+
+#: The report's one script (expand/collapse all): a page that embeds a report can
+#: allow exactly this script by its hash.
+SCRIPT = _JS
 
 
 def _e(value: Any) -> str:

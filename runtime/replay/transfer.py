@@ -61,7 +61,8 @@ from graphrun.eventstore.events import (
     HumanInputReceived,
     RunStarted,
 )
-from graphrun.eventstore.store import SqliteStore, Store
+from graphrun.eventstore.store import SqliteStore
+from graphrun.runtime.engine.lifecycle import run_tree
 from graphrun.runtime.errors import GraphrunError
 
 FORMAT = "graphrun-export"
@@ -82,20 +83,6 @@ class _Line(msgspec.Struct):
 
 class ExportFileError(GraphrunError):
     """An export file cannot be read."""
-
-
-def run_tree(store: Store, run_id: str) -> list[str]:
-    """A run and its descendants, parents first."""
-    out = [run_id]
-    seen = {run_id}
-    i = 0
-    while i < len(out):
-        for row in sorted(store.runs(parent=out[i]), key=lambda r: r.started_at):
-            if row.run_id not in seen:  # a crafted log may link a run to itself
-                seen.add(row.run_id)
-                out.append(row.run_id)
-        i += 1
-    return out
 
 
 def write_export(
