@@ -323,7 +323,7 @@ class _Lifeline:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pipe: Any = None
+        self._pipe: int | None = None
         self._owner = 0  # the pid that started it (a forked copy starts its own)
         self.pid: int | None = None
 
@@ -353,8 +353,9 @@ class _Lifeline:
                 return None  # the group kills at exit still apply
             finally:
                 os.close(read_end)
-            self._pipe = os.fdopen(write_end, "wb", buffering=0)
-            self._owner, self.pid = os.getpid(), pid
+            # A bare descriptor, never closed: the kernel closes it when this process
+            # ends, which is the lifeline's signal.
+            self._pipe, self._owner, self.pid = write_end, os.getpid(), pid
             return self
 
     def _send(self, line: str) -> None:
@@ -362,8 +363,10 @@ class _Lifeline:
             if self._pipe is None or self._owner != os.getpid():
                 return
             try:
-                self._pipe.write(line.encode())
-            except (OSError, ValueError):
+                os.write(self._pipe, line.encode())
+            except OSError:  # the lifeline is gone: the next child starts another
+                with contextlib.suppress(OSError):
+                    os.close(self._pipe)
                 self._pipe = None
 
     def watch(self, pgid: int) -> None:
