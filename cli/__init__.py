@@ -79,7 +79,8 @@ def cli() -> None:
     graph against it, and audit who decided what.
 
     Exit codes: 0 completed, 1 run failed (or replay diverged), 2 invalid graph or
-    bad input, 3 the run waits for a person.
+    bad input, 3 the run waits for a person, 4 completed with unhandled failures,
+    130/143 interrupted (Ctrl-C/SIGTERM).
     """
 
 

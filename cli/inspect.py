@@ -13,8 +13,20 @@ from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 @click.command("runs")
 @click.option(
     "--status",
-    type=click.Choice(["running", "interrupted", "waiting", "completed", "failed", "cancelled"]),
-    help="Only runs with this status (interrupted: running, but no process drives it).",
+    type=click.Choice(
+        [
+            "running",
+            "interrupted",
+            "waiting",
+            "queued",
+            "completed",
+            "completed_with_errors",
+            "failed",
+            "cancelled",
+        ]
+    ),
+    help="Only runs with this status (interrupted: running, but no process drives it; "
+    "queued: submitted, no worker has claimed it yet).",
 )
 @click.option("--limit", default=50, show_default=True, help="At most this many runs.")
 @click.option("--usage", "with_usage", is_flag=True, help="Add token and cost columns.")
@@ -40,15 +52,16 @@ def runs_cmd(
         click.echo("no runs yet", err=True)
         return
     store = open_store(db)
-    if status == "interrupted":
+    if status in ("interrupted", "queued"):
         # Stopped by Ctrl-C/SIGTERM (RunInterrupted recorded), or killed outright:
-        # "running" in the log, with no process driving it.
+        # "running" in the log, with no process driving it; or submitted and not
+        # claimed yet (queued).
         crashed = [
             r
             for r in store.runs(status="running", limit=limit)
-            if display_status(store, r) == "interrupted"
+            if display_status(store, r) == status
         ]
-        stopped = store.runs(status="interrupted", limit=limit)
+        stopped = store.runs(status=status, limit=limit) if status == "interrupted" else []
         rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)[:limit]
     else:
         rows = store.runs(status=status, limit=limit)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from graphrun.cli.options import db_option, json_option, open_store, resolve_run
+from graphrun.cli.render import exit_code
 
 
 def _write(text: str, output: str | None) -> None:
@@ -184,14 +185,15 @@ def logs_cmd(
 def tail_cmd(run_id: str, interval: float, db: str | None) -> None:
     """Watch RUN_ID as another process drives it: its narration, until it ends or waits.
 
-    Exit codes as for `run`: 0 completed, 1 failed or cancelled, 3 waiting.
+    Exit codes as for `run`: 0 completed, 1 failed or cancelled, 3 waiting,
+    4 completed with unhandled failures.
     """
     from graphrun.runtime.observe.follow import follow
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     status = follow(store, run_id, interval=interval)
-    raise SystemExit({"completed": 0, "waiting": 3}.get(status, 1))
+    raise SystemExit(exit_code(status))
 
 
 @click.command("otel")

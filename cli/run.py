@@ -265,7 +265,8 @@ def run_cmd(
 
     PROMPT becomes {{initial_prompt}}. The result goes to stdout, narration to
     stderr. Exit 0 completed, 1 failed, 2 invalid graph or input, 3 waiting for a
-    person (the command that answers is printed).
+    person (the command that answers is printed), 4 completed with unhandled
+    failures (named on stderr; see settings.on_unhandled_failure).
     """
     from graphrun.cli.render import print_diagnostics
     from graphrun.runtime.agents import load_agent

@@ -89,6 +89,9 @@ class RunCompleted(EventBase, frozen=True, kw_only=True):
     node_id: str
     output: str
     duration_ms: float = 0.0
+    #: The failures no ``fallback`` handled on the way (``{"node", "visit", "error"}``
+    #: each): the run ends ``completed_with_errors``. Empty: plain ``completed``.
+    unhandled_failures: list[dict[str, Any]] = []
 
 
 class RunFailed(EventBase, frozen=True, kw_only=True):

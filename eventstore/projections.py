@@ -124,14 +124,29 @@ def apply_run_row(row: RunRow | None, event: Event, event_hash: str) -> RunRow:
     row = _replace(row, updated_at=event.ts, last_seq=event.seq, last_hash=event_hash)
     match event:
         case NodeEntered(node_id=node_id):
+            if row.status == "waiting":  # the wait ended (an answer, a timeout)
+                return _replace(row, current_node=node_id, status="running", waiting_node=None)
             return _replace(row, current_node=node_id)
         case HumanInputRequested(node_id=node_id):
             return _replace(row, status="waiting", waiting_node=node_id)
-        case HumanInputReceived() | RunResumed():
+        case RunResumed():
+            # A process that takes over a waiting run without an answer leaves it waiting.
+            if row.status in ("running", "interrupted"):
+                return _replace(row, status="running", waiting_node=None)
+            return row
+        case HumanInputReceived():
             if row.status in ("waiting", "running", "interrupted"):
                 return _replace(row, status="running", waiting_node=None)
             return row
-        case RunCompleted(output=output):
+        case RunCompleted(output=output, unhandled_failures=unhandled):
+            if unhandled:
+                return _replace(
+                    row,
+                    status="completed_with_errors",
+                    output=output,
+                    error=unhandled_summary(unhandled),
+                    waiting_node=None,
+                )
             return _replace(row, status="completed", output=output, waiting_node=None)
         case RunFailed(error=error):
             return _replace(row, status="failed", error=error, waiting_node=None)
@@ -143,6 +158,14 @@ def apply_run_row(row: RunRow | None, event: Event, event_hash: str) -> RunRow:
             return row
         case _:
             return row
+
+
+def unhandled_summary(unhandled: Iterable[dict[str, Any]]) -> str:
+    """One line naming a run's unhandled failures (``runs``, ``show``, stderr)."""
+    parts = [f"node '{f.get('node')}': {f.get('error')}" for f in unhandled]
+    if not parts:
+        return ""
+    return f"{len(parts)} unhandled failure{'s' if len(parts) != 1 else ''}: " + "; ".join(parts)
 
 
 def rebuild_rows(events_with_hashes: Iterable[tuple[Event, str]]) -> dict[str, RunRow]:

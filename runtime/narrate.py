@@ -179,6 +179,10 @@ class Narrator:
                 self.line(f"▸ timeout fired after {event.timeout_s:g}s")
             case RunCompleted():
                 self.line(f"▸ graph done in {self._elapsed(event.ts)}")
+                if event.unhandled_failures:
+                    from graphrun.runtime.engine.failures import summary
+
+                    self.line(f"▸ graph completed with errors: {summary(event.unhandled_failures)}")
                 self.summary()
             case RunFailed():
                 self.line(f"▸ graph failed in {self._elapsed(event.ts)}: {event.error}")

@@ -41,6 +41,7 @@ from graphrun.eventstore.events import (
     VisitCapExceeded,
 )
 from graphrun.eventstore.fold import RunState, effect_output
+from graphrun.runtime.engine.failures import apply_policy
 from graphrun.runtime.engine.plan import (
     ERROR_KEY,
     Append,
@@ -81,6 +82,13 @@ _last = last
 
 def decide(graph: Graph, state: RunState) -> Step:
     """The next step of a run."""
+    step = _decide(graph, state)
+    if isinstance(step, Append):
+        return Append(apply_policy(graph, step.events, state))
+    return step
+
+
+def _decide(graph: Graph, state: RunState) -> Step:
     if state.terminal:
         return Finished(state.status)
     if state.branches:

@@ -109,6 +109,8 @@ class RunOutcome:
     refused: GraphrunError | None = None
     # "SIGINT" / "SIGTERM" when the drive was interrupted (status "interrupted").
     signal: str | None = None
+    # The failures no fallback handled (status "completed_with_errors").
+    unhandled: tuple[dict[str, Any], ...] = ()
 
 
 # RESULT_TYPES (eventstore.events): an effect's result is committed together with the
@@ -986,7 +988,7 @@ class Driver:
         error = s.error
         if s.status == "cancelled" and self.cancelled_by:
             error = f"{error} (requested by {self.cancelled_by})"
-        return RunOutcome(self.run_id, s.status, s.output, error, s.waiting)
+        return RunOutcome(self.run_id, s.status, s.output, error, s.waiting, unhandled=s.unhandled)
 
 
 class _Slots:

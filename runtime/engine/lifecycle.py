@@ -9,7 +9,7 @@ import msgspec
 
 from graphrun.eventstore.errors import LeaseHeldError
 from graphrun.eventstore.events import ChildCancelled, Event, RunCancelled, RunStarted
-from graphrun.eventstore.fold import fold
+from graphrun.eventstore.fold import TERMINAL, fold
 from graphrun.eventstore.ids import new_run_id
 from graphrun.eventstore.store import Lease, Store
 from graphrun.runtime.engine.driver import whoami
@@ -17,7 +17,7 @@ from graphrun.runtime.errors import AnswerError, RunError, UsageError
 
 #: How long ``graphrun cancel`` waits for the process driving a run to cancel it.
 CANCEL_WAIT_SECONDS = 30.0
-_TERMINAL = ("completed", "failed", "cancelled")
+_TERMINAL = TERMINAL
 
 
 def cancel_run(store: Store, run_id: str, *, reason: str, by: str | None = None) -> list[str]:

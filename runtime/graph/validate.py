@@ -80,6 +80,15 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
+#: Advice only ``graphrun validate`` gives (a run does not repeat it every time).
+ADVICE: list[Rule] = []
+
+
+def advice(fn: Rule) -> Rule:
+    ADVICE.append(fn)
+    return fn
+
+
 # --- graph-level -------------------------------------------------------------------
 
 
@@ -280,6 +289,41 @@ def next_where_required(c: Check) -> list[Diagnostic]:
                     node=nid,
                 )
             )
+    return out
+
+
+@advice
+def unhandled_failure_flow(c: Check) -> list[Diagnostic]:
+    """An llm or script node without ``fallback`` routes its failure on to ``next``
+    (Loki's rule); the run then ends ``completed_with_errors`` (or fails, with
+    ``settings.on_unhandled_failure: fail``). Say so where it can happen."""
+    from graphrun.runtime.engine.failures import handled
+
+    policy = c.graph.settings.on_unhandled_failure
+    if policy == "continue" or c.graph.start not in c.graph.nodes:
+        return []
+    reachable = _reachable(c)
+    branches = {n.branch for _, n in c.nodes() if isinstance(n, MapNode)}
+    ends = "fails the run" if policy == "fail" else "ends the run completed_with_errors (exit 4)"
+    out = []
+    for nid, node in c.nodes():
+        if not isinstance(node, LlmNode | ScriptNode) or nid not in reachable:
+            continue
+        if nid in branches or not node.targets or handled(node, node.fallback):
+            continue
+        where = ", ".join(f"'{t}'" for t in node.targets)
+        out.append(
+            c.diag(
+                "warning",
+                "unhandled-failure",
+                f"node '{nid}': a failure of this {node.type} node routes on to {where} "
+                f"unhandled (no fallback); it {ends}",
+                _npath(nid),
+                node=nid,
+                hint="add `fallback: <node>` to handle it, or set "
+                "settings.on_unhandled_failure: continue (Loki's plain completed)",
+            )
+        )
     return out
 
 
@@ -568,12 +612,13 @@ def _did_you_mean(name: str, choices: list[str]) -> str | None:
     return f"did you mean '{close[0]}'?" if close else None
 
 
-def validate(check: Check) -> list[Diagnostic]:
-    """Run every rule; errors first, each group in file order."""
+def validate(check: Check, *, with_advice: bool = False) -> list[Diagnostic]:
+    """Run every rule (and with ``with_advice``, the advice ``validate`` gives);
+    errors first, each group in file order."""
     from graphrun.runtime.graph import effect_rules, parallel_rules  # noqa: F401  (register rules)
 
     found: list[Diagnostic] = list(check.loaded.warnings)
-    for fn in RULES:
+    for fn in RULES + (ADVICE if with_advice else []):
         if not check.deep and getattr(fn, "deep", False):
             continue
         found.extend(fn(check))
@@ -602,7 +647,7 @@ def validate_all(
     except GraphValidationError as exc:
         first = list(exc.diagnostics)
         return _sorted(first + _salvaged(target, first, agents_dir, config_dir))
-    return validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir))
+    return validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir), with_advice=True)
 
 
 def _sorted(found: list[Diagnostic]) -> list[Diagnostic]:
@@ -646,5 +691,5 @@ def _salvaged(
     if graph is None:
         return []
     loaded = LoadedGraph(graph, text, path, path.parent, lines)
-    found = validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir))
+    found = validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir), with_advice=True)
     return [d for d in found if d.node not in stubs and not (stubs and d.rule in _STUB_SENSITIVE)]
