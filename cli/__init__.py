@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "audit": ("inspect", "audit_cmd", "Who decided what, and when; verify the hash chain."),
     "diff": ("inspect", "diff_cmd", "Where two runs part ways."),
     "fork": ("run", "fork_cmd", "Start a new run from a prefix of a recorded run."),
+    "upgrade": ("upgrade", "upgrade_cmd", "Move runs in flight onto a fixed graph, checked."),
     "export": ("transfer", "export_cmd", "Write a run (and its child runs) to a JSON-lines file."),
     "import": ("transfer", "import_cmd", "Load runs from an exported JSON-lines file."),
     "schema": ("replay", "schema_cmd", "Print the JSON Schema of graph.yaml."),

@@ -39,11 +39,13 @@ def runs_cmd(
     when it was made).
 
     A waiting run shows the node it waits at and for whom: the node's
-    approvers, else anyone (WAITS FOR). With --usage: each run's LLM tokens and
-    cost, and TREE, the tokens of the run with all its child runs.
+    approvers, else anyone (WAITS FOR). VERSION: the graph the run runs on (the
+    start of its hash; `graphrun upgrade` moves a run onto another). With --usage:
+    each run's LLM tokens and cost, and TREE, the tokens of the run with all its child runs.
     """
     from graphrun.cli.options import store_missing
     from graphrun.cli.render import table, when
+    from graphrun.eventstore.projections import graph_version
     from graphrun.runtime.inspect import display_status, run_summary
 
     if store_missing(db):
@@ -68,7 +70,8 @@ def runs_cmd(
     # A fork copies its source's events, times included: list it by when it was made.
     made = {row.run_id: _made_at(store, row) for row in rows}
     rows.sort(key=lambda r: made[r.run_id], reverse=True)
-    waits = {row.run_id: _waiting_request(store, row.run_id) for row in rows if row.waiting_node}
+    folded = {row.run_id: _fold(store, row.run_id) for row in rows} if not as_json else {}
+    waits = {r: s.waiting for r, s in folded.items() if s.status == "waiting"}
     prices = None
     if with_usage or as_json:
         from graphrun.runtime.graph.config import config_dir
@@ -97,6 +100,7 @@ def runs_cmd(
             (
                 "  " * depth + row.run_id,
                 row.graph_name,
+                graph_version(folded[row.run_id].graph_hash),
                 status_text,
                 when(row.started_at),
                 row.last_seq,
@@ -111,7 +115,17 @@ def runs_cmd(
 
     for row in by_parent.get(None, []):
         add(row, 0)
-    headers = ["RUN", "GRAPH", "STATUS", "STARTED (UTC)", "EVENTS", "NODE", "WAITS FOR", "BY"]
+    headers = [
+        "RUN",
+        "GRAPH",
+        "VERSION",
+        "STATUS",
+        "STARTED (UTC)",
+        "EVENTS",
+        "NODE",
+        "WAITS FOR",
+        "BY",
+    ]
     if with_usage:
         headers += ["TOKENS", "COST", "TREE TOKENS"]
     click.echo(table(out, headers))
@@ -136,11 +150,11 @@ def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
     return (own.total_tokens, cost if own.calls else "", tree.total_tokens)
 
 
-def _waiting_request(store: Any, run_id: str) -> Any:
-    """The ``HumanInputRequested`` a run waits at, or None."""
+def _fold(store: Any, run_id: str) -> Any:
+    """A run's folded state (what it waits at, the graph it runs on)."""
     from graphrun.eventstore.fold import fold
 
-    return fold(store.read(run_id)).waiting
+    return fold(store.read(run_id))
 
 
 @click.command("show")

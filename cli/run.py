@@ -354,6 +354,12 @@ def resume_cmd(
     run_id = resolve_run(store, run_id)
     store.require_intact(run_id)  # never extend a log that does not verify
     state = fold(store.read(run_id))
+    if state.status == "failed":
+        raise AnswerError(
+            f"run {run_id} has already failed; there is nothing to resume",
+            hint=f"fix its graph, then `graphrun upgrade {run_id} --graph DIR` continues it "
+            "on the fixed graph (the node that failed runs again)",
+        )
     if state.terminal:
         raise AnswerError(f"run {run_id} has already {state.status}; there is nothing to resume")
     options = _options(

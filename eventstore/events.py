@@ -83,6 +83,28 @@ class RunResumed(EventBase, frozen=True, kw_only=True):
     reason: str = ""  # "resume", "answer", "approve", ...
 
 
+class GraphUpgraded(EventBase, frozen=True, kw_only=True):
+    """The run continues on a new graph (``graphrun upgrade``): its recorded history was
+    replayed against the new graph and reproduced. From here on the run's graph is
+    ``graph_source``. A failed run comes back to life: ``retry_node`` (the node that
+    failed) is entered again."""
+
+    old_hash: str
+    new_hash: str
+    graph_source: str
+    graph_path: str = ""
+    agent_dir: str = ""
+    files: dict[str, str] = {}
+    by: str = ""
+    host: str = ""
+    #: The status the run had when it was upgraded (waiting, interrupted, failed).
+    was: str = ""
+    retry_node: str | None = None
+    #: The first seq this upgrade supersedes (a failed run's failed visit and its
+    #: failure, which the new graph never made); 0: none.
+    superseded: int = 0
+
+
 class RunCompleted(EventBase, frozen=True, kw_only=True):
     """The run reached an end node; ``output`` is the final result."""
 
@@ -369,6 +391,7 @@ Event = (
     | TimeoutFired
     | VisitCapExceeded
     | ChildCancelled
+    | GraphUpgraded
 )
 
 EFFECT_TYPES: tuple[type, ...] = (

@@ -20,6 +20,7 @@ from graphrun.eventstore.events import (
     ChildRunFinished,
     ChildRunStarted,
     Event,
+    GraphUpgraded,
     HumanInputReceived,
     HumanInputRequested,
     LlmCalled,
@@ -283,6 +284,23 @@ def apply(state: RunState, event: Event) -> RunState:
                 last_node=f"super-step {event.step}",
                 **base,
             )
+        case GraphUpgraded():
+            changes: dict[str, Any] = {
+                "graph_source": event.graph_source,
+                "graph_hash": event.new_hash,
+                "graph_path": event.graph_path or state.graph_path,
+                "agent_dir": event.agent_dir or state.agent_dir,
+            }
+            if state.status == "failed":
+                # Back to life: the node that failed is entered again, as the same
+                # visit (the failed one is superseded, see GraphUpgraded).
+                changes.update(status="running", error=None, current=None, interrupted=False)
+                retry = event.retry_node
+                if retry:
+                    visits = dict(state.visits)
+                    visits[retry] = max(0, visits.get(retry, 1) - 1)
+                    changes.update(routed_to=retry, targets=(retry,), visits=visits)
+            return _replace(state, **changes, **base)
         case RunResumed():
             status = state.status if state.terminal or state.waiting else "running"
             return _replace(state, status=status, interrupted=False, **base)

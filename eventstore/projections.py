@@ -16,6 +16,7 @@ from graphrun.eventstore.events import (
     ChildRunFinished,
     ChildRunStarted,
     Event,
+    GraphUpgraded,
     HumanInputReceived,
     HumanInputRequested,
     NodeEntered,
@@ -100,6 +101,7 @@ HEAD_EVENT_TYPES = frozenset(
         RunFailed,
         RunCancelled,
         RunInterrupted,
+        GraphUpgraded,
     }
 )
 
@@ -124,8 +126,6 @@ def apply_run_row(row: RunRow | None, event: Event, event_hash: str) -> RunRow:
     row = _replace(row, updated_at=event.ts, last_seq=event.seq, last_hash=event_hash)
     match event:
         case NodeEntered(node_id=node_id):
-            if row.status == "waiting":  # the wait ended (an answer, a timeout)
-                return _replace(row, current_node=node_id, status="running", waiting_node=None)
             return _replace(row, current_node=node_id)
         case HumanInputRequested(node_id=node_id):
             return _replace(row, status="waiting", waiting_node=node_id)
@@ -152,12 +152,21 @@ def apply_run_row(row: RunRow | None, event: Event, event_hash: str) -> RunRow:
             return _replace(row, status="failed", error=error, waiting_node=None)
         case RunCancelled(reason=reason):
             return _replace(row, status="cancelled", error=reason, waiting_node=None)
+        case GraphUpgraded():
+            if row.status == "failed":  # a failed run comes back: its failed node again
+                return _replace(row, status="running", error=None)
+            return row
         case RunInterrupted():
             if row.status == "running":
                 return _replace(row, status="interrupted")
             return row
         case _:
             return row
+
+
+def graph_version(graph_hash: str) -> str:
+    """A graph's version as people read it: the first 12 hex digits of its hash."""
+    return graph_hash.partition(":")[2][:12] if ":" in graph_hash else graph_hash[:12]
 
 
 def unhandled_summary(unhandled: Iterable[dict[str, Any]]) -> str:

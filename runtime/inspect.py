@@ -28,7 +28,7 @@ from graphrun.eventstore.events import (
     ToolCalled,
 )
 from graphrun.eventstore.fold import fold
-from graphrun.eventstore.projections import decisions
+from graphrun.eventstore.projections import decisions, graph_version
 from graphrun.eventstore.store import SqliteStore
 from graphrun.runtime.errors import UsageError
 
@@ -267,7 +267,9 @@ def _config_dir() -> Any:
 def format_description(info: dict[str, Any], depth: int = 0) -> str:
     pad = "  " * depth
     lines = [
-        f"{pad}run {info['run_id']}  graph {info['graph']}  status {info['status']}"
+        f"{pad}run {info['run_id']}  graph {info['graph']}"
+        + (f" (version {graph_version(info['graph_hash'])})" if info.get("graph_hash") else "")
+        + f"  status {info['status']}"
         + (
             f"  (at seq {info['at_seq']} of {info['last_seq']})"
             if info["at_seq"] != info["last_seq"]

@@ -158,3 +158,15 @@ def test_validate_warns_about_a_failure_that_flows_into_next(graphrun, agent):
         "validate", str(_script_agent(agent, "settings:\n  on_unhandled_failure: continue"))
     )
     assert "unhandled" not in quiet.stderr
+
+
+def test_the_report_names_the_unhandled_failures(graphrun, agent, tmp_path):
+    assert graphrun("run", str(_script_agent(agent))).code == 4
+    out = tmp_path / "r.html"
+    res = graphrun("report", "@last", "-o", str(out))
+    assert res.code == 0, res.stderr
+    page = out.read_text(encoding="utf-8")
+    assert 'class="st-completed_with_errors">completed_with_errors</b>' in page
+    assert "Unhandled failures" in page
+    assert "node <code>file_them</code> (visit 1)" in page
+    assert "graph version <code>" in page
