@@ -12,6 +12,7 @@ from graphrun.eventstore.events import (
     ChildRunFinished,
     ChildRunStarted,
     Event,
+    GraphUpgraded,
     HumanInputReceived,
     HumanInputRequested,
     LlmCalled,
@@ -88,6 +89,12 @@ def summarize_event(event: Event) -> str:
             return f"{event.agent} -> run {event.child_run_id}"
         case ChildRunFinished():
             return f"run {event.child_run_id} {event.status}"
+        case GraphUpgraded():
+            retry = f", {event.retry_node} again" if event.retry_node else ""
+            return (
+                f"graph {graph_version(event.old_hash)} -> {graph_version(event.new_hash)} "
+                f"by {event.by} ({event.was}{retry})"
+            )
         case RunCompleted():
             if event.unhandled_failures:
                 n = len(event.unhandled_failures)

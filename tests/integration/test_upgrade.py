@@ -182,3 +182,68 @@ def test_upgrade_needs_runs_and_a_valid_graph(graphrun, agent):
     res = graphrun("upgrade", "--status", "waiting", "--graph", str(bad))
     assert res.code == 2
     assert "did you mean 'draft'?" in res.stderr
+
+
+NAPPER = """\
+name: napper
+version: "1.0"
+start: work
+nodes:
+  work:
+    type: script
+    script: scripts/work.py
+    next: done
+  done:
+    type: end
+    output: "v1 {{done}}"
+"""
+
+WORK_PY = """\
+import json, os, pathlib, time
+pathlib.Path(os.environ["MARK"]).write_text("started")
+time.sleep(float(os.environ.get("NAP", "0")))
+print(json.dumps({"done": "yes"}))
+"""
+
+
+def test_an_interrupted_run_goes_on_on_the_new_graph(graphrun, agent, tmp_path):
+    import signal
+
+    from tests.integration.test_durable_effects import wait_for
+
+    root = agent(NAPPER, {"scripts/work.py": WORK_PY})
+    mark = tmp_path / "mark"
+    proc = graphrun.popen("run", str(root), MARK=str(mark), NAP="60")
+    wait_for(mark.exists)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    run_id = graphrun.last_run()
+    new = agent(NAPPER.replace("v1 {{done}}", "v2 {{done}}"), {"scripts/work.py": WORK_PY})
+    res = graphrun("upgrade", run_id, "--graph", str(new), MARK=str(mark), NAP="0")
+    assert res.code == 0, res.stderr
+    assert res.stdout == "v2 yes\n"
+    assert f"▸ run {run_id} (interrupted): upgraded from graph" in res.stderr
+
+
+def test_from_seq_continues_a_fork_on_the_new_graph(graphrun, agent, fake_llm):
+    root = agent(TYPO)
+    fake_llm.script(text("billing"))
+    assert graphrun("run", str(root), "charged twice", **_env(fake_llm)).code == 1
+    run_id = graphrun.last_run()
+    seq = next(
+        e["seq"]
+        for e in _events(graphrun, run_id)
+        if e["type"] == "NodeCompleted" and e["node_id"] == "classify"
+    )
+    fixed = agent(TYPO.replace("{{categroy}}", "{{category}}"), name="fixed")
+    fake_llm.script(text("refund"))
+    res = graphrun(
+        "upgrade", run_id, "--graph", str(fixed), "--from-seq", str(seq), **_env(fake_llm)
+    )
+    assert res.code == 0, res.stderr
+    assert f"▸ forked run {run_id} at seq {seq} as run " in res.stderr
+    assert res.stdout == "billing: refund\n"
+    assert len(fake_llm.requests) == 2
+    rows = {r["run_id"]: r for r in graphrun("runs", "--json").json_lines()}  # type: ignore[index]
+    assert rows[run_id]["status"] == "failed"  # the original stays as it was
