@@ -336,6 +336,18 @@ def approval_options_routed(c: Check) -> list[Diagnostic]:
     for nid, node in c.nodes():
         if not isinstance(node, ApprovalNode):
             continue
+        if node.next is not None:
+            out.append(
+                c.diag(
+                    "warning",
+                    "approval-next-ignored",
+                    f"approval '{nid}': `next` is ignored (an approval routes by its "
+                    "answer: routes and on_other)",
+                    _npath(nid, "next"),
+                    node=nid,
+                    hint="route each option under routes, free-form answers with on_other",
+                )
+            )
         for i, option in enumerate(node.options):
             if option not in node.routes:
                 out.append(
@@ -615,7 +627,11 @@ def _did_you_mean(name: str, choices: list[str]) -> str | None:
 def validate(check: Check, *, with_advice: bool = False) -> list[Diagnostic]:
     """Run every rule (and with ``with_advice``, the advice ``validate`` gives);
     errors first, each group in file order."""
-    from graphrun.runtime.graph import effect_rules, parallel_rules  # noqa: F401  (register rules)
+    from graphrun.runtime.graph import (  # noqa: F401  (register rules)
+        effect_rules,
+        parallel_rules,
+        state_rules,
+    )
 
     found: list[Diagnostic] = list(check.loaded.warnings)
     for fn in RULES + (ADVICE if with_advice else []):
@@ -655,6 +671,35 @@ def _sorted(found: list[Diagnostic]) -> list[Diagnostic]:
     return sorted(unique, key=lambda d: (d.severity != "error", d.line or 0))
 
 
+#: Required text fields a node missing them can be checked without (empty text).
+_FILLABLE_TEXT = ("prompt", "question", "output", "query")
+
+
+def _filled(node_id: str, nodes: dict[str, Any], errors: list[Diagnostic]) -> Any:
+    """The node with its missing required fields filled in, when that is all that is
+    wrong with it (so the rest of it is still checked), else None."""
+    raw = nodes.get(node_id)
+    if not isinstance(raw, dict) or not errors:
+        return None
+    filled = dict(raw)
+    for d in errors:
+        if d.rule != "missing-field":
+            return None
+        name = d.message.rpartition("required field '")[2].rstrip("'")
+        if name in _FILLABLE_TEXT:
+            filled[name] = ""
+        elif name == "on_other":
+            target = raw.get("next")
+            if not (isinstance(target, str) and target in nodes):
+                target = next((n for n, v in nodes.items() if n != node_id), None)
+            if target is None:
+                return None
+            filled[name] = target
+        else:
+            return None
+    return filled
+
+
 def _salvaged(
     target: Path, first: list[Diagnostic], agents_dir: Path | None, config_dir: Path | None
 ) -> list[Diagnostic]:
@@ -671,7 +716,12 @@ def _salvaged(
     data = dict(data)
     nodes = dict(data.get("nodes") or {}) if isinstance(data.get("nodes"), dict) else {}
     stubs = {d.node for d in first if d.node is not None and d.node in nodes}
-    for node_id in stubs:
+    for node_id in sorted(stubs):
+        filled = _filled(node_id, nodes, [d for d in first if d.node == node_id])
+        if filled is not None:
+            nodes[node_id] = filled  # its other rules still run
+            stubs.discard(node_id)
+            continue
         nodes[node_id] = {"type": "end"}
     data["nodes"] = nodes
     for d in first:
