@@ -142,11 +142,11 @@ def _made_at(store: Any, row: Any) -> float:
 
 
 def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
-    from graphrun.runtime.observe.usage import run_usage, tree_usage
+    from graphrun.runtime.observe.usage import format_cost, run_usage, tree_usage
 
     own, _ = run_usage(store.read(row.run_id), prices)
     tree = tree_usage(store, row.run_id, prices)
-    cost = f"${own.cost:.4f}" if own.cost_known else "?"
+    cost = format_cost(own.cost) if own.cost_known else "?"
     return (own.total_tokens, cost if own.calls else "", tree.total_tokens)
 
 

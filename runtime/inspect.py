@@ -330,7 +330,9 @@ def format_description(info: dict[str, Any], depth: int = 0) -> str:
 
 
 def _usage_text(u: dict[str, Any]) -> str:
-    cost = f"${u['cost_usd']:.5f}" if u.get("cost_usd") is not None else "cost unknown"
+    from graphrun.runtime.observe.usage import format_cost
+
+    cost = format_cost(u["cost_usd"]) if u.get("cost_usd") is not None else "cost unknown"
     calls = u["calls"]
     return (
         f"{u['total_tokens']} tokens ({u['input_tokens']} in, {u['output_tokens']} out), "

@@ -130,7 +130,9 @@ def _reduce_sequential(graph: Graph, state: RunState, step: Append) -> Append:
             if writes:
                 try:
                     reduced = {
-                        k: reduce(graph.reducers[k], s.get(k, ABSENT), v)
+                        k: reduce(
+                            graph.reducers[k], s.get(k, ABSENT), v, key=k, writer=event.node_id
+                        )
                         for k, v in sorted(writes.items())
                     }
                 except ReducerError as exc:

@@ -43,7 +43,13 @@ from graphrun.eventstore.events import (
 )
 from graphrun.eventstore.fold import RunState, apply
 from graphrun.eventstore.projections import graph_version
-from graphrun.runtime.observe.usage import BUILTIN_PRICES, Usage, call_usage, format_usage
+from graphrun.runtime.observe.usage import (
+    BUILTIN_PRICES,
+    Usage,
+    call_usage,
+    format_cost,
+    format_usage,
+)
 
 
 @dataclass
@@ -635,7 +641,7 @@ def render_report(
     for r in runs:
         for v in r.visits:
             u = v.usage
-            cost = f"${u.cost:.5f}" if u.calls and u.cost_known else ("?" if u.calls else "")
+            cost = format_cost(u.cost) if u.calls and u.cost_known else ("?" if u.calls else "")
             out.append(
                 f'<tr><td>{_e(r.run_id)}</td><td><a href="#v-{_e(v.key)}">{_e(v.node_id)}</a></td>'
                 f'<td class="num">{v.visit}</td><td>{_e(v.node_type)}</td><td>{_e(v.branch)}</td>'
@@ -646,7 +652,7 @@ def render_report(
                 f'<td class="num">{u.output_tokens if u.calls else ""}</td>'
                 f'<td class="num">{cost}</td></tr>'
             )
-    total_cost = f"${total.cost:.5f}" if total.cost_known else "?"
+    total_cost = format_cost(total.cost) if total.cost_known else "?"
     out.append(
         f'<tr><th colspan=9>total</th><td class="num">{total.calls}</td>'
         f'<td class="num">{total.input_tokens}</td><td class="num">{total.output_tokens}</td>'

@@ -24,3 +24,32 @@ def test_resume_of_a_waiting_run_leaves_it_waiting(graphrun, agent):
     assert " waiting " in line
     assert "approval: anyone" in line
     assert graphrun("show", run_id, "--json").json()["status"] == "waiting"  # type: ignore[index]
+
+
+def test_a_reducer_type_error_names_the_state_key(graphrun, agent):
+    root = agent(
+        """\
+        name: sums
+        version: "1.0"
+        start: count
+        initial_state: {total: "many"}
+        reducers: {total: sum}
+        nodes:
+          count:
+            type: script
+            script: scripts/count.py
+            state_updates: {total: "{{total}}"}
+            next: done
+            fallback: done
+          done:
+            type: end
+            output: "{{total}}"
+        """,
+        {"scripts/count.py": "import json\nprint(json.dumps({'total': 3}))\n"},
+    )
+    res = graphrun("run", str(root))
+    assert res.code == 1
+    assert (
+        "node 'count': state key 'total' (written by 'count'): reducer 'sum' requires a number "
+        "for the current value, got string"
+    ) in res.stderr
