@@ -8,10 +8,11 @@ reducer, ``initial_prompt`` and ``_error``, or the field's own scoped variable
 strictly are checked (a missing key there fails the run); ``state_updates`` render
 leniently.
 
-A script's JSON output can set any key, so where a script runs before the node
-(on its static path) only a near miss of a declared key is reported, as a warning
-(declaring the key in the script's ``state_updates`` silences it); elsewhere an
-unknown key is an error, with a "did you mean" when a declared key is close. Registered with
+A near miss of a declared key (a typo, most likely) is an error with a "did you
+mean"; a key nothing declares is only advice from ``validate`` (``run --set`` may
+give it). A script's JSON output can set any key, so after a script (on the node's
+static path) only a close near miss is reported, as a warning (declaring the key in
+the script's ``state_updates`` silences it). Registered with
 :func:`graphrun.runtime.graph.validate.register_rule`.
 """
 
@@ -33,7 +34,7 @@ from graphrun.runtime.graph.model import (
     static_edges,
 )
 from graphrun.runtime.graph.templates import expressions, parse_path
-from graphrun.runtime.graph.validate import Check, _did_you_mean, _npath, register_rule
+from graphrun.runtime.graph.validate import Check, _npath, advice, register_rule
 
 #: Keys every run has.
 BUILTIN_KEYS = ("initial_prompt", "_error")
@@ -90,9 +91,11 @@ def _after_scripts(c: Check) -> set[str]:
     return seen
 
 
-@register_rule
-def template_keys_declared(c: Check) -> list[Diagnostic]:
-    """``{{key}}`` in a strictly rendered field names a key the graph can write."""
+def _unknown_keys(c: Check, *, near_misses: bool) -> list[Diagnostic]:
+    """Template keys the graph declares nowhere: the near misses of a declared key
+    (``near_misses``), or the others."""
+    if c.loaded.path.name == "config.yaml":
+        return []  # an LLM-loop agent's instructions render its variables, not state
     known = declared_keys(c)
     after_scripts = _after_scripts(c)
     item_names = {n.branch: n.as_ for _, n in c.nodes() if isinstance(n, MapNode)}
@@ -110,24 +113,24 @@ def template_keys_declared(c: Check) -> list[Diagnostic]:
                 if not isinstance(root, str) or root in known or root in scoped:
                     continue
                 maybe_script = nid in after_scripts
-                if maybe_script:
-                    # A script may well set it: only a near miss of a declared key
-                    # (a typo, most likely) is worth a warning.
-                    near = difflib.get_close_matches(root, sorted(known | scoped), 1, 0.8)
-                    if not near:
-                        continue
-                    close: str | None = f"did you mean '{near[0]}'?"
+                cutoff = 0.8 if maybe_script else 0.6
+                near = difflib.get_close_matches(root, sorted(known | scoped), 1, cutoff)
+                if bool(near) != near_misses or (maybe_script and not near):
+                    continue
+                if near:
+                    severity = "warning" if maybe_script else "error"
+                    hint = f"did you mean '{near[0]}'?"
                 else:
-                    close = _did_you_mean(root, sorted(known | scoped))
-                severity = "warning" if maybe_script else "error"
+                    severity = "warning"
+                    hint = (
+                        f"fine if `run --set {root}=...` gives it; else declare it: "
+                        f"`initial_state: {{{root}: ...}}`, or in the `state_updates` of the "
+                        "node that writes it"
+                    )
                 why = (
                     "unless a script's JSON output sets it"
                     if maybe_script
                     else "no node, initial_state or reducer writes it"
-                )
-                hint = close or (
-                    f"declare it: `initial_state: {{{root}: ...}}`, or in the "
-                    f"`state_updates` of the node that writes it"
                 )
                 out.append(
                     c.diag(
@@ -141,3 +144,16 @@ def template_keys_declared(c: Check) -> list[Diagnostic]:
                     )
                 )
     return out
+
+
+@register_rule
+def template_keys_declared(c: Check) -> list[Diagnostic]:
+    """A template key that is a near miss of a declared key: an error (a warning
+    where a script may have set it)."""
+    return _unknown_keys(c, near_misses=True)
+
+
+@advice
+def template_keys_undeclared(c: Check) -> list[Diagnostic]:
+    """A template key nothing declares (``--set`` may give it): ``validate`` says so."""
+    return _unknown_keys(c, near_misses=False)
