@@ -211,7 +211,7 @@ def otel_cmd(run_id: str, endpoint: str | None, console: bool, db: str | None) -
 
     One trace per run tree: a span for the run, each node visit and each LLM or
     tool call; child runs are spans under their agent node. Needs the `otel`
-    extra (pip install 'graphrun[otel]').
+    extra (pip install -e '<checkout>[otel]'; make demo installs it).
     """
     from graphrun.runtime.observe.otel import export_run
 

@@ -33,7 +33,7 @@ from graphrun.runtime.observe.usage import call_tokens
 
 _MISSING = (
     "OpenTelemetry export needs the otel extra",
-    "pip install 'graphrun[otel]'",
+    "pip install -e '<checkout>[otel]' (make demo installs it)",
 )
 
 
