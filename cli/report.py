@@ -125,12 +125,14 @@ def report_cmd(
         from graphrun.runtime.errors import UsageError
 
         raise UsageError(f"--watch {watch:g}: the interval must be more than 0 seconds")
+    from graphrun.eventstore.fold import TERMINAL
+
     while True:
         text = build_report(
             store, run_id, prices=prices, divergences=divergences, reload_every=watch
         )
         _write(text, target)
-        if watch is None or store.run(run_id).status in ("completed", "failed", "cancelled"):
+        if watch is None or store.run(run_id).status in TERMINAL:
             return
         import time
 

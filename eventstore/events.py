@@ -308,7 +308,7 @@ class ChildRunFinished(EventBase, frozen=True, kw_only=True):
     node_id: str
     visit: int
     child_run_id: str
-    status: str  # "completed", "failed", "cancelled"
+    status: str  # "completed", "completed_with_errors", "failed", "cancelled"
     output: str | None = None
     error: str | None = None
     duration_ms: float = 0.0

@@ -21,7 +21,7 @@ from graphrun.eventstore.events import (
     ChildRunStarted,
     LlmResult,
 )
-from graphrun.eventstore.fold import RunState, fold
+from graphrun.eventstore.fold import TERMINAL, RunState, fold
 from graphrun.eventstore.ids import new_run_id
 from graphrun.runtime.engine.plan import Append, Perform, Step, completed, fail, last
 from graphrun.runtime.errors import GraphrunError, WaitingForHuman
@@ -157,7 +157,7 @@ class AgentActor:
                 ChildCancelled(child_run_id=child_id, reason=error or "", node_id=task.node_id)
             )
         ctx.record(*events)
-        if outcome.status == "completed" and task.output_schema is not None:
+        if outcome.status in _COMPLETED and task.output_schema is not None:
             self._extract(task, ctx, outcome.output or "", child_id)
 
     def _extract(self, task: Any, ctx: Any, text: str, child_id: str) -> None:
@@ -196,6 +196,10 @@ class AgentActor:
             )
         finally:
             factory.close()
+
+
+#: The statuses of a child run whose output the agent node takes.
+_COMPLETED = ("completed", "completed_with_errors")
 
 
 def _knowledge(loaded: Any, options: Any) -> dict[str, Any] | None:
@@ -251,7 +255,7 @@ def resume_ancestors(store: Any, run_id: str, options: Any, outcome: Any) -> Any
 
     current = outcome
     row = store.run(run_id)
-    while current.status in ("completed", "failed", "cancelled") and row.parent_run_id:
+    while current.status in TERMINAL and row.parent_run_id:
         parent_id = row.parent_run_id
         if fold(store.read(parent_id)).terminal:
             break
@@ -280,7 +284,9 @@ def complete(
 
     s = state.state
     visit = state.current_visit
-    if done.status != "completed":
+    # A child that completed with unhandled failures still gave its output (its own
+    # run shows the failures); the parent goes on, as with any completed child.
+    if done.status not in _COMPLETED:
         why = done.error or done.status
         return fail(node_id, visit, f"child agent '{node.agent}' run {done.child_run_id} {why}")
     output: Any = done.output or ""
