@@ -679,10 +679,12 @@ def _filled(node_id: str, nodes: dict[str, Any], errors: list[Diagnostic]) -> An
     """The node with its missing required fields filled in, when that is all that is
     wrong with it (so the rest of it is still checked), else None."""
     raw = nodes.get(node_id)
-    if not isinstance(raw, dict) or not errors:
+    if not isinstance(raw, dict):
         return None
     filled = dict(raw)
     for d in errors:
+        if d.severity != "error":
+            continue  # a warning (an unknown field) does not stop the node's checks
         if d.rule != "missing-field":
             return None
         name = d.message.rpartition("required field '")[2].rstrip("'")

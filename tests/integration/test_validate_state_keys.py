@@ -203,3 +203,35 @@ def test_run_names_the_typo_of_a_required_field(graphrun, agent):
         assert "'promt' is written instead: rename it to 'prompt'" in res.stderr, command
         first = res.stderr.splitlines()[0]
         assert "missing the required field 'prompt'" in first, command
+
+
+def test_a_typo_in_a_map_branch_is_the_only_error(graphrun, agent):
+    root = agent(
+        """\
+        name: m
+        version: "1.0"
+        model: openai:gpt-test
+        start: each
+        initial_state: {items: [1, 2]}
+        nodes:
+          each:
+            type: map
+            over: "{{items}}"
+            as: item
+            branch: one
+            collect_into: results
+            next: done
+          one:
+            type: llm
+            promt: "Say {{item}}"
+          done:
+            type: end
+            output: "{{results}}"
+        """
+    )
+    res = graphrun("validate", str(root))
+    assert res.code == 2
+    assert "collect mechanism" not in res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1
+    assert "'promt' is written instead: rename it to 'prompt'" in errors[0]
