@@ -119,19 +119,6 @@ def update_file(
                 file, top, outcome.run_id, list(outcome.reused), list(outcome.performed)
             )
             result.notes = notes
-            if outcome.status != was.status:
-                why = f" ({outcome.error})" if outcome.error else ""
-                waiting = (
-                    f" at node '{outcome.waiting_at}'"
-                    if outcome.status == "waiting" and outcome.waiting_at
-                    else ""
-                )
-                result.error = (
-                    f"the re-recorded run ended {outcome.status}{waiting}{why}, the recording "
-                    f"{was.status}; the file is unchanged (re-record it by hand: graphrun run, "
-                    "then graphrun export)"
-                )
-                return result
             # An LLM call made for a changed request must have succeeded: a node that
             # goes on with the error as its output is no recording to keep.
             before = {
@@ -148,6 +135,19 @@ def update_file(
                         f"({event.error}); the file is unchanged"
                     )
                     return result
+            if outcome.status != was.status:
+                why = f" ({outcome.error})" if outcome.error else ""
+                waiting = (
+                    f" at node '{outcome.waiting_at}'"
+                    if outcome.status == "waiting" and outcome.waiting_at
+                    else ""
+                )
+                result.error = (
+                    f"the re-recorded run ended {outcome.status}{waiting}{why}, the recording "
+                    f"{was.status}; the file is unchanged (re-record it by hand: graphrun run, "
+                    "then graphrun export)"
+                )
+                return result
             source = _adopt_reused_children(store, outcome.run_id, Path(tmp))
             partial = file.with_name(file.name + ".partial")
             try:
