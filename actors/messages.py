@@ -28,6 +28,9 @@ class HumanTask:
     options: tuple[str, ...] = ()
     default: str | None = None
     approvers: tuple[str, ...] = ()
+    #: The graph requires a signed answer here: only ``graphrun approve/answer
+    #: --sign`` can give it, never a flag or a terminal prompt.
+    signed: bool = False
 
 
 @dataclass(frozen=True)

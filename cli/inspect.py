@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 import click
 
 from graphrun.cli.options import db_option, json_option, open_store, resolve_run
+from graphrun.eventstore.errors import GraphrunError
 
 
 @click.command("runs")
@@ -28,15 +30,33 @@ from graphrun.cli.options import db_option, json_option, open_store, resolve_run
     help="Only runs with this status (interrupted: running, but no process drives it; "
     "queued: submitted, no worker has claimed it yet).",
 )
-@click.option("--limit", default=50, show_default=True, help="At most this many runs.")
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="At most this many runs (one page).",
+)
+@click.option(
+    "--offset",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Skip this many of the newest runs (the next page: --offset 50).",
+)
 @click.option("--usage", "with_usage", is_flag=True, help="Add token and cost columns.")
 @json_option
 @db_option
 def runs_cmd(
-    status: str | None, limit: int, with_usage: bool, as_json: bool, db: str | None
+    status: str | None,
+    limit: int,
+    offset: int,
+    with_usage: bool,
+    as_json: bool,
+    db: str | None,
 ) -> None:
-    """List runs, newest first (child runs indented under their parent; a fork by
-    when it was made).
+    """List runs, newest first, one page at a time (child runs indented under their
+    parent; a fork by when it was made).
 
     A waiting run shows the node it waits at and for whom: the node's
     approvers, else anyone (WAITS FOR). VERSION: the graph the run runs on (the
@@ -45,7 +65,6 @@ def runs_cmd(
     """
     from graphrun.cli.options import store_missing
     from graphrun.cli.render import table, when
-    from graphrun.eventstore.projections import graph_version
     from graphrun.runtime.inspect import display_status, run_summary
 
     if store_missing(db):
@@ -54,24 +73,30 @@ def runs_cmd(
         click.echo("no runs yet", err=True)
         return
     store = open_store(db)
+    # A killed process leaves its lease row behind: release those of processes
+    # that are gone for sure, so no run shows as held by one (a read-only file
+    # keeps them; `runs` still says "interrupted").
+    with contextlib.suppress(GraphrunError):
+        store.release_stale_leases()
     if status in ("interrupted", "queued"):
         # Stopped by Ctrl-C/SIGTERM (RunInterrupted recorded), or killed outright:
         # "running" in the log, with no process driving it; or submitted and not
         # claimed yet (queued).
         crashed = [
             r
-            for r in store.runs(status="running", limit=limit)
+            for r in store.runs(status="running", limit=offset + limit)
             if display_status(store, r) == status
         ]
-        stopped = store.runs(status=status, limit=limit) if status == "interrupted" else []
-        rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)[:limit]
+        stopped = store.runs(status=status, limit=offset + limit) if status == "interrupted" else []
+        rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)
+        rows = rows[offset : offset + limit]
     else:
-        rows = store.runs(status=status, limit=limit)
+        rows = store.runs(status=status, limit=limit, offset=offset)
     # A fork copies its source's events, times included: list it by when it was made.
     made = {row.run_id: _made_at(store, row) for row in rows}
     rows.sort(key=lambda r: made[r.run_id], reverse=True)
-    folded = {row.run_id: _fold(store, row.run_id) for row in rows} if not as_json else {}
-    waits = {r: s.waiting for r, s in folded.items() if s.status == "waiting"}
+    waits = {row.run_id: _waiting_request(store, row) for row in rows if row.waiting_node}
+    versions = {row.run_id: _graph_version(store, row) for row in rows} if not as_json else {}
     prices = None
     if with_usage or as_json:
         from graphrun.runtime.graph.config import config_dir
@@ -100,7 +125,7 @@ def runs_cmd(
             (
                 "  " * depth + row.run_id,
                 row.graph_name,
-                graph_version(folded[row.run_id].graph_hash),
+                versions[row.run_id],
                 status_text,
                 when(row.started_at),
                 row.last_seq,
@@ -129,6 +154,8 @@ def runs_cmd(
     if with_usage:
         headers += ["TOKENS", "COST", "TREE TOKENS"]
     click.echo(table(out, headers))
+    if len(rows) == limit:
+        click.echo(f"(older runs: --offset {offset + limit})", err=True)
 
 
 def _made_at(store: Any, row: Any) -> float:
@@ -150,11 +177,43 @@ def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
     return (own.total_tokens, cost if own.calls else "", tree.total_tokens)
 
 
-def _fold(store: Any, run_id: str) -> Any:
-    """A run's folded state (what it waits at, the graph it runs on)."""
+def _waiting_request(store: Any, row: Any) -> Any:
+    """The ``HumanInputRequested`` a run waits at, or None. A waiting run's request
+    is its last one (an answer, or a node entered after it, ends the wait): it is
+    read from the log's tail, not by folding a long log whole."""
+    from graphrun.eventstore.events import HumanInputRequested
     from graphrun.eventstore.fold import fold
 
-    return fold(store.read(run_id))
+    if row.status == "waiting":
+        tail = store.read(row.run_id, after=max(0, row.last_seq - 32))
+        asked = [e for e in tail if isinstance(e, HumanInputRequested)]
+        if asked:
+            return asked[-1]
+    return fold(store.read(row.run_id)).waiting
+
+
+#: Runs up to this many events long are read whole for their graph version; a
+#: longer one reads its first event and its log's tail only (an upgrade is found
+#: there unless the run went on for long after it), as `runs` must stay fast.
+_SCAN_FOR_VERSION = 5000
+
+
+def _graph_version(store: Any, row: Any) -> str:
+    """The graph a run runs on, as people read it (``upgrade`` moves runs)."""
+    from graphrun.eventstore.events import GraphUpgraded, RunStarted
+    from graphrun.eventstore.projections import graph_version
+
+    if row.last_seq <= _SCAN_FOR_VERSION:
+        events = store.read(row.run_id)
+        tail = events[1:]
+    else:
+        events = store.read(row.run_id, upto=1)
+        tail = store.read(row.run_id, after=max(0, row.last_seq - 256))
+    upgrades = [e for e in tail if isinstance(e, GraphUpgraded)]
+    if upgrades:
+        return graph_version(upgrades[-1].new_hash)
+    start = events[0] if events and isinstance(events[0], RunStarted) else None
+    return graph_version(start.graph_hash) if start else ""
 
 
 @click.command("show")
@@ -229,9 +288,17 @@ def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> N
 
 
 @click.command("audit")
-@click.argument("run_id")
+@click.argument("run_id", metavar="RUN_ID|FILE")
 @click.option(
-    "--verify", is_flag=True, help="Check the hash chain of every event (exit 1 if broken)."
+    "--verify",
+    is_flag=True,
+    help="Check the hash chain of every event and every signature (exit 1 if anything is broken).",
+)
+@click.option(
+    "--signers",
+    metavar="FILE",
+    help="The allowed_signers file signatures are checked against (default: next to the "
+    "graph, else in the config directory).",
 )
 @click.option(
     "--anchor",
@@ -244,13 +311,30 @@ def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> N
 )
 @json_option
 @db_option
-def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: str | None) -> None:
-    """Every human decision of RUN_ID and its child runs: when, node, question, answer, by, via.
+def audit_cmd(
+    run_id: str,
+    verify: bool,
+    signers: str | None,
+    anchor: str | None,
+    as_json: bool,
+    db: str | None,
+) -> None:
+    """Every human decision of RUN_ID and its child runs: when, node, question, answer,
+    by, identity, via.
 
-    BY is the claimed name (--as), followed by the OS account and host when they
-    differ from it. With --verify, the hash chain of every event of every run is
-    recomputed; the first broken seq is named and the exit code is 1.
+    BY is the claimed name (--as) or the signer, followed by the OS account and host
+    when they differ from it. IDENTITY is signed or claimed (verified or BROKEN with
+    --verify). With --verify, the hash chain of every event of every run is
+    recomputed and every signature is checked against the signers file; each
+    decision is reported as verified (by which key), claimed, or BROKEN (which check
+    failed), and the exit code is 1 if anything is broken. Given an export FILE
+    instead of a run, --verify checks the file on its own, without a database.
     """
+    from pathlib import Path
+
+    if verify and Path(run_id).is_file():
+        _verify_file(Path(run_id), signers, as_json)
+        return
     from graphrun.cli.render import table, when
     from graphrun.runtime.inspect import audit_tree
 
@@ -258,12 +342,16 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
     run_id = resolve_run(store, run_id)
     if anchor is not None and _anchor(store, run_id, anchor, verify):
         return
+    signatures: dict[str, Any] | None = None
     if verify:
         # The chain first, from the stored bytes alone: a damaged log is reported
         # by seq, not by whichever reader trips over it first.
         checks = verify_tree(store, run_id)
         if all(item["ok"] for item in checks):
             report = audit_tree(store, run_id, verify=False)
+            signatures = _verify_signatures(store, run_id, signers)
+            _merge(report["decisions"], signatures)
+            report["signatures"] = signatures
         else:
             report = {"run_id": run_id, "decisions": []}
         report["verify"] = checks
@@ -279,6 +367,7 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
                 d["question"].strip(),
                 _answer_cell(d),
                 d["by"] if d["by"] == d["os_user"] else f"{d['by']} ({d['os_user']}@{d['host']})",
+                d["identity"],
                 d["via"],
                 d["run_id"],
             )
@@ -286,11 +375,14 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
         ]
         if rows:
             click.echo(
-                table(rows, ["WHEN (UTC)", "NODE", "QUESTION", "ANSWER", "BY", "VIA", "RUN"])
+                table(
+                    rows,
+                    ["WHEN (UTC)", "NODE", "QUESTION", "ANSWER", "BY", "IDENTITY", "VIA", "RUN"],
+                )
             )
         else:
             click.echo(f"no human decisions in run {run_id} or its child runs", err=True)
-        for item in report["verify"]:
+        for item in report.get("verify", []):
             if item["ok"]:
                 click.echo(f"ok: run {item['run_id']}: {item['events']} events verify", err=True)
             else:
@@ -298,7 +390,66 @@ def audit_cmd(run_id: str, verify: bool, anchor: str | None, as_json: bool, db: 
                     f"BROKEN: run {item['run_id']}: first bad seq {item['seq']}: {item['reason']}",
                     err=True,
                 )
+        if signatures is not None:
+            from graphrun.runtime.decisions.report import format_report
+
+            for line in format_report(signatures):
+                click.echo(line, err=True)
     if verify and not all(item["ok"] for item in report["verify"]):
+        raise SystemExit(1)
+    if signatures is not None and not signatures["ok"]:
+        raise SystemExit(1)
+
+
+def _trust(signers: str | None, agent_dir: str | None) -> Any:
+    from graphrun.runtime.decisions import make_trust
+    from graphrun.runtime.decisions.sshsig import find_signers
+    from graphrun.runtime.graph.config import config_dir
+
+    return make_trust(find_signers(signers, graph_dir=agent_dir, config_dir=config_dir()))
+
+
+def _verify_signatures(store: Any, run_id: str, signers: str | None) -> dict[str, Any]:
+    from graphrun.runtime.decisions.report import verify_store
+
+    first = store.read(run_id, upto=1)[0]
+    return verify_store(store, run_id, _trust(signers, getattr(first, "agent_dir", "") or None))
+
+
+def _merge(decisions: list[dict[str, Any]], signatures: dict[str, Any]) -> None:
+    """The verified identity (and key, or what broke) on each audit row."""
+    found = {(d["run_id"], d["seq"]): d for d in signatures["decisions"]}
+    for row in decisions:
+        check = found.get((row["run_id"], row["seq"]))
+        if check is None:
+            continue
+        row["identity"] = "BROKEN" if check["identity"] == "broken" else check["identity"]
+        row["key"] = check["key"]
+        row["problem"] = check["problem"]
+
+
+def _verify_file(path: Any, signers: str | None, as_json: bool) -> None:
+    """``audit --verify FILE``: an export checked on its own (no database)."""
+    from graphrun.runtime.decisions.report import format_report, verify_export
+    from graphrun.runtime.replay.transfer import ExportFileError
+
+    try:
+        report = verify_export(path, _trust(signers, None))
+    except ExportFileError as exc:
+        if as_json:
+            click.echo(json.dumps({"file": str(path), "ok": False, "error": str(exc)}))
+        else:
+            click.echo(f"BROKEN: {exc}", err=True)
+        raise SystemExit(1) from None
+    report["file"] = str(path)
+    if as_json:
+        click.echo(json.dumps(report, ensure_ascii=False, default=str))
+    else:
+        for line in format_report(report):
+            click.echo(line, err=True)
+        counts = ", ".join(f"{n} {kind}" for kind, n in sorted(report["counts"].items()))
+        click.echo(f"{path}: {counts or 'no human decisions'}", err=True)
+    if not report["ok"]:
         raise SystemExit(1)
 
 

@@ -28,10 +28,12 @@ def answer_command(outcome: Any, db: str | None) -> str:
     # run waits on one of its agent nodes.
     run = shlex.quote(getattr(waiting, "run_id", "") or outcome.run_id)
     who = "|".join(waiting.approvers) or "you"
+    # A graph that requires signed answers takes the answerer's key, not a name.
+    as_who = "--sign <key>" if getattr(waiting, "signed", False) else f"--as <{who}>"
     if waiting.kind == "approval":
         choices = "|".join(waiting.options) or "choice"
-        return f"graphrun approve {run} <{choices}> --as <{who}>{db_part}"
-    return f"graphrun answer {run} <text> --as <{who}>{db_part}"
+        return f"graphrun approve {run} <{choices}> {as_who}{db_part}"
+    return f"graphrun answer {run} <text> {as_who}{db_part}"
 
 
 #: Exit codes of a run's final status (`run`, `resume`, `approve`, `tail`, …).

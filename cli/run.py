@@ -400,32 +400,73 @@ def _answer_and_resume(
     channel: str,
     run_id: str,
     text: str,
-    as_user: str,
+    as_user: str | None,
     node: str | None,
     as_json: bool,
     db: str | None,
     config_dir: str | None,
     agents_dir: str | None,
     other: bool = False,
+    sign: str | None = None,
+    signers: str | None = None,
 ) -> None:
+    from graphrun.eventstore.events import ApprovalSigned
     from graphrun.runtime.engine.answers import submit_answer
     from graphrun.runtime.engine.driver import Driver, recorded_config
+    from graphrun.runtime.errors import UsageError
     from graphrun.runtime.narrate import configure_logging
 
     configure_logging()
+    if sign is None and as_user is None:
+        raise UsageError(
+            f"graphrun {channel} needs --as USER (a claim) or --sign KEY (a signed answer)"
+        )
     store = open_store(db)
     run_id = resolve_run(store, run_id)
+    signed, trust = None, None
+    if sign is not None:
+        signed, trust = _signed_answer(
+            store, run_id, text, kind, as_user, node, other, sign, signers, config_dir
+        )
     received = submit_answer(
-        store, run_id, text, kind=kind, as_user=as_user, node=node, channel=channel, other=other
+        store,
+        run_id,
+        text,
+        kind=kind,
+        as_user=as_user,
+        node=node,
+        channel=channel,
+        other=other,
+        signed=signed,
+        trust=trust,
     )
     if received.run_id != run_id:
         click.echo(f"▸ run {run_id} waits on its child run {received.run_id}", err=True)
     # The answer may belong to a child run the given run waits on: continue that
     # one, and its parents after it.
     run_id = received.run_id
+    how = f"signed by {received.by} ({received.key})" if received.key else f"from {received.by}"
+    if isinstance(received, ApprovalSigned):
+        from graphrun.runtime.decisions.heads import sign_head
+
+        try:
+            sign_head(store, run_id)
+        finally:
+            store.release_lease(run_id)
+        click.echo(
+            f"▸ recorded {received.answer!r} {how} at node '{received.node_id}' "
+            f"(seq {received.seq}); the run waits for more signatures",
+            err=True,
+        )
+        if as_json:
+            import json
+
+            click.echo(
+                json.dumps({"run_id": run_id, "status": "waiting", "signature_seq": received.seq})
+            )
+        return
     click.echo(
-        f"▸ recorded {received.answer!r} from {received.by} at node '{received.node_id}' "
-        f"(seq {received.seq})",
+        f"▸ recorded {received.answer!r} {how} at node '{received.node_id}' (seq {received.seq})",
         err=True,
     )
     queued = getattr(store, "queued", None)
@@ -453,11 +494,83 @@ def _answer_and_resume(
     # This command answers one question: the run goes on to its end or to the
     # next wait, which is answered by another command, not prompted for here.
     options.interactive = False
+    if trust is not None:
+        options.signers = trust.signers
     outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
     from graphrun.runtime.nodes.agent import resume_ancestors
 
     outcome = resume_ancestors(store, run_id, options, outcome)
     finish(outcome, as_json=as_json, db=db)
+
+
+def _signed_answer(
+    store: Any,
+    run_id: str,
+    text: str,
+    kind: str,
+    as_user: str | None,
+    node: str | None,
+    other: bool,
+    sign: str,
+    signers: str | None,
+    config_dir: str | None,
+) -> tuple[Any, Any]:
+    """``--sign KEY``: the decision statement for this answer, signed with KEY as the
+    principal the signers file lists for it (``--as`` picks one when it lists several)."""
+    from graphrun.actors.human.actor import AnswerRefused
+    from graphrun.runtime.decisions import SignedDecision, make_trust
+    from graphrun.runtime.decisions.sshsig import find_signers, principals_of
+    from graphrun.runtime.decisions.sshsig import sign as ssh_sign
+    from graphrun.runtime.engine.answers import prepare_statement
+    from graphrun.runtime.errors import UsageError
+    from graphrun.runtime.graph.config import config_dir as default_config_dir
+
+    first = store.read(run_id, upto=1)[0]
+    found = find_signers(
+        signers,
+        graph_dir=getattr(first, "agent_dir", "") or None,
+        config_dir=default_config_dir(config_dir),
+    )
+    if found is None:
+        raise UsageError(
+            "--sign needs an allowed_signers file to name the signer",
+            hint="pass --signers FILE, or put allowed_signers next to graph.yaml or in the "
+            "config directory",
+        )
+    principals = principals_of(sign, found)
+    if not principals:
+        raise AnswerRefused(
+            f"--sign {sign}: the key is not listed in {found}; nothing was recorded"
+        )
+    if as_user is not None:
+        if as_user not in principals:
+            raise AnswerRefused(
+                f"--as {as_user!r}: {found} lists this key for {', '.join(principals)}, "
+                "not for them; nothing was recorded"
+            )
+        principal = as_user
+    elif len(principals) == 1:
+        principal = principals[0]
+    else:
+        raise UsageError(
+            f"--sign {sign}: {found} lists this key for {', '.join(principals)}",
+            hint="pick one with --as NAME",
+        )
+    _waiting, statement = prepare_statement(
+        store, run_id, text, kind=kind, principal=principal, node=node, other=other
+    )
+    signature = ssh_sign(statement, sign)
+    return SignedDecision(statement, signature, "sshsig"), make_trust(found)
+
+
+_SIGN_HELP = (
+    "Sign the answer with this SSH key: a private key file, or a public key file "
+    "whose private key is in ssh-agent. Its principal in the signers file is the answerer."
+)
+_SIGNERS_HELP = (
+    "The allowed_signers file (OpenSSH format) naming who may sign as whom; default: "
+    "allowed_signers next to graph.yaml, else in the config directory."
+)
 
 
 @click.command("approve")
@@ -468,7 +581,11 @@ def _answer_and_resume(
     metavar="TEXT",
     help="A free-form answer instead of a CHOICE (routed to on_other).",
 )
-@click.option("--as", "as_user", required=True, metavar="USER", help="Who approves.")
+@click.option(
+    "--as", "as_user", metavar="USER", help="Who approves (a claim, unless --sign proves it)."
+)
+@click.option("--sign", metavar="KEY", help=_SIGN_HELP)
+@click.option("--signers", metavar="FILE", help=_SIGNERS_HELP)
 @click.option("--node", metavar="NODE", help="The approval node (when it matters).")
 @click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
 @click.option("--config-dir", "--loki-dir", "config_dir", metavar="DIR", help="Config directory.")
@@ -478,7 +595,9 @@ def approve_cmd(
     run_id: str,
     choice: str | None,
     other: str | None,
-    as_user: str,
+    as_user: str | None,
+    sign: str | None,
+    signers: str | None,
     node: str | None,
     agents_dir: str | None,
     config_dir: str | None,
@@ -490,7 +609,9 @@ def approve_cmd(
     CHOICE is one of the node's options or its number (1, 2, ... as the terminal
     menu shows them); anything else is refused and nothing is recorded. A
     free-form answer goes with --other TEXT instead (routed to on_other). The
-    answer is recorded with --as, the OS user and the host.
+    answer is recorded with --as, the OS user and the host. With --sign KEY the
+    answer is a signed decision statement (SSHSIG); a graph that requires signed
+    decisions refuses anything else.
     """
     from graphrun.runtime.errors import UsageError
 
@@ -514,13 +635,19 @@ def approve_cmd(
         config_dir,
         agents_dir,
         other=other is not None,
+        sign=sign,
+        signers=signers,
     )
 
 
 @click.command("answer")
 @click.argument("run_id")
 @click.argument("text")
-@click.option("--as", "as_user", required=True, metavar="USER", help="Who answers.")
+@click.option(
+    "--as", "as_user", metavar="USER", help="Who answers (a claim, unless --sign proves it)."
+)
+@click.option("--sign", metavar="KEY", help=_SIGN_HELP)
+@click.option("--signers", metavar="FILE", help=_SIGNERS_HELP)
 @click.option("--node", metavar="NODE", help="The input node (when it matters).")
 @click.option("--agents-dir", metavar="DIR", envvar="GRAPHRUN_AGENTS_DIR", help="Agents directory.")
 @click.option("--config-dir", "--loki-dir", "config_dir", metavar="DIR", help="Config directory.")
@@ -529,7 +656,9 @@ def approve_cmd(
 def answer_cmd(
     run_id: str,
     text: str,
-    as_user: str,
+    as_user: str | None,
+    sign: str | None,
+    signers: str | None,
     node: str | None,
     agents_dir: str | None,
     config_dir: str | None,
@@ -543,7 +672,18 @@ def answer_cmd(
     recorded and the run keeps waiting.
     """
     _answer_and_resume(
-        "input", "answer", run_id, text, as_user, node, as_json, db, config_dir, agents_dir
+        "input",
+        "answer",
+        run_id,
+        text,
+        as_user,
+        node,
+        as_json,
+        db,
+        config_dir,
+        agents_dir,
+        sign=sign,
+        signers=signers,
     )
 
 
@@ -622,5 +762,13 @@ def fork_cmd(
     _check_continuation(store, run_id, options, resuming=False)
     new_id = fork_run(store, run_id, at_seq, by=as_user)
     click.echo(f"▸ forked {run_id} at seq {at_seq} as {new_id}", err=True)
+    reused = [e for e in store.read(new_id) if getattr(e, "signature", "") and hasattr(e, "by")]
+    if reused:
+        signers = ", ".join(dict.fromkeys(str(getattr(e, "by", "")) for e in reused))
+        click.echo(
+            f"▸ the fork reuses {len(reused)} signed answer(s) of run {run_id} ({signers}): "
+            "kept as signed for that run, not signed again",
+            err=True,
+        )
     outcome = _drive(Driver(store, new_id, options, resumed_by=as_user))
     finish(outcome, as_json=as_json, db=db)

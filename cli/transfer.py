@@ -27,12 +27,19 @@ def export_cmd(run_id: str, output: str | None, with_origin: bool, db: str | Non
     directory when writing to stdout); host names, OS accounts, process ids and
     configuration directories outside the folder the file and the agent share (a
     config dir in your home) are left out unless --with-origin. Names given with
-    --as are kept.
+    --as are kept. A run with signed decisions or signed heads is always written
+    exactly as stored: its signatures are bound to its log's hashes.
     """
-    from graphrun.runtime.replay.transfer import write_export
+    from graphrun.runtime.replay.transfer import has_signatures, run_tree, write_export
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
+    if not with_origin and has_signatures(store, run_tree(store, run_id)):
+        click.echo(
+            f"▸ run {run_id} holds signatures: exported exactly as stored (with hosts and "
+            "OS accounts), as its signatures are bound to its log",
+            err=True,
+        )
     if output:
         from graphrun.runtime.errors import UsageError
 
@@ -81,5 +88,5 @@ def import_cmd(file: str, agent_dirs: tuple[str, ...], db: str | None) -> None:
 
     store = open_store(db, create=True)
     trusted = [Path(d) for d in agent_dirs]
-    for run_id, status in import_runs(store, Path(file), trusted_dirs=trusted):
+    for run_id, status in import_runs(store, Path(file), trusted_dirs=trusted, against_disk=True):
         click.echo(f"{status}: {run_id}")

@@ -85,5 +85,9 @@ class StoreIOError(StoreError):
     """The operating system reported an I/O error on the database."""
 
 
+class StoreUnreachableError(StoreError):
+    """The database server could not be reached, or the connection to it broke."""
+
+
 class StoreLockedError(StoreError):
     """Another process kept the database locked past the wait."""

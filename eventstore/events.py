@@ -66,6 +66,9 @@ class RunStarted(EventBase, frozen=True, kw_only=True):
     host: str = ""
     forked_from: str | None = None  # run id this run was forked from
     forked_at: int | None = None  # seq of the source run the fork copies up to
+    # The recorded run whose effects (and signed answers) this run reuses
+    # (``replay --live``, ``test --update``); its signatures stay that run's.
+    recorded_from: str | None = None
     graphrun_version: str = ""
     # Extra files the run depends on (scripts, tools), name -> "sha256:<hex>".
     files: dict[str, str] = {}
@@ -323,7 +326,8 @@ class HumanInputRequested(EventBase, frozen=True, kw_only=True):
     question: str
     options: list[str] = []
     default: str | None = None
-    approvers: list[str] = []
+    approvers: list[str] = []  # as shown; who may answer is read from the graph
+    signed: bool = False  # as shown: the graph requires a signed answer here
 
 
 class HumanInputReceived(EventBase, frozen=True, kw_only=True):
@@ -338,6 +342,49 @@ class HumanInputReceived(EventBase, frozen=True, kw_only=True):
     channel: str = ""  # "tty", "flag", "approve", "answer", "parent"
     question: str = ""
     options: list[str] = []
+    #: How ``by`` is known: "verified" (a signature), "token" (an authenticated
+    #: session or API token), "proxy" (asserted by a trusted front) or "claimed"
+    #: (a typed name or the OS user; also every answer recorded without this field).
+    identity: str = ""
+    #: The exact bytes of the signed decision statement (UTF-8 JSON, see
+    #: ``runtime/decisions``), the signature over them and its kind ("sshsig",
+    #: "webauthn", ...), and the signing key's id as seen when it was recorded.
+    statement: str = ""
+    signature: str = ""
+    signature_kind: str = ""
+    key: str = ""
+
+
+class ApprovalSigned(EventBase, frozen=True, kw_only=True):
+    """One signature of an approval that needs several distinct signers, recorded as
+    it arrives; the signature that completes the count is the ``HumanInputReceived``.
+    The run keeps waiting at the node."""
+
+    node_id: str
+    visit: int
+    answer: str
+    by: str
+    os_user: str = ""
+    host: str = ""
+    channel: str = ""
+    identity: str = ""
+    statement: str = ""
+    signature: str = ""
+    signature_kind: str = ""
+    key: str = ""
+
+
+class HeadSigned(EventBase, frozen=True, kw_only=True):
+    """A machine key signed the run's head (the hash of event ``head_seq``) when the
+    run ended or began to wait: a later cut or recomputed tail no longer matches."""
+
+    head_seq: int
+    head: str
+    statement: str  # the exact signed bytes (domain "graphrun-head@v1")
+    signature: str
+    signature_kind: str = "sshsig"
+    principal: str = ""
+    key: str = ""
 
 
 # --- supervisor policies -------------------------------------------------------
@@ -388,6 +435,8 @@ Event = (
     | ChildRunFinished
     | HumanInputRequested
     | HumanInputReceived
+    | ApprovalSigned
+    | HeadSigned
     | TimeoutFired
     | VisitCapExceeded
     | ChildCancelled
@@ -432,12 +481,14 @@ __all__ = [
     "RESULT_TYPES",
     "SCHEMA_VERSION",
     "TERMINAL_TYPES",
+    "ApprovalSigned",
     "BranchesMerged",
     "ChildCancelled",
     "ChildRunFinished",
     "ChildRunStarted",
     "Event",
     "EventBase",
+    "HeadSigned",
     "HumanInputReceived",
     "HumanInputRequested",
     "LlmCalled",

@@ -191,7 +191,12 @@ class MemoryStore:
         return row
 
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
     ) -> list[RunRow]:
         with self.backend.lock:
             rows = list(self.backend.runs.values())
@@ -201,7 +206,7 @@ class MemoryStore:
             if (not status or r.status == status) and (not parent or r.parent_run_id == parent)
         ]
         rows.sort(key=lambda r: (r.started_at, r.run_id), reverse=True)
-        return rows[:limit]
+        return rows[max(0, offset) :][:limit]
 
     def resolve_run_id(self, prefix: str) -> str:
         """A full run id from a unique prefix."""
@@ -290,6 +295,18 @@ class MemoryStore:
         if lease is None or lease.expires_at < self.clock.now():
             return False
         return not self._holder_dead(lease)
+
+    def release_stale_leases(self) -> list[str]:
+        """Drop the leases whose holder is gone for sure (dead on this host)."""
+        with self.backend.lock:
+            stale = [
+                run_id
+                for run_id, lease in self.backend.leases.items()
+                if lease.owner != self.owner and self._holder_dead(lease)
+            ]
+            for run_id in stale:
+                del self.backend.leases[run_id]
+        return sorted(stale)
 
     @contextmanager
     def leased(self, run_id: str) -> Iterator[None]:

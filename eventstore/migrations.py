@@ -1,6 +1,6 @@
 """The schema of the event database, and how older databases reach it.
 
-Schema 5 (this one)::
+Schema 6 (this one)::
 
     events     id = run_no << 32 | seq (the key and the lock), body (the event's
                canonical JSON text, exactly the bytes hashed), hash
@@ -28,7 +28,11 @@ Older files: schema 1 and 2 (written through sqlite-utils' migrations, bodies
 canonical JSON text, hashes ``sha256:<hex>``) are copied row for row; schema 3
 (bodies without the envelope, large ones zlib-compressed, hashes as 32 raw
 bytes) has each body rebuilt as the canonical bytes its hash was computed over.
-Schema 4 is schema 5 without ``cancel_requests``.
+Schema 4 is schema 5 without ``cancel_requests``; schema 5 is schema 6 without
+the listing indexes of ``run_heads`` (newest first, and newest first by status):
+``runs`` reads its first page through them, whatever the number of runs. The
+indexes are made with sqlite-utils, the library this module's first schemas
+were migrated with.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from graphrun.eventstore.projections import HEAD_COLUMNS, RUNS_VIEW_SQL
 #: ``PRAGMA application_id`` of a graphrun database ("grn1").
 APPLICATION_ID = 0x67726E31
 #: ``PRAGMA user_version`` of the schema this code writes.
-SCHEMA_USER_VERSION = 5
+SCHEMA_USER_VERSION = 6
 
 _SEQ_BITS = 32
 
@@ -132,7 +136,7 @@ SELECT run_id, seq, id, ts, type, node_id, body, hash FROM events
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    """The tables and views of schema 5 (old tables, if any, were set aside)."""
+    """The tables, views and indexes of schema 6 (old tables, if any, were set aside)."""
     conn.execute("DROP TABLE IF EXISTS _sqlite_migrations")
     conn.execute(EVENTS_SQL)
     conn.execute(RUN_HEADS_SQL)
@@ -142,6 +146,21 @@ def create_schema(conn: sqlite3.Connection) -> None:
     conn.execute(CANCEL_REQUESTS_SQL)
     conn.execute(RUNS_VIEW_SQL)
     conn.execute(RUN_EVENTS_SQL)
+    add_listing_indexes(conn)
+
+
+def add_listing_indexes(conn: sqlite3.Connection) -> None:
+    """Schema 5 to 6: the indexes a page of ``runs`` is read through (newest first,
+    optionally of one status), so listing never sorts every run."""
+    from sqlite_utils import Database
+    from sqlite_utils.db import DescIndex
+
+    heads = Database(conn, recursive_triggers=False, execute_plugins=False).table("run_heads")
+    newest = [DescIndex("started_at"), DescIndex("run_id")]
+    heads.create_index(newest, index_name="run_heads_started", if_not_exists=True)
+    heads.create_index(
+        ["status", *newest], index_name="run_heads_status_started", if_not_exists=True
+    )
 
 
 def set_aside_old_tables(conn: sqlite3.Connection) -> None:
@@ -236,7 +255,7 @@ def drop_old_tables(conn: sqlite3.Connection) -> None:
         conn.execute(f'DROP TABLE IF EXISTS "{name}"')
 
 
-#: What brings a file at schema N (the key) to schema 5, step by step; every
+#: What brings a file at schema N (the key) to schema 6, step by step; every
 #: step of one file runs in one transaction.
 Step = Callable[[sqlite3.Connection], None]
 _FROM_OLDER: list[Step] = [
@@ -252,7 +271,8 @@ STEPS: dict[int, list[Step]] = {
     1: _FROM_OLDER,
     2: _FROM_OLDER,
     3: _FROM_OLDER,
-    4: [add_cancel_requests],
+    4: [add_cancel_requests, add_listing_indexes],
+    5: [add_listing_indexes],
 }
 
 

@@ -13,7 +13,11 @@ Tables (in the first schema of the connection's ``search_path``):
   the body as ``jsonb`` for SQL (``data->>'answer'``).
 * ``runs``: the runs projection, written in the transaction of every append (it
   is true on disk at every commit).
-* ``leases``: one holder per run, with an expiry that heartbeats move on.
+* ``leases``: one holder per run, with an expiry that heartbeats move on. A
+  worker's claim also holds a session-level advisory lock on the run (its
+  ``lock_key``) on a connection of its own: PostgreSQL releases it the moment
+  that connection goes, so a worker that dies on any host frees its runs at
+  once; the expiry is the fallback for a worker that hangs without dying.
 * ``cancel_requests``: who asked to cancel a run another process drives.
 * ``run_queue``: runs submitted for workers (``queued``, ``running``,
   ``waiting``, ``done``); see :mod:`graphrun.runtime.engine.workers`.
@@ -26,12 +30,16 @@ threads (a worker drives several runs through one store).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import logging
 import os
+import re
 import socket
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -44,6 +52,7 @@ from graphrun.eventstore.errors import (
     CorruptStoreError,
     LeaseHeldError,
     StoreError,
+    StoreUnreachableError,
     UnknownRunError,
 )
 from graphrun.eventstore.events import Event, HumanInputReceived, RunStarted
@@ -59,7 +68,7 @@ from graphrun.eventstore.projections import (
 from graphrun.eventstore.store import LEASE_SECONDS, Lease, _process_started, holder_alive
 
 #: The schema version once every migration below has run.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _MIGRATE_LOCK = 0x67726E31  # pg_advisory_xact_lock key ("grn1")
 
 _MIGRATIONS: dict[int, list[str]] = {
@@ -139,7 +148,30 @@ _MIGRATIONS: dict[int, list[str]] = {
         )
         """,
     ],
+    # A worker's claim holds an advisory lock on the run (see claim()): lock_key is
+    # its key, locked_at when it was taken, by the server's clock (a lock taken
+    # before the server last started was lost to the restart, not to a death).
+    3: [
+        "ALTER TABLE leases ADD COLUMN lock_key BIGINT",
+        "ALTER TABLE leases ADD COLUMN locked_at TIMESTAMPTZ",
+        "CREATE INDEX IF NOT EXISTS runs_status_started ON runs (status, started_at DESC, "
+        "run_id DESC)",
+    ],
 }
+
+
+#: SQL: whether a lease row's holder has lost its advisory lock since taking it
+#: (the lock was taken after the server started, and no session holds it now):
+#: the holder's connection is gone, so its process is.
+def _lock_gone(alias: str) -> str:
+    return (
+        f"({alias}.locked_at > pg_postmaster_start_time() AND NOT EXISTS (SELECT 1 "
+        "FROM pg_locks k WHERE k.locktype = 'advisory' AND k.database = (SELECT oid "
+        "FROM pg_database WHERE datname = current_database()) AND k.objsubid = 1 "
+        f"AND k.classid::bigint = ({alias}.lock_key >> 32) "
+        f"AND k.objid::bigint = ({alias}.lock_key & 4294967295)))"
+    )
+
 
 _COLS = ", ".join(COLUMNS)
 _UPSERT_RUN = (
@@ -155,18 +187,24 @@ _RENEW = "UPDATE leases SET expires_at = %s WHERE run_id = %s AND owner = %s"
 
 
 @functools.lru_cache(maxsize=128)
-def _step_statement(rows: int, fenced: bool = False) -> str:
+def _step_statement(rows: int, fenced: bool = False, headed: bool = False) -> str:
     """One statement inserting ``rows`` events and upserting the run's row: the
     row is written only if every event was (a taken seq fails it all). ``fenced``:
     nothing is written unless this store still holds the run's lease (two more
-    parameters, the run id and the owner, follow the events')."""
+    parameters, the run id and the owner, follow the events'). ``headed``: nothing
+    is written unless the run's log still ends where the writer thinks (two more
+    parameters, the run id and the hash of its last event): a database that lost
+    commits the writer saw (a crash under ``synchronous_commit = off``) must not
+    get events after a gap."""
     values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * rows)
     insert = _INSERT_EVENT.partition(" VALUES ")[0]
+    checks = []
     if fenced:
-        rows_sql = (
-            f"SELECT * FROM (VALUES {values}) AS v WHERE EXISTS "
-            "(SELECT 1 FROM leases WHERE run_id = %s AND owner = %s)"
-        )
+        checks.append("EXISTS (SELECT 1 FROM leases WHERE run_id = %s AND owner = %s)")
+    if headed:
+        checks.append("EXISTS (SELECT 1 FROM runs WHERE run_id = %s AND last_hash = %s)")
+    if checks:
+        rows_sql = f"SELECT * FROM (VALUES {values}) AS v WHERE " + " AND ".join(checks)
     else:
         rows_sql = f"VALUES {values}"
     return f"WITH added AS ({insert} {rows_sql} RETURNING 1) " + _UPSERT_RUN.replace(
@@ -201,6 +239,55 @@ def _pid_alive(pid: int, started: float = 0.0) -> bool:
             run_id="", owner="", pid=pid, host=socket.gethostname(), expires_at=0.0, started=started
         )
     )
+
+
+class _PoolLog(logging.Handler):
+    """psycopg_pool's own log records, routed through graphrun's: each goes to the
+    ``graphrun.postgres`` logger at debug level (``GRAPHRUN_LOG=debug`` shows
+    them) and a warning (a connection that failed or broke) is passed, as one
+    short line, to the listeners (a worker says once that the database is away)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.listeners: list[Callable[[str], None]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        _log.debug("psycopg_pool: %s", message)
+        if record.levelno >= logging.WARNING:
+            line = message.strip().splitlines()[0] if message.strip() else record.levelname
+            if line.startswith("discarding closed connection"):
+                line = "the connection to the server was lost"
+            else:
+                line = re.sub(r"^error connecting in '[^']*': ", "", line)
+            for listener in list(self.listeners):
+                listener(line)
+
+
+_log = logging.getLogger("graphrun.postgres")
+_pool_log = _PoolLog()
+
+
+def _route_pool_logging() -> None:
+    """Route psycopg_pool's logger through graphrun's (once per process): its
+    records no longer reach Python's last-resort handler, raw, on stderr."""
+    pool_logger = logging.getLogger("psycopg.pool")
+    if _pool_log not in pool_logger.handlers:
+        pool_logger.addHandler(_pool_log)
+        pool_logger.propagate = False
+
+
+def on_connection_trouble(listener: Callable[[str], None]) -> None:
+    """Call ``listener`` with a short line whenever the pool of any PostgreSQL
+    store of this process fails to connect or loses a connection."""
+    _route_pool_logging()
+    _pool_log.listeners.append(listener)
+
+
+def _lease_live(lease: Lease, now: float) -> bool:
+    if lease.expires_at < now:
+        return False
+    return not (lease.host == socket.gethostname() and not _pid_alive(lease.pid, lease.started))
 
 
 def _modules() -> tuple[Any, Any]:
@@ -243,6 +330,7 @@ class PostgresStore:
             raise StoreError(f"unknown durability {durability!r} (use 'normal' or 'full')")
         psycopg, psycopg_pool = _modules()
         self._psycopg = psycopg
+        self._pool_timeout = psycopg_pool.PoolTimeout
         self.url = url
         self.path = masked(url)
         self.clock = clock or Clock()
@@ -255,13 +343,21 @@ class PostgresStore:
         self._held: set[str] = set()
         # run id -> queue settings, for runs whose RunStarted also queues them.
         self._to_queue: dict[str, dict[str, Any]] = {}
+        # The connection holding this store's advisory locks on claimed runs (opened
+        # on the first claim), and the runs locked on it.
+        self._lock_conn: Any = None
+        self._lock_guard = threading.Lock()
+        self._locked: set[str] = set()
+        self._schema = ""
         try:
             with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
                 self._migrate(conn)
+                self._schema = str(conn.execute("SELECT current_schema()").fetchone()[0])
         except psycopg.Error as exc:
             raise StoreError(
                 f"cannot open the PostgreSQL event store {self.path}: {_first_line(exc)}"
             ) from None
+        _route_pool_logging()
         self.pool = psycopg_pool.ConnectionPool(
             url,
             min_size=1,
@@ -335,18 +431,107 @@ class PostgresStore:
 
     @contextmanager
     def _conn(self) -> Iterator[Any]:
-        """A pooled connection; database errors become :class:`StoreError`."""
+        """A pooled connection; database errors become :class:`StoreError`, and
+        :class:`StoreUnreachableError` when the server could not be reached or the
+        connection broke (then what this store remembers of runs' heads is
+        forgotten: the server may have lost its last commits)."""
         psycopg = self._psycopg
+        broken = False
         try:
             with self.pool.connection() as conn:
-                yield conn
+                try:
+                    yield conn
+                finally:
+                    broken = bool(conn.broken)
         except psycopg.errors.UniqueViolation:
             raise
         except psycopg.Error as exc:
+            if broken or isinstance(exc, self._pool_timeout):
+                with self._lock:
+                    self._rows.clear()
+                raise StoreUnreachableError(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
             raise StoreError(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
 
+    @staticmethod
+    def on_connection_trouble(listener: Callable[[str], None]) -> None:
+        """See :func:`on_connection_trouble` (a worker's outage line)."""
+        on_connection_trouble(listener)
+
     def close(self) -> None:
+        with self._lock_guard:
+            if self._lock_conn is not None:
+                self._lock_conn.close()
+                self._lock_conn = None
+                self._locked.clear()
         self.pool.close()
+
+    # -- advisory locks on claimed runs ------------------------------------------------
+
+    def _lock_key(self, run_id: str) -> int:
+        """The advisory lock key of a run in this schema (63 bits, never negative)."""
+        digest = hashlib.blake2b(f"{self._schema}\0{run_id}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+    def _locking(self, sql: str, run_id: str) -> bool:
+        """``sql`` (one of the advisory lock functions) on the lock connection, under
+        the guard. The connection is opened when missing; when it breaks, every lock
+        it held is gone with it (the heartbeat takes them again, see heartbeat()),
+        and ``sql`` is tried once more on a new one."""
+        psycopg = self._psycopg
+        for attempt in (1, 2):
+            conn = self._lock_conn
+            fresh = conn is None or conn.closed
+            try:
+                if fresh:
+                    self._locked.clear()
+                    conn = self._lock_conn = psycopg.connect(
+                        self.url, autocommit=True, connect_timeout=10
+                    )
+                    for setting in (
+                        # Over TCP: a worker whose host vanishes is noticed in
+                        # seconds, not after two hours of keepalive silence.
+                        "tcp_keepalives_idle = 5",
+                        "tcp_keepalives_interval = 2",
+                        "tcp_keepalives_count = 3",
+                        # This connection idles between heartbeats: never cut for it.
+                        "idle_session_timeout = 0",
+                    ):
+                        with contextlib.suppress(psycopg.Error):
+                            conn.execute(f"SET {setting}")
+                return bool(conn.execute(sql, (self._lock_key(run_id),)).fetchone()[0])
+            except psycopg.Error as exc:
+                if conn is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.close()
+                self._lock_conn = None
+                self._locked.clear()
+                if not fresh and attempt == 1 and isinstance(exc, psycopg.OperationalError):
+                    continue  # a connection that broke since its last use: a new one
+                error = (
+                    StoreUnreachableError
+                    if isinstance(exc, psycopg.OperationalError)
+                    else StoreError
+                )
+                raise error(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
+        raise AssertionError("unreachable")
+
+    def _try_lock(self, run_id: str) -> bool:
+        with self._lock_guard:
+            if run_id in self._locked:
+                return True
+            got = self._locking("SELECT pg_try_advisory_lock(%s)", run_id)
+            if got:
+                self._locked.add(run_id)
+            return got
+
+    def _unlock(self, run_id: str) -> None:
+        """Give up a run's advisory lock (once its lease row is gone or another's)."""
+        with self._lock_guard:
+            if run_id not in self._locked or run_id in self._held:
+                return
+            self._locked.discard(run_id)
+            with contextlib.suppress(StoreError):
+                self._locking("SELECT pg_advisory_unlock(%s)", run_id)
 
     def __enter__(self) -> PostgresStore:
         return self
@@ -377,7 +562,7 @@ class PostgresStore:
         with self._conn() as conn:
             row = self._row(conn, run_id)
             seq = row.last_seq if row else 0
-            prev = row.last_hash if row else codec.GENESIS
+            prev = head = row.last_hash if row else codec.GENESIS
             now = self.clock.now()
             stamped: list[Event] = []
             params: list[tuple[Any, ...]] = []
@@ -386,10 +571,14 @@ class PostgresStore:
                 seq += 1
                 if event.seq != seq or event.run_id != run_id or not event.ts:
                     if event.run_id == run_id and event.seq and event.seq != seq:
+                        with self._lock:
+                            self._rows.pop(run_id, None)
                         raise ConcurrentAppendError(
                             f"run {run_id} is at seq {seq - 1} here, not {event.seq - 1} "
                             "as its writer thought",
-                            hint="only one process may extend a run at a time",
+                            hint="only one process may extend a run at a time; after a "
+                            "database crash, commits not yet flushed may be gone: the next "
+                            "drive reads the log again",
                         )
                     event = replace(event, run_id=run_id, seq=seq, ts=event.ts or now)
                 body = codec.encode(event)
@@ -429,12 +618,22 @@ class PostgresStore:
                     args = [value for p in params for value in p]
                     if fenced:
                         args += (run_id, self.owner)
+                    if head != codec.GENESIS:
+                        args += (run_id, head)
                     cur = conn.execute(
-                        _step_statement(len(params), fenced),
+                        _step_statement(len(params), fenced, head != codec.GENESIS),
                         [*args, *msgspec.structs.astuple(row)],
                     )
-                    if fenced and cur.rowcount == 0:
-                        raise self._lost(run_id)
+                    if cur.rowcount == 0:
+                        if (
+                            fenced
+                            and not conn.execute(
+                                "SELECT 1 FROM leases WHERE run_id = %s AND owner = %s",
+                                (run_id, self.owner),
+                            ).fetchone()
+                        ):
+                            raise self._lost(run_id)
+                        raise self._moved(conn, run_id, params[0][1] - 1)
                 else:
                     with conn.transaction(), conn.cursor() as cur:
                         if durable and self.durability != "full":
@@ -447,6 +646,14 @@ class PostgresStore:
                             ).fetchone()
                         ):
                             raise self._lost(run_id)
+                        if (
+                            head != codec.GENESIS
+                            and not cur.execute(
+                                "SELECT 1 FROM runs WHERE run_id = %s AND last_hash = %s",
+                                (run_id, head),
+                            ).fetchone()
+                        ):
+                            raise self._moved(conn, run_id, params[0][1] - 1)
                         self._append_in(cur, run_id, row, params, now, renew, queue, answered)
             except self._psycopg.errors.UniqueViolation:
                 with self._lock:
@@ -462,6 +669,24 @@ class PostgresStore:
             if renew:
                 self._renew_at[run_id] = now + LEASE_SECONDS / 3
         return stamped
+
+    def _moved(self, conn: Any, run_id: str, seq: int) -> ConcurrentAppendError:
+        """The run's log does not end where this writer thought (at ``seq``)."""
+        with self._lock:
+            self._rows.pop(run_id, None)
+        found = conn.execute("SELECT last_seq FROM runs WHERE run_id = %s", (run_id,)).fetchone()
+        return ConcurrentAppendError(
+            f"run {run_id} was extended by another writer (it ends at seq "
+            f"{found[0] if found else 0} in the database, not at seq {seq} as this writer "
+            "thought); nothing was appended",
+            hint="only one process may extend a run at a time; after a database crash, "
+            "commits not yet flushed may be gone: the next drive reads the log again",
+        )
+
+    def _sync_commit(self, conn: Any) -> None:
+        """This transaction's commit waits for the flush (as ``durability="full"``)."""
+        if self.durability != "full":
+            conn.execute("SET LOCAL synchronous_commit = on")
 
     def _lost(self, run_id: str) -> LeaseHeldError:
         """A worker's run whose lease another worker took (this one stalled past it)."""
@@ -615,9 +840,16 @@ class PostgresStore:
         return row
 
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
     ) -> list[RunRow]:
-        sql, args = runs_query(_SELECT_RUN, "%s", status=status, parent=parent, limit=limit)
+        sql, args = runs_query(
+            _SELECT_RUN, "%s", status=status, parent=parent, limit=limit, offset=offset
+        )
         with self._conn() as conn:
             return [RunRow(*r) for r in conn.execute(sql, args).fetchall()]
 
@@ -656,13 +888,14 @@ class PostgresStore:
         now = self.clock.now()
         with self._conn() as conn:
             found = conn.execute(
-                "SELECT owner, pid, host, expires_at, started FROM leases WHERE run_id = %s",
+                "SELECT owner, pid, host, expires_at, started, "
+                f"{_lock_gone('l')} FROM leases l WHERE run_id = %s",
                 (run_id,),
             ).fetchone()
             dead = ""
             if found is not None and found[0] != self.owner:
-                owner, pid, lease_host, expires_at, started = found
-                if lease_host == host and not _pid_alive(pid, started):
+                owner, pid, lease_host, expires_at, started, lock_gone = found
+                if lock_gone or (lease_host == host and not _pid_alive(pid, started)):
                     dead = owner
                 elif expires_at > now:
                     raise self._held_error(run_id, pid, lease_host, expires_at - now)
@@ -672,7 +905,10 @@ class PostgresStore:
                 "INSERT INTO leases (run_id, owner, pid, host, expires_at, started) "
                 "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
                 "owner = excluded.owner, pid = excluded.pid, host = excluded.host, "
-                "expires_at = excluded.expires_at, started = excluded.started "
+                "expires_at = excluded.expires_at, started = excluded.started, "
+                # A worker's own claim keeps its advisory lock's columns.
+                "lock_key = CASE WHEN leases.owner = excluded.owner THEN leases.lock_key END, "
+                "locked_at = CASE WHEN leases.owner = excluded.owner THEN leases.locked_at END "
                 "WHERE leases.owner = %s OR leases.expires_at <= %s OR leases.owner = %s "
                 "RETURNING owner",
                 (
@@ -733,11 +969,42 @@ class PostgresStore:
         return Lease(*found) if found else None
 
     def is_live(self, run_id: str) -> bool:
-        """Whether some live process holds the run's lease."""
-        lease = self.lease(run_id)
-        if lease is None or lease.expires_at < self.clock.now():
+        """Whether some live process holds the run's lease: not expired, its
+        worker's advisory lock still held, its process alive (on this host)."""
+        with self._conn() as conn:
+            found = conn.execute(
+                "SELECT run_id, owner, pid, host, expires_at, started, "
+                f"{_lock_gone('l')} FROM leases l WHERE run_id = %s",
+                (run_id,),
+            ).fetchone()
+        if found is None or found[-1]:
             return False
-        return not (lease.host == socket.gethostname() and not _pid_alive(lease.pid, lease.started))
+        return _lease_live(Lease(*found[:-1]), self.clock.now())
+
+    def release_stale_leases(self) -> list[str]:
+        """Delete the lease rows of holders that are gone for sure (their worker's
+        advisory lock is free, or their process is dead on this host); returns
+        their runs. A killed process leaves its row behind; nothing else clears
+        it until the run is taken again. An expired lease of a process that may
+        live (another host, no lock) stays: it is shown as expired."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT run_id, owner, pid, host, expires_at, started, "
+                f"{_lock_gone('l')} FROM leases l WHERE owner <> %s",
+                (self.owner,),
+            ).fetchall()
+            here = socket.gethostname()
+            stale = [
+                (r[0], r[1]) for r in rows if r[-1] or (r[3] == here and not _pid_alive(r[2], r[5]))
+            ]
+            for run_id, owner in stale:
+                # Only the row that was judged: a new holder's row stays.
+                conn.execute(
+                    "DELETE FROM leases l WHERE run_id = %s AND owner = %s "
+                    f"AND (host = %s OR {_lock_gone('l')})",
+                    (run_id, owner, here),
+                )
+        return sorted(r for r, _ in stale)
 
     @contextmanager
     def leased(self, run_id: str) -> Iterator[None]:
@@ -802,12 +1069,22 @@ class PostgresStore:
         In one transaction: the queue row is locked (``FOR UPDATE SKIP LOCKED``:
         workers never wait on each other), its lease taken, its state set to
         ``running``. Returns the queue row, or ``None`` when nothing is ready. The
-        lease stays held through drives until :meth:`finish_claim`."""
+        lease stays held through drives until :meth:`finish_claim`.
+
+        A worker is gone when its lease expired, when its process is dead on this
+        host, or, on any host, when the advisory lock its claim took is free: the
+        lock lives on a connection of the worker's own, which PostgreSQL closes
+        the moment the worker dies. The claim takes that lock itself before the
+        lease, so of two workers only one can succeed, and the worker it replaces
+        cannot append any more (appends check the lease's owner)."""
         host = socket.gethostname()
         now = self.clock.now()
         with self._lock:
-            held = sorted(self._held)
+            held = sorted(self._held | self._locked)
         with self._conn() as conn, conn.transaction():
+            # A claim is flushed before it is used: a database crash must not forget
+            # a claim its worker drives (one per run: the cost is small).
+            self._sync_commit(conn)
             # Workers on this host whose process is gone: their runs are free now,
             # whatever their leases say.
             here = conn.execute(
@@ -827,43 +1104,67 @@ class PostgresStore:
                     "SELECT q.run_id, q.settings, q.resume_run, q.attempts, l.owner "
                     "FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id "
                     "WHERE q.state IN ('queued', 'running') AND NOT (q.run_id = ANY(%s)) "
-                    "AND (l.run_id IS NULL OR l.expires_at <= %s OR l.owner = ANY(%s)) "
+                    "AND (l.run_id IS NULL OR l.expires_at <= %s OR l.owner = ANY(%s) "
+                    f"OR {_lock_gone('l')}) "
                     "ORDER BY q.queued_at LIMIT 1 FOR UPDATE OF q SKIP LOCKED",
                     (held + tried, now, dead),
                 ).fetchone()
                 if candidate is None:
                     return None
                 run_id = candidate[0]
-                # The lease as it is now (the select above may have seen it before
-                # another worker's claim committed): taken only if still free.
-                taken = conn.execute(
-                    "INSERT INTO leases (run_id, owner, pid, host, expires_at, started) "
-                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
-                    "owner = excluded.owner, pid = excluded.pid, host = excluded.host, "
-                    "expires_at = excluded.expires_at, started = excluded.started "
-                    "WHERE leases.expires_at <= %s OR leases.owner = ANY(%s) RETURNING 1",
-                    (
-                        run_id,
-                        self.owner,
-                        os.getpid(),
-                        host,
-                        now + seconds,
-                        _process_started(),
-                        now,
-                        dead,
-                    ),
-                ).fetchone()
+                tried.append(run_id)
+                # The run's lock: free unless its worker lives (then only an expired
+                # lease or a dead pid lets the run be taken, without the lock; the
+                # heartbeat takes the lock once that worker lets go of it).
+                locked = self._try_lock(run_id)
+                try:
+                    # The lease as it is now (the select above may have seen it before
+                    # another worker's claim committed): taken only if still free.
+                    taken = conn.execute(
+                        "INSERT INTO leases (run_id, owner, pid, host, expires_at, started, "
+                        "lock_key, locked_at) VALUES (%s, %s, %s, %s, %s, %s, %s, "
+                        "CASE WHEN %s THEN clock_timestamp() END) ON CONFLICT (run_id) "
+                        "DO UPDATE SET owner = excluded.owner, pid = excluded.pid, "
+                        "host = excluded.host, expires_at = excluded.expires_at, "
+                        "started = excluded.started, lock_key = excluded.lock_key, "
+                        "locked_at = excluded.locked_at "
+                        "WHERE leases.expires_at <= %s OR leases.owner = ANY(%s) "
+                        # This claim holds the run's lock now: a holder that had taken
+                        # it since the server started has lost it, so is gone.
+                        "OR (%s AND leases.locked_at > pg_postmaster_start_time()) "
+                        "RETURNING 1",
+                        (
+                            run_id,
+                            self.owner,
+                            os.getpid(),
+                            host,
+                            now + seconds,
+                            _process_started(),
+                            self._lock_key(run_id),
+                            locked,
+                            now,
+                            dead,
+                            locked,
+                        ),
+                    ).fetchone()
+                except BaseException:
+                    self._unlock(run_id)
+                    raise
                 if taken is not None:
                     break
-                tried.append(run_id)
+                self._unlock(run_id)
             else:
                 return None
             run_id, settings, resume, attempts, owner = candidate
-            conn.execute(
-                "UPDATE run_queue SET state = 'running', worker = %s, updated_at = %s, "
-                "attempts = attempts + 1, answered = false WHERE run_id = %s",
-                (self.owner, now, run_id),
-            )
+            try:
+                conn.execute(
+                    "UPDATE run_queue SET state = 'running', worker = %s, updated_at = %s, "
+                    "attempts = attempts + 1, answered = false WHERE run_id = %s",
+                    (self.owner, now, run_id),
+                )
+            except BaseException:
+                self._unlock(run_id)
+                raise
         with self._lock:
             self._held.add(run_id)
             self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
@@ -880,11 +1181,14 @@ class PostgresStore:
         """Hand a claimed run back: ``state`` is ``done``, ``waiting``, ``queued`` (a
         run this worker stops driving, for another to continue) or ``stuck`` (a run
         no worker could drive, left for a person). The queue row and the lease
-        change in one transaction."""
+        change in one transaction; the run's advisory lock goes after it commits.
+        When the database cannot be reached the run stays this worker's (its lease
+        renewed by the heartbeat) and :class:`StoreError` is raised: call again."""
         if state not in ("done", "waiting", "queued", "stuck"):
             raise ValueError(f"unknown queue state {state!r}")
         now = self.clock.now()
         with self._conn() as conn, conn.transaction():
+            self._sync_commit(conn)
             # An answer that came while this worker held the run queues it again.
             conn.execute(
                 "UPDATE run_queue SET state = CASE WHEN %s = 'waiting' AND answered "
@@ -895,24 +1199,54 @@ class PostgresStore:
             conn.execute(
                 "DELETE FROM leases WHERE run_id = %s AND owner = %s", (run_id, self.owner)
             )
+        self._forget(run_id)
+
+    def _forget(self, run_id: str) -> None:
+        """The run is no longer this worker's: drop it and its advisory lock."""
         with self._lock:
             self._held.discard(run_id)
             self._renew_at.pop(run_id, None)
+            self._rows.pop(run_id, None)
+        self._unlock(run_id)
 
     def heartbeat(self, *, seconds: float = LEASE_SECONDS) -> list[str]:
-        """Renew every lease this store's worker holds; returns the runs it lost."""
+        """Renew every lease this store's worker holds; returns the runs it lost
+        (another worker took them; they are this worker's no more).
+
+        A run whose advisory lock went with a broken connection (the server
+        restarted, the network failed) is locked again here; one whose lock
+        another worker holds now is lost."""
         with self._lock:
             held = sorted(self._held)
         if not held:
             return []
         now = self.clock.now()
+        with self._lock_guard:
+            with contextlib.suppress(self._psycopg.Error):
+                if self._lock_conn is not None and not self._lock_conn.closed:
+                    self._lock_conn.execute("SELECT 1")
+            if self._lock_conn is not None and self._lock_conn.broken:
+                self._lock_conn.close()
+                self._lock_conn = None
+                self._locked.clear()
+        relock = [r for r in held if r not in self._locked]
+        # A lock another holds now (a hung worker's, whose expired lease this one
+        # took) is tried again at the next beat; the lease row says who holds the run.
+        relocked = [r for r in relock if self._try_lock(r)]
         with self._conn() as conn:
-            kept = conn.execute(
-                "UPDATE leases SET expires_at = %s WHERE owner = %s AND run_id = ANY(%s) "
-                "RETURNING run_id",
-                (now + seconds, self.owner, held),
-            ).fetchall()
-        return sorted(set(held) - {r[0] for r in kept})
+            kept = {
+                r[0]
+                for r in conn.execute(
+                    "UPDATE leases SET expires_at = %s, locked_at = CASE WHEN run_id = "
+                    "ANY(%s) THEN clock_timestamp() ELSE locked_at END "
+                    "WHERE owner = %s AND run_id = ANY(%s) RETURNING run_id",
+                    (now + seconds, relocked, self.owner, held),
+                ).fetchall()
+            }
+        lost = sorted(set(held) - kept)
+        for run_id in lost:
+            self._forget(run_id)
+        return lost
 
     def queue_counts(self) -> dict[str, int]:
         """How many queued runs are in each state."""
@@ -1011,4 +1345,11 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-__all__ = ["SCHEMA_VERSION", "PostgresStore", "copy_runs", "is_postgres_url", "masked"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "PostgresStore",
+    "copy_runs",
+    "is_postgres_url",
+    "masked",
+    "on_connection_trouble",
+]

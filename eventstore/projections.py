@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from graphrun.eventstore.events import (
+    ApprovalSigned,
     ChildRunFinished,
     ChildRunStarted,
     Event,
@@ -202,6 +203,10 @@ class Decision:
     via: str
     requested_at: float | None
     depth: int = 0
+    #: "signed" (a signature, not checked here; ``audit --verify`` checks it),
+    #: "token", "proxy" or "claimed".
+    identity: str = "claimed"
+    visit: int = 0
 
 
 @dataclass(frozen=True)
@@ -215,10 +220,21 @@ class ChildLink:
 
 
 def runs_query(
-    select: str, mark: str, *, status: str | None, parent: str | None, limit: int
+    select: str,
+    mark: str,
+    *,
+    status: str | None,
+    parent: str | None,
+    limit: int,
+    offset: int = 0,
+    heads: str | None = None,
 ) -> tuple[str, list[Any]]:
-    """``select`` over the runs projection, filtered and newest first, with its
-    arguments; ``mark`` is the driver's placeholder (``?`` or ``%s``)."""
+    """``select`` over the runs projection, filtered and newest first, one page of
+    it (``limit`` rows after ``offset``), with its arguments; ``mark`` is the
+    driver's placeholder (``?`` or ``%s``). ``heads``: a table with the filter and
+    order columns, indexed for them (SQLite's ``run_heads``): the page is picked
+    there first, so only its rows are read through ``select`` (a view whose
+    columns cost a look at each run's last event)."""
     where: list[str] = []
     args: list[Any] = []
     if status:
@@ -227,9 +243,13 @@ def runs_query(
     if parent:
         where.append(f"parent_run_id = {mark}")
         args.append(parent)
-    sql = select + (" WHERE " + " AND ".join(where) if where else "")
-    sql += f" ORDER BY started_at DESC, run_id DESC LIMIT {mark}"
-    return sql, [*args, limit]
+    filtered = " WHERE " + " AND ".join(where) if where else ""
+    order = " ORDER BY started_at DESC, run_id DESC"
+    page = f" LIMIT {mark} OFFSET {mark}"
+    if heads:
+        picked = f"SELECT run_id FROM {heads}{filtered}{order}{page}"
+        return f"{select} WHERE run_id IN ({picked}){order}", [*args, limit, max(0, offset)]
+    return select + filtered + order + page, [*args, limit, max(0, offset)]
 
 
 def prefix_match(prefix: str, found: list[Any], unknown: Exception) -> str:
@@ -244,28 +264,43 @@ def prefix_match(prefix: str, found: list[Any], unknown: Exception) -> str:
 
 
 def decisions(events: Iterable[Event], depth: int = 0) -> list[Decision]:
-    """Every ``HumanInputReceived`` of one run, with when it was asked."""
-    asked: dict[tuple[str, int], float] = {}
+    """Every ``HumanInputReceived`` (and ``ApprovalSigned``) of one run, with when it
+    was asked."""
+    asked: dict[tuple[str, int], HumanInputRequested] = {}
     out: list[Decision] = []
     for event in events:
         if isinstance(event, HumanInputRequested):
-            asked[(event.node_id, event.visit)] = event.ts
-        elif isinstance(event, HumanInputReceived):
+            asked[(event.node_id, event.visit)] = event
+        elif isinstance(event, HumanInputReceived | ApprovalSigned):
+            request = asked.get((event.node_id, event.visit))
+            if isinstance(event, HumanInputReceived):
+                question, options = event.question, list(event.options)
+                via = event.channel
+            else:
+                question = request.question if request is not None else ""
+                options = list(request.options) if request is not None else []
+                via = f"{event.channel} (co-signature)"
+            if event.signature:
+                ident = "signed"
+            else:
+                ident = event.identity if event.identity in ("token", "proxy") else "claimed"
             out.append(
                 Decision(
                     run_id=event.run_id,
                     seq=event.seq,
                     ts=event.ts,
                     node_id=event.node_id,
-                    question=event.question,
-                    options=list(event.options),
+                    question=question,
+                    options=options,
                     answer=event.answer,
                     by=event.by,
                     os_user=event.os_user,
                     host=event.host,
-                    via=event.channel,
-                    requested_at=asked.get((event.node_id, event.visit)),
+                    via=via,
+                    requested_at=request.ts if request is not None else None,
                     depth=depth,
+                    identity=ident,
+                    visit=event.visit,
                 )
             )
     return out

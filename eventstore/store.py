@@ -176,7 +176,12 @@ class Store(Protocol):
     def run(self, run_id: str) -> RunRow: ...
 
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
     ) -> list[RunRow]: ...
 
     def resolve_run_id(self, prefix: str) -> str: ...
@@ -194,6 +199,8 @@ class Store(Protocol):
     def lease(self, run_id: str) -> Lease | None: ...
 
     def is_live(self, run_id: str) -> bool: ...
+
+    def release_stale_leases(self) -> list[str]: ...
 
     def leased(self, run_id: str) -> AbstractContextManager[None]: ...
 
@@ -651,9 +658,22 @@ class SqliteStore:
 
     @_guarded("reading the runs")
     def runs(
-        self, *, status: str | None = None, parent: str | None = None, limit: int = 1000
+        self,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
     ) -> list[RunRow]:
-        sql, args = runs_query(_SELECT_RUN, "?", status=status, parent=parent, limit=limit)
+        sql, args = runs_query(
+            _SELECT_RUN,
+            "?",
+            status=status,
+            parent=parent,
+            limit=limit,
+            offset=offset,
+            heads="run_heads",
+        )
         with self._lock:
             return [self._to_row(r) for r in self.conn.execute(sql, args).fetchall()]
 
@@ -776,6 +796,33 @@ class SqliteStore:
         if lease is None or lease.expires_at < self.clock.now():
             return False
         return holder_alive(lease)
+
+    @_guarded("releasing the leases of dead processes")
+    def release_stale_leases(self) -> list[str]:
+        """Delete the lease rows whose holder is gone for sure (a process of this
+        host that died: a ``kill -9`` leaves its row behind); returns their runs.
+        A lease of another host's process stays until it expires (that process
+        cannot be seen from here)."""
+        with self._lock:
+            rows = self.conn.execute(
+                "SELECT run_id, owner, pid, host, expires_at, started FROM leases WHERE owner <> ?",
+                (self.owner,),
+            ).fetchall()
+            stale = [Lease(*r) for r in rows]
+            stale = [lease for lease in stale if not holder_alive(lease)]
+            if stale:
+                self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for lease in stale:
+                        self.conn.execute(
+                            "DELETE FROM leases WHERE run_id = ? AND owner = ?",
+                            (lease.run_id, lease.owner),
+                        )
+                    self.conn.execute("COMMIT")
+                except BaseException:
+                    self.rollback()
+                    raise
+        return sorted(lease.run_id for lease in stale)
 
     @contextmanager
     def leased(self, run_id: str) -> Iterator[None]:

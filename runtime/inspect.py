@@ -434,6 +434,8 @@ def _cancellations(events: list[Event], depth: int) -> list[dict[str, Any]]:
                     "depth": depth,
                     "default": None,
                     "used": f"cancelled: {e.reason}",
+                    "identity": "claimed",
+                    "visit": 0,
                 }
             )
     return out

@@ -73,9 +73,15 @@ class HumanActor:
         from graphrun.actors.human.prompt import HumanInputError, identity
 
         queued = self.answers.get(task.node_id)
-        if not queued and not self.interactive:
+        if not queued and (not self.interactive or task.signed):
             raise self.on_wait(task)
         try:
+            if task.signed:
+                raise AnswerRefused(
+                    f"node '{task.node_id}' requires a signed answer; --answer and --other "
+                    "cannot give one",
+                    hint="graphrun approve RUN CHOICE --sign KEY (or graphrun answer ... --sign)",
+                )
             ident = identity(self.as_user)
             # Checked before asking: nobody is asked a question they may not answer.
             check_approver(task.approvers, ident.by, task.node_id, how="pass --as NAME")

@@ -132,18 +132,24 @@ def identity(as_user: str | None) -> Identity:
         as_user: The name given with ``--as``, or None to use the OS user.
 
     Raises:
-        HumanInputError: ``as_user`` is given but blank.
+        HumanInputError: ``as_user`` is given but blank, or with whitespace around it.
     """
     os_user = _os_user()
     if as_user is None:
         return Identity(by=os_user, os_user=os_user, host=_host())
-    claimed = as_user.strip()
-    if not claimed:
+    if not as_user.strip():
         raise HumanInputError(
             "--as was given an empty name",
             hint="pass --as NAME, or leave --as out to record the OS user",
         )
-    return Identity(by=claimed, os_user=os_user, host=_host())
+    if as_user != as_user.strip() or any(ch.isspace() and ch != " " for ch in as_user):
+        # Identities are compared exactly: " alice " is not alice, and is not
+        # quietly made into her either.
+        raise HumanInputError(
+            f"--as {as_user!r} has surrounding or control whitespace",
+            hint="pass the name exactly, without spaces around it",
+        )
+    return Identity(by=as_user, os_user=os_user, host=_host())
 
 
 def _os_user() -> str:

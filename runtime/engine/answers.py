@@ -16,19 +16,40 @@ log already holds (:func:`pending_answers`).
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from graphrun.actors.human.actor import check_approver
+from graphrun.actors.human.actor import AnswerRefused, check_approver
 from graphrun.actors.human.prompt import identity
 from graphrun.eventstore.errors import LeaseHeldError
-from graphrun.eventstore.events import Event, HumanInputReceived, HumanInputRequested
+from graphrun.eventstore.events import (
+    ApprovalSigned,
+    Event,
+    HumanInputReceived,
+    HumanInputRequested,
+)
 from graphrun.eventstore.fold import RunState, fold
 from graphrun.eventstore.store import Store
+from graphrun.runtime.decisions import (
+    IDENTITIES,
+    DecisionStatement,
+    SignatureInvalid,
+    SignedDecision,
+    StatementError,
+    Trust,
+    build_statement,
+    parse_statement,
+    shown_hash,
+    shown_text,
+    statement_hash,
+    verify_signature,
+)
+from graphrun.runtime.decisions.policy import Policy, governing_policy
 from graphrun.runtime.errors import AnswerError
 
-__all__ = ["check_flag_answers", "pending_answers", "submit_answer"]
+__all__ = ["check_flag_answers", "pending_answers", "prepare_statement", "submit_answer"]
 
 _VERB = {"approval": "approve", "input": "answer"}
 
@@ -44,31 +65,51 @@ def submit_answer(
     channel: str,
     other: bool = False,
     wait_for_lease: float = 5.0,
-) -> HumanInputReceived:
+    signed: SignedDecision | None = None,
+    trust: Trust | None = None,
+    identity_class: str = "claimed",
+) -> HumanInputReceived | ApprovalSigned:
     """Record a person's answer to the ``kind`` node the run waits at.
 
     On success the run's lease is left held by ``store`` so that the caller can
     resume the run before anyone else extends it.
 
+    Who may answer, and whether the answer must be signed, is read from the graph
+    that governs the run (:func:`~graphrun.runtime.decisions.policy.governing_policy`),
+    never from the recorded question. A signed answer (``signed``, made over
+    :func:`prepare_statement`'s bytes) is verified against ``trust`` before anything
+    is written; its principal is the answerer. An approval that needs several
+    distinct signers records each earlier signature as ``ApprovalSigned`` (the run
+    keeps waiting) and the one that completes the count as ``HumanInputReceived``.
+
     Args:
         store: The event store holding the run.
         run_id: The waiting run.
         text: The answer (an option, or free-form text; for an input node, ""
-            takes the node's default).
+            takes the node's default). Ignored for a signed answer (the statement's).
         kind: ``"approval"`` or ``"input"``: which command is answering.
-        as_user: The claimed identity (``--as``).
+        as_user: The claimed identity (``--as``); with ``signed``, must be its principal.
         node: The node to answer, when given (``--node``).
         channel: How the answer came (``"approve"`` / ``"answer"``).
         other: ``text`` is an approval's free-form answer (``--other``), not a choice.
         wait_for_lease: How long to wait for another process to let go of the run.
+        signed: The signed decision statement, its signature, kind and identity class.
+        trust: What ``signed`` is verified against (the allowed_signers file).
+        identity_class: For an unsigned answer, how ``as_user`` is known:
+            ``"claimed"`` (typed), ``"token"`` (an authenticated session or API
+            token) or ``"proxy"`` (asserted by a trusted front). Where the graph
+            requires signed answers, none of these is enough.
 
     Returns:
-        The appended ``HumanInputReceived``, stamped.
+        The appended ``HumanInputReceived`` (or ``ApprovalSigned``), stamped.
 
     Raises:
         AnswerError: The run waits for nothing, has ended, waits elsewhere or
             for another kind of answer, or the node was already answered.
-        AnswerRefused: ``as_user`` is not among the node's approvers.
+        AnswerRefused: Not an approver, unsigned where a signature is required,
+            a signature that does not verify or is for another question, or a
+            signer who already signed.
+        PolicyError: The recorded graph and the graph on disk disagree.
         InvalidAnswer: ``text`` is not an option (nor its number) of the approval,
             or fails the input's ``validation``.
         LeaseHeldError: Another process kept the run for longer than
@@ -82,9 +123,57 @@ def submit_answer(
     run_id = waiting
     events = store.read(run_id)
     request = _request(events, run_id, kind=kind, node=node)
+    policy = governing_policy(events, request.node_id)
     how = f"pass --as NAME with one of them to graphrun {_VERB[kind]}"
-    check_approver(request.approvers, ident.by, request.node_id, how=how)
-    text = _checked(events, request, text, other=other)
+    cosigs = _cosignatures(events, request)
+    if signed is None:
+        if policy.signed:
+            raise AnswerRefused(
+                f"node '{request.node_id}' requires a signed answer; nothing was recorded",
+                hint=f"graphrun {_VERB[kind]} {run_id} ... --sign KEY (a key in allowed_signers)",
+            )
+        if identity_class not in ("claimed", "token", "proxy"):
+            raise AnswerRefused(f"an unsigned answer cannot be {identity_class!r}")
+        check_approver(policy.approvers, ident.by, request.node_id, how=how)
+        text = _checked(events, request, text, other=other)
+        event: HumanInputReceived | ApprovalSigned = ident.answered(request, text, channel)
+        if identity_class != "claimed":
+            import msgspec
+
+            event = msgspec.structs.replace(event, identity=identity_class)
+    else:
+        stmt, key = _verified(store, events, request, signed, trust, as_user)
+        check_approver(policy.approvers, stmt.principal, request.node_id)
+        if _checked(events, request, stmt.answer, other=stmt.other) != stmt.answer:
+            raise AnswerRefused("the signed answer is not as graphrun records it")
+        earlier = {e.by: e for e in cosigs}
+        if stmt.principal in earlier:
+            raise AnswerRefused(
+                f"{stmt.principal!r} already signed node '{request.node_id}' "
+                f"(seq {earlier[stmt.principal].seq}); a signer counts once",
+                hint=_still_needed(policy, cosigs, stmt.answer),
+            )
+        agreeing = {e.by for e in cosigs if e.answer == stmt.answer} | {stmt.principal}
+        fields: dict[str, Any] = {
+            "node_id": request.node_id,
+            "visit": request.visit,
+            "answer": stmt.answer,
+            "by": stmt.principal,
+            "os_user": ident.os_user,
+            "host": ident.host,
+            "channel": channel,
+            "identity": signed.identity,
+            "statement": signed.statement.decode("utf-8"),
+            "signature": signed.signature,
+            "signature_kind": signed.kind,
+            "key": key,
+        }
+        if len(agreeing) < policy.required:
+            event = ApprovalSigned(**fields)
+        else:
+            event = HumanInputReceived(
+                **fields, question=request.question, options=list(request.options)
+            )
     deadline = time.monotonic() + wait_for_lease
     while True:
         try:
@@ -97,14 +186,148 @@ def submit_answer(
                 raise
             time.sleep(0.05)
     try:
-        _still_waiting(store.read(run_id), request)
-        event = ident.answered(request, text, channel)
+        now = store.read(run_id)
+        _still_waiting(now, request)
+        if _cosignatures(now, request) != cosigs:
+            raise AnswerRefused(
+                f"another signature for node '{request.node_id}' arrived meanwhile; "
+                "nothing was recorded",
+                hint="run the command again (it signs over the signatures now recorded)",
+            )
         (stamped,) = store.append(run_id, [event], sync=True)
     except BaseException:
         store.release_lease(run_id)
         raise
-    assert isinstance(stamped, HumanInputReceived)
+    assert isinstance(stamped, HumanInputReceived | ApprovalSigned)
     return stamped
+
+
+def prepare_statement(
+    store: Store,
+    run_id: str,
+    text: str,
+    *,
+    kind: str,
+    principal: str,
+    node: str | None = None,
+    other: bool = False,
+    shown: str | None = None,
+) -> tuple[str, bytes]:
+    """The decision statement to sign for answering ``run_id`` with ``text`` as
+    ``principal``: ``(the run that waits, canonical statement bytes)``.
+
+    The answer is checked first (an option, its number, free-form with ``other``,
+    an input's validation) and recorded in the statement as graphrun will record
+    it. ``shown`` is what the person was shown (default: the question block as
+    graphrun prints it); its hash is signed. Earlier signatures of the same request
+    (a multi-signer approval) are listed in ``cosigned``.
+
+    Raises:
+        AnswerError, InvalidAnswer: As :func:`submit_answer`, before anything is signed.
+    """
+    store.require_intact(run_id)
+    waiting = _waiting_run(store, run_id, node)
+    if waiting != run_id:
+        store.require_intact(waiting)
+    events = store.read(waiting)
+    request = _request(events, waiting, kind=kind, node=node)
+    answer = _checked(events, request, text, other=other)
+    if shown is None:
+        shown = shown_text(request.question, request.options, request.default)
+    stmt = DecisionStatement(
+        run_id=waiting,
+        node_id=request.node_id,
+        visit=request.visit,
+        branch=request.branch,
+        kind=request.kind,
+        question=request.question,
+        options=list(request.options),
+        answer=answer,
+        other=other,
+        asked_seq=request.seq,
+        asked_head=_hash_at(store, waiting, request.seq),
+        shown=shown_hash(shown),
+        principal=principal,
+        signed_at=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        cosigned=[statement_hash(e.statement) for e in _cosignatures(events, request)],
+    )
+    return waiting, build_statement(stmt)
+
+
+def _hash_at(store: Store, run_id: str, seq: int) -> str:
+    for number, _body, _prev, digest in store.raw_rows(run_id):
+        if number == seq:
+            return digest
+    raise AnswerError(f"run {run_id} has no event {seq}")
+
+
+def _cosignatures(events: Sequence[Event], request: HumanInputRequested) -> list[ApprovalSigned]:
+    """The signatures already recorded for ``request`` (a multi-signer approval)."""
+    return [
+        e
+        for e in events
+        if isinstance(e, ApprovalSigned)
+        and e.seq > request.seq
+        and (e.node_id, e.visit) == (request.node_id, request.visit)
+    ]
+
+
+def _still_needed(policy: Policy, cosigs: Sequence[ApprovalSigned], answer: str) -> str:
+    have = {e.by for e in cosigs if e.answer == answer}
+    rest = [p for p in policy.approvers if p not in have]
+    need = max(policy.required - len(have), 0)
+    return f"{need} more signature(s) needed, from: {', '.join(rest)}"
+
+
+def _verified(
+    store: Store,
+    events: Sequence[Event],
+    request: HumanInputRequested,
+    signed: SignedDecision,
+    trust: Trust | None,
+    as_user: str | None,
+) -> tuple[DecisionStatement, str]:
+    """The signed statement, checked against the question the run waits at and
+    verified; returns it and the signing key's id."""
+    try:
+        stmt = parse_statement(signed.statement)
+    except StatementError as exc:
+        raise AnswerRefused(f"the signed statement is refused: {exc.message}") from None
+    run_id = request.run_id
+    expected = {
+        "run": (stmt.run_id, run_id),
+        "node": (stmt.node_id, request.node_id),
+        "visit": (stmt.visit, request.visit),
+        "branch": (stmt.branch, request.branch),
+        "kind": (stmt.kind, request.kind),
+        "question": (stmt.question, request.question),
+        "options": (list(stmt.options), list(request.options)),
+        "question seq": (stmt.asked_seq, request.seq),
+        "log head": (stmt.asked_head, _hash_at(store, run_id, request.seq)),
+        "co-signatures": (
+            list(stmt.cosigned),
+            [statement_hash(e.statement) for e in _cosignatures(events, request)],
+        ),
+    }
+    wrong = [name for name, (have, want) in expected.items() if have != want]
+    if wrong:
+        raise AnswerRefused(
+            f"the signed statement does not match the question run {run_id} waits at "
+            f"({', '.join(wrong)} differ); nothing was recorded"
+        )
+    if signed.identity not in IDENTITIES:
+        raise AnswerRefused(f"unknown identity class {signed.identity!r}")
+    if as_user is not None and as_user != stmt.principal:
+        raise AnswerRefused(
+            f"--as {as_user!r} does not match the signer {stmt.principal!r}; nothing was recorded"
+        )
+    try:
+        key = verify_signature(
+            signed.statement, signed.signature, signed.kind, stmt.principal, trust or Trust()
+        )
+    except SignatureInvalid as exc:
+        raise AnswerRefused(f"{exc.message}; nothing was recorded", hint=exc.hint) from None
+    return stmt, key
 
 
 def _checked(

@@ -95,6 +95,9 @@ class RunOptions:
     variables: dict[str, str] | None = None
     # Node types -> actor factories, filled in by graphrun.runtime.engine.effects.
     extra: dict[str, Any] = field(default_factory=dict)
+    # The allowed_signers file recorded answers are checked against (--signers; else
+    # found next to the graph, then in the config directory).
+    signers: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -229,10 +232,12 @@ def start_run(
     parent_node_id: str | None = None,
     run_id: str | None = None,
     config: dict[str, Any] | None = None,
+    recorded_from: str | None = None,
 ) -> str:
     """Record ``RunStarted`` for a new run and return its id (the graph is not run yet).
 
-    ``config`` is the configuration the run begins with (see :func:`run_config`)."""
+    ``config`` is the configuration the run begins with (see :func:`run_config`);
+    ``recorded_from`` the recorded run whose effects it reuses."""
     run_id = run_id or new_run_id()
     files: dict[str, str] = {}
     for node in loaded.graph.nodes.values():
@@ -255,6 +260,7 @@ def start_run(
         graphrun_version=GRAPHRUN_VERSION,
         files=files,
         config=config or {},
+        recorded_from=recorded_from,
     )
     store.append(run_id, [event])
     return run_id
@@ -484,16 +490,49 @@ class Driver:
         finally:
             unhook()
 
+    def _require_answers_allowed(self, events: list[Event]) -> None:
+        from graphrun.eventstore.events import ApprovalSigned
+        from graphrun.runtime.decisions import make_trust
+        from graphrun.runtime.decisions.sshsig import find_signers
+        from graphrun.runtime.decisions.verify import require_answers_allowed
+        from graphrun.runtime.graph.config import config_dir as default_config_dir
+
+        if not any(isinstance(e, HumanInputReceived | ApprovalSigned) for e in events):
+            return
+        first = events[0]
+        config = getattr(first, "config", {}) or {}
+        signers = find_signers(
+            self.options.signers,
+            graph_dir=getattr(first, "agent_dir", "") or None,
+            config_dir=self.options.config_dir or config.get("config_dir") or default_config_dir(),
+        )
+        hashes = {seq: digest for seq, _b, _p, digest in self.store.raw_rows(self.run_id)}
+        require_answers_allowed(events, make_trust(signers), hashes=hashes)
+
+    def _sign_head(self) -> None:
+        """Sign the head the run is left at, when a head key is configured."""
+        from graphrun.runtime.decisions.heads import sign_head
+
+        try:
+            sign_head(self.store, self.run_id)
+        except GraphrunError as exc:
+            log.warning("run %s: the head was not signed: %s", self.run_id, exc)
+
     def _cancel_node(self) -> None:
         self.node_cancel.cancel(self.cancel.reason or "cancelled")
 
     def _lease_and_drive(self) -> RunOutcome:
         self.store.acquire_lease(self.run_id)
+        driven = False
         try:
-            return self._drive()
+            outcome = self._drive()
+            driven = True
+            return outcome
         finally:
             with contextlib.suppress(GraphrunError):
                 self.flush()
+            if driven:
+                self._sign_head()
             self.store.release_lease(self.run_id)
             for ref in self._actors.values():
                 with contextlib.suppress(Exception):
@@ -542,6 +581,8 @@ class Driver:
             # Never extend a log that does not verify (whoever resumes: a command,
             # a worker, an answer).
             self.store.require_intact(self.run_id)
+            # Nor one holding an answer the governing graph does not allow.
+            self._require_answers_allowed(events)
             self._speculate(
                 (
                     RunResumed(

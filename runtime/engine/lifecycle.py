@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from graphrun.eventstore.errors import LeaseHeldError
+from graphrun.eventstore.errors import GraphrunError, LeaseHeldError
 from graphrun.eventstore.events import ChildCancelled, Event, RunCancelled, RunStarted
 from graphrun.eventstore.fold import TERMINAL, fold
 from graphrun.eventstore.ids import new_run_id
@@ -44,8 +44,23 @@ def cancel_run(store: Store, run_id: str, *, reason: str, by: str | None = None)
                     )
                 store.append(run_id, [ChildCancelled(child_run_id=child, reason=reason)])
         store.append(run_id, [RunCancelled(reason=reason, by=whoami(by))], sync=True)
+        _sign_head(store, run_id)
     cancelled.append(run_id)
     return cancelled
+
+
+def _sign_head(store: Store, run_id: str) -> None:
+    """Sign the head a cancellation leaves, when a head key is configured."""
+    import logging
+
+    from graphrun.runtime.decisions.heads import sign_head
+
+    try:
+        sign_head(store, run_id)
+    except GraphrunError as exc:
+        logging.getLogger("graphrun.run").warning(
+            "run %s: the head was not signed: %s", run_id, exc
+        )
 
 
 def cancel(
@@ -67,8 +82,13 @@ def cancel(
     request, stops its effects and records ``RunCancelled`` by ``by``. Raises
     :class:`AnswerError` when the run ended otherwise, :class:`RunError` when it
     is still running after ``wait`` (the request stays: the run is cancelled when
-    its driver next looks)."""
+    its driver next looks), and ``CancelRefused`` when the graph lets only its
+    approvers cancel (``settings.cancel_by: approvers``) and ``by`` is none of them."""
+    from graphrun.runtime.decisions.policy import check_canceller
+
     who = whoami(by)
+    # Refused before anything is recorded or asked of the driving process.
+    check_canceller(store.read(run_id, upto=1), who)
     if not store.is_live(run_id):
         try:
             return cancel_run(store, run_id, reason=reason, by=who)

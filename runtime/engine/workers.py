@@ -14,8 +14,16 @@ transaction (:meth:`PostgresStore.queue_on_start`). A :class:`Worker` runs
    person. ``approve`` / ``answer`` then only append the answer, which queues
    the run again in the same transaction, for whichever worker is free.
 
-A heartbeat thread renews the leases of every run the worker holds, so a
-stalled or killed worker's runs become claimable once ``lease_seconds`` pass.
+A heartbeat thread renews the leases of every run the worker holds. A claim
+also holds an advisory lock on the run, on a connection of the worker's own:
+when a worker dies, on any host, PostgreSQL ends that connection and its runs
+are claimable at once; a worker that hangs without dying loses its runs once
+``lease_seconds`` pass.
+
+While the database is away the worker says so once, and once when it is back
+(the connection pool's own warnings are folded into those two lines); runs it
+could not hand back meanwhile stay its own (their leases renewed) and are
+handed back when the database returns.
 :meth:`Worker.stop` (SIGTERM, Ctrl-C) stops claiming, lets the runs in flight
 finish for up to ``grace`` seconds, and hands back the rest for other workers.
 """
@@ -31,7 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphrun.eventstore.errors import GraphrunError, LeaseHeldError, StoreError
+from graphrun.eventstore.errors import (
+    GraphrunError,
+    LeaseHeldError,
+    StoreError,
+    StoreUnreachableError,
+)
 from graphrun.eventstore.fold import fold
 
 log = logging.getLogger("graphrun.worker")
@@ -165,6 +178,30 @@ def prepare_graph_types() -> None:
                 msgspec.convert({}, value)
 
 
+class Outage:
+    """Whether the database is reachable, said once per change: one line when it
+    goes away, one when it is back."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.why: str | None = None
+        self._lock = threading.Lock()
+
+    def down(self, why: str) -> None:
+        with self._lock:
+            if self.why is not None:
+                return
+            self.why = why
+        self.say(f"▸ database unreachable ({why}); retrying until it is back")
+
+    def up(self) -> None:
+        with self._lock:
+            if self.why is None:
+                return
+            self.why = None
+        self.say("▸ database is back")
+
+
 class Worker:
     """Claims queued runs from a PostgreSQL store and drives them.
 
@@ -210,6 +247,12 @@ class Worker:
         self._in_flight: set[str] = set()
         #: The last claim's error while claiming fails (None once one succeeds).
         self.failure: BaseException | None = None
+        self.outage = Outage(self.say)
+        #: Runs whose hand-back failed (the database was away) -> their state.
+        self._unreturned: dict[str, str] = {}
+        trouble = getattr(store, "on_connection_trouble", None)
+        if trouble is not None:
+            trouble(self.outage.down)
 
     # -- control ------------------------------------------------------------------
 
@@ -245,6 +288,11 @@ class Worker:
             self.say(f"▸ run {run_id} handed back to the queue")
         self._done.set()
         beat.join(5)
+        self._hand_back()  # what the database refused while it was away
+        for run_id in sorted(self._unreturned):
+            self.say(
+                f"▸ run {run_id}: could not hand back (database unreachable); its lease will expire"
+            )
         if self.failure is not None and self.once:
             # --once that could not look at the queue did not do its job.
             raise StoreError(f"the worker could not claim runs: {self.failure}")
@@ -269,10 +317,12 @@ class Worker:
                     self.failure = exc
                     self.stop(f"cannot claim: {exc}")
                     return
-                if str(exc) != str(self.failure):
+                if isinstance(exc, StoreUnreachableError):
+                    self.outage.down(str(exc))
+                elif str(exc) != str(self.failure):
                     self.say(f"▸ cannot claim: {exc}; trying again")
                 self.failure = exc
-                backoff = min(30.0, max(1.0, backoff * 2))
+                backoff = min(5.0, max(1.0, backoff * 2))
                 self._stopping.wait(backoff)
                 continue
             except Exception as exc:  # a bug: stop the worker, say why
@@ -280,7 +330,10 @@ class Worker:
                 self.stop(f"internal error: {type(exc).__name__}: {exc}")
                 return
             self.failure = None
+            self.outage.up()
             backoff = 0.0
+            if self._unreturned:
+                self._hand_back()
             if claim is None:
                 if self.once and idle:
                     return
@@ -312,6 +365,12 @@ class Worker:
             with contextlib.suppress(GraphrunError):
                 self.store.finish_claim(run_id, "queued")
             return
+        except StoreUnreachableError as exc:
+            # The database went away mid-drive: the run is handed back (now, or
+            # when the database returns); its log says where it stopped.
+            self.outage.down(str(exc))
+            self._finish(run_id, "queued")
+            return
         except GraphrunError as exc:
             self._broken(claim, f"{type(exc).__name__}: {exc}")
             return
@@ -332,29 +391,68 @@ class Worker:
                 stats.failed += 1
             state = "done"
             self.say(f"▸ run {run_id} {outcome.status} ({took:.2f}s)")
+        self._finish(run_id, state)
+
+    def _finish(self, run_id: str, state: str) -> None:
+        """Hand a run back; when the database is away, keep it (the heartbeat
+        renews its lease) and hand it back once the database returns."""
         try:
             self.store.finish_claim(run_id, state)
+        except StoreUnreachableError as exc:
+            self.outage.down(str(exc))
+            with self._lock:
+                self._unreturned[run_id] = state
         except GraphrunError as exc:
             self.say(f"▸ run {run_id}: could not hand back ({exc}); its lease will expire")
+
+    def _hand_back(self) -> None:
+        """Hand back the runs the database refused while it was away."""
+        with self._lock:
+            waiting = sorted(self._unreturned.items())
+        for run_id, state in waiting:
+            try:
+                self.store.finish_claim(run_id, state)
+            except GraphrunError:
+                return  # still away: at the next beat
+            with self._lock:
+                self._unreturned.pop(run_id, None)
+            self.say(f"▸ run {run_id} handed back ({state})")
 
     def _broken(self, claim: dict[str, Any], why: str) -> None:
         run_id = claim["run_id"]
         attempts = int(claim.get("attempts", 1))
         state = "queued" if attempts < MAX_ATTEMPTS else "stuck"
         self.say(f"▸ run {run_id}: could not be driven ({why}); {state}")
-        with contextlib.suppress(GraphrunError):
-            self.store.finish_claim(run_id, state)
+        self._finish(run_id, state)
 
     def _heartbeat(self) -> None:
         every = max(0.05, self.lease_seconds / 3)
         while not self._done.wait(every):
+            with self._lock:
+                holding = bool(self._in_flight or self._unreturned)
             try:
                 lost = self.store.heartbeat(seconds=self.lease_seconds)
+            except StoreUnreachableError as exc:
+                self.outage.down(str(exc))
+                continue
             except GraphrunError as exc:
                 self.say(f"▸ heartbeat failed: {exc}")
                 continue
+            if holding:  # the beat reached the database (with nothing held, it does not)
+                self.outage.up()
             for run_id in lost:
+                with self._lock:
+                    self._unreturned.pop(run_id, None)
                 self.say(f"▸ run {run_id}: lease lost to another worker")
+            self._hand_back()
 
 
-__all__ = ["MAX_ATTEMPTS", "Worker", "WorkerStats", "drive_claimed", "needs_queue", "submit_run"]
+__all__ = [
+    "MAX_ATTEMPTS",
+    "Outage",
+    "Worker",
+    "WorkerStats",
+    "drive_claimed",
+    "needs_queue",
+    "submit_run",
+]

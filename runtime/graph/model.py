@@ -31,6 +31,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     on_unhandled_failure: Literal["completed_with_errors", "continue", "fail"] = (
         "completed_with_errors"
     )
+    # Whether human answers must be signed (a node may require it on its own).
+    signed_decisions: Literal["required", "optional"] = "optional"
+    # Who may cancel the run: anyone, or only the graph's approvers.
+    cancel_by: Literal["anyone", "approvers"] = "anyone"
 
 
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
@@ -66,6 +70,13 @@ class ScriptNode(NodeBase, tag="script", kw_only=True):
     fallback: str | None = None
 
 
+class Approvals(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``approvals:`` of an approval node: how many distinct signers, out of whom."""
+
+    required: int
+    of: list[str]
+
+
 class ApprovalNode(NodeBase, tag="approval", kw_only=True):
     question: str
     options: list[str]
@@ -73,12 +84,20 @@ class ApprovalNode(NodeBase, tag="approval", kw_only=True):
     routes: dict[str, str] = {}
     # Extension: only these identities may answer.
     approvers: list[str] | None = None
+    # Extension: answers here must be signed (overrides settings.signed_decisions).
+    signed_decisions: Literal["required", "optional"] | None = None
+    # Extension: the run continues once this many distinct signers gave one answer.
+    approvals: Approvals | None = None
 
 
 class InputNode(NodeBase, tag="input", kw_only=True):
     question: str
     default: str | None = None
     validation: str | None = None
+    # Extension: only these identities may answer.
+    approvers: list[str] | None = None
+    # Extension: answers here must be signed (overrides settings.signed_decisions).
+    signed_decisions: Literal["required", "optional"] | None = None
 
 
 class LlmNode(NodeBase, tag="llm", kw_only=True):

@@ -101,6 +101,15 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "on_unhandled_failure": "A node that fails with no fallback routes on to `next` "
         "(Loki's rule); the run then ends `completed_with_errors` (default, exit 4), "
         "`continue`: plain `completed`, or `fail`: the first such failure fails the run.",
+        "signed_decisions": "graphrun extension: `required` refuses human answers that are "
+        "not signed by an allowed signer (graphrun approve --sign KEY); default optional.",
+        "cancel_by": "graphrun extension: `approvers` lets only the graph's approvers cancel "
+        "the run; default anyone.",
+    },
+    "Approvals": {
+        None: "graphrun extension: several distinct signers must give the same answer.",
+        "required": "How many distinct signers (at least 1, at most the length of `of`).",
+        "of": "The principals (of the allowed_signers file) who may sign.",
     },
     "AgentNode": {
         None: "Spawns a child agent (graph or LLM loop) and waits for its final text.",
@@ -131,7 +140,12 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "routes": "Map of option -> node id: where each option routes.",
         "on_other": "Where a free-form answer (one that is no option) routes; required. "
         "Its text is {{choice}}.",
-        "approvers": "graphrun extension: only these identities (--as) may answer.",
+        "approvers": "graphrun extension: only these identities may answer (principals of "
+        "the allowed_signers file when answers are signed; else the --as name).",
+        "signed_decisions": "graphrun extension: `required` or `optional`; overrides "
+        "settings.signed_decisions for this node.",
+        "approvals": "graphrun extension: {required: N, of: [principals]}: the run waits "
+        "until N distinct signers gave the same answer.",
         "next": "Ignored: approval nodes route with routes and on_other.",
         "state_updates": "Map of state key -> template; {{choice}} is the picked option "
         "or the free-form text.",
@@ -142,6 +156,9 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "default": "Taken when the answer is empty; templated. Not validated.",
         "validation": "A length rule `len(input) <op> <integer>` with <op> one of >, >=, "
         "<, <=, ==. An answer that fails it is refused and the run keeps waiting.",
+        "approvers": "graphrun extension: only these identities may answer.",
+        "signed_decisions": "graphrun extension: `required` or `optional`; overrides "
+        "settings.signed_decisions for this node.",
         "next": "Where to go with the answer (required; of a list only the first entry is used).",
         "state_updates": "Map of state key -> template; {{input}} is the answer (or the default).",
     },

@@ -385,6 +385,53 @@ def approval_options_routed(c: Check) -> list[Diagnostic]:
 
 
 @rule
+def approvals_quorum(c: Check) -> list[Diagnostic]:
+    """``approvals: {required: N, of: [...]}`` asks for a number of signers it can get."""
+    out = []
+    for nid, node in c.nodes():
+        approvals = getattr(node, "approvals", None)
+        if approvals is None:
+            continue
+        distinct = list(dict.fromkeys(approvals.of))
+        if len(distinct) != len(approvals.of):
+            out.append(
+                c.diag(
+                    "error",
+                    "approvals-duplicate",
+                    f"approval '{nid}': approvals.of names a signer twice",
+                    _npath(nid, "approvals", "of"),
+                    node=nid,
+                )
+            )
+        if not 1 <= approvals.required <= len(distinct):
+            out.append(
+                c.diag(
+                    "error",
+                    "approvals-required",
+                    f"approval '{nid}': approvals.required is {approvals.required}, but "
+                    f"approvals.of names {len(distinct)} signer(s)",
+                    _npath(nid, "approvals", "required"),
+                    node=nid,
+                    hint="required must be between 1 and the number of signers in `of`",
+                )
+            )
+        listed = getattr(node, "approvers", None)
+        outside = [p for p in distinct if listed and p not in listed]
+        if outside:
+            out.append(
+                c.diag(
+                    "error",
+                    "approvals-not-approver",
+                    f"approval '{nid}': approvals.of names {outside[0]!r}, who is not "
+                    "among its approvers",
+                    _npath(nid, "approvals", "of"),
+                    node=nid,
+                )
+            )
+    return out
+
+
+@rule
 def input_validation_grammar(c: Check) -> list[Diagnostic]:
     from graphrun.actors.human.prompt import parse_validation
 

@@ -18,8 +18,11 @@ if TYPE_CHECKING:
 
 
 def human_task(
-    node: ApprovalNode | InputNode, node_id: str, visit: int, s: dict[str, Any]
+    graph: Graph, node: ApprovalNode | InputNode, node_id: str, visit: int, s: dict[str, Any]
 ) -> HumanTask:
+    from graphrun.runtime.decisions.policy import policy_of
+
+    policy = policy_of(graph, node_id)
     question = render(node.question, s, strict=True, field=f"{node_id}.question")
     if isinstance(node, ApprovalNode):
         return HumanTask(
@@ -28,19 +31,28 @@ def human_task(
             "approval",
             question,
             tuple(node.options),
-            approvers=tuple(node.approvers or ()),
+            approvers=policy.approvers,
+            signed=policy.signed,
         )
     default = (
         render(node.default, s, strict=True, field=f"{node_id}.default")
         if node.default is not None
         else None
     )
-    return HumanTask(node_id, visit, "input", question, default=default)
+    return HumanTask(
+        node_id,
+        visit,
+        "input",
+        question,
+        default=default,
+        approvers=policy.approvers,
+        signed=policy.signed,
+    )
 
 
 def request(graph: Graph, node: ApprovalNode | InputNode, node_id: str, state: RunState) -> Step:
     """The question is recorded first (the run then waits); then the answer is asked for."""
-    task = human_task(node, node_id, state.current_visit, state.state)
+    task = human_task(graph, node, node_id, state.current_visit, state.state)
     if state.waiting is None:
         return Append(
             (
@@ -52,6 +64,7 @@ def request(graph: Graph, node: ApprovalNode | InputNode, node_id: str, state: R
                     options=list(task.options),
                     default=task.default,
                     approvers=list(task.approvers),
+                    signed=task.signed,
                 ),
             )
         )

@@ -18,6 +18,7 @@ from typing import Any
 from graphrun.eventstore.events import (
     ChildRunStarted,
     Event,
+    HumanInputReceived,
     LlmCalled,
     NodeCompleted,
     NodeEntered,
@@ -138,7 +139,15 @@ def emit_spans(store: Any, run_id: str, tracer: Any) -> int:
                 continue
             parent_span = owner[0] if owner is not None else root
             node_start = parent_span.start_time / 1e9 if owner is not None else first.ts
-            if isinstance(e, LlmCalled):
+            if isinstance(e, HumanInputReceived):
+                from graphrun.runtime.observe.report import identity_label
+
+                # Who answered and how that is known (a signature is checked by
+                # `graphrun audit --verify`; the span says what the log records).
+                parent_span.set_attribute("graphrun.human.by", e.by)
+                parent_span.set_attribute("graphrun.human.identity", identity_label(e))
+                parent_span.set_attribute("graphrun.human.channel", e.channel)
+            elif isinstance(e, LlmCalled):
                 inp, out = call_tokens(e.usage or {})
                 request = e.request or {}
                 start = max(e.ts - e.latency_ms / 1000, node_start)

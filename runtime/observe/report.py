@@ -478,11 +478,21 @@ def _effect(md: Any, e: Event, prices: Mapping[str, tuple[float, float]]) -> str
             return f"<p>asked ({_e(e.kind)}): <q>{_e(e.question)}</q>{options}</p>"
         case HumanInputReceived():
             return (
-                f"<p>answered <b>{_e(e.answer)}</b> by {_e(e.by)} via {_e(e.channel)} "
-                f"at {_when(e.ts)} UTC</p>"
+                f"<p>answered <b>{_e(e.answer)}</b> by {_e(e.by)} ({_e(identity_label(e))}) "
+                f"via {_e(e.channel)} at {_when(e.ts)} UTC</p>"
             )
         case _:
             return ""
+
+
+def identity_label(answer: HumanInputReceived | None) -> str:
+    """How an answer's identity is known, at a glance: ``signed · SHA256:…`` (checked by
+    ``graphrun audit --verify``, not by the report) or ``claimed``."""
+    if answer is None:
+        return ""
+    if answer.signature:
+        return f"signed · {answer.key}" if answer.key else "signed"
+    return answer.identity if answer.identity in ("token", "proxy") else "claimed"
 
 
 def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
@@ -663,8 +673,8 @@ def render_report(
     if decisions:
         out.append(
             '<h2>Human decisions</h2><table id="decisions"><tr><th>asked (UTC)</th>'
-            "<th>run</th><th>node</th><th>shown</th><th>answer</th><th>by</th><th>via</th>"
-            "<th>answered (UTC)</th></tr>"
+            "<th>run</th><th>node</th><th>shown</th><th>answer</th><th>by</th><th>identity</th>"
+            "<th>via</th><th>answered (UTC)</th></tr>"
         )
         for w in decisions:
             a = w.answer
@@ -677,7 +687,8 @@ def render_report(
             out.append(
                 f"<tr><td>{_when(w.start)}</td><td>{_e(w.run_id)}</td><td>{_e(w.node_id)}</td>"
                 f"<td><pre>{_e(shown)}</pre></td><td>{_e(a.answer if a else '(waiting)')}</td>"
-                f"<td>{_e(who)}</td><td>{_e(a.channel if a else '')}</td>"
+                f"<td>{_e(who)}</td><td>{_e(identity_label(a))}</td>"
+                f"<td>{_e(a.channel if a else '')}</td>"
                 f"<td>{_when(a.ts if a else None)}</td></tr>"
             )
         out.append("</table>")

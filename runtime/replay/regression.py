@@ -129,6 +129,7 @@ def rerun_live(
         overrides=overrides,
         started_by=None,
         config=None if options.variables is None else {"variables": options.variables},
+        recorded_from=run_id,
     )
     source = RecordedEffects.from_events(events)
     options.effect_source = source

@@ -24,8 +24,10 @@ from graphrun.eventstore import codec
 from graphrun.eventstore.events import (
     EFFECT_TYPES,
     RESULT_TYPES,
+    ApprovalSigned,
     ChildCancelled,
     Event,
+    HeadSigned,
     NodeFailed,
     RunCancelled,
     RunInterrupted,
@@ -154,7 +156,15 @@ class RecordedSource:
 
 
 #: Facts of the supervisor, not of the decider: never compared, never reproduced.
-IGNORED = (RunResumed, RunInterrupted, RunCancelled, ChildCancelled, TimeoutFired)
+IGNORED = (
+    RunResumed,
+    RunInterrupted,
+    RunCancelled,
+    ChildCancelled,
+    TimeoutFired,
+    ApprovalSigned,
+    HeadSigned,
+)
 
 
 class ScratchLog:

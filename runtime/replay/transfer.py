@@ -55,9 +55,10 @@ import msgspec
 from graphrun.eventstore import codec
 from graphrun.eventstore.events import (
     SCHEMA_VERSION,
+    ApprovalSigned,
     Event,
+    HeadSigned,
     HumanInputReceived,
-    HumanInputRequested,
     RunStarted,
 )
 from graphrun.eventstore.store import SqliteStore, Store
@@ -113,10 +114,15 @@ def write_export(
     paths are made relative to ``relative_to`` (else the working directory), and
     host names, OS accounts and process ids are left out (see :func:`_portable`);
     the file's hash chain is computed over the events as written. With
-    ``with_origin`` the events are written exactly as stored."""
+    ``with_origin`` the events are written exactly as stored, as they always are
+    when a run holds signed decisions or signed heads (:func:`has_signatures`)."""
     import os
 
     runs = run_tree(store, run_id)
+    if not with_origin and has_signatures(store, runs):
+        # Signatures are bound to the log's hashes: a portable rewrite would
+        # change them, so a signed run travels exactly as stored.
+        with_origin = True
     header: dict[str, Any] = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -334,8 +340,17 @@ def _check_run_id(value: Any, where: str) -> str:
     return value
 
 
-def read_export(path: Path) -> dict[str, list[Event]]:
+def read_export(
+    path: Path,
+    *,
+    hashes: dict[str, dict[int, str]] | None = None,
+    check_approvals: bool = True,
+) -> dict[str, list[Event]]:
     """Runs in an export file, verified: run id -> events.
+
+    ``hashes``, when given, is filled with each run's chain hash by seq (what signed
+    decisions and heads are bound to). ``check_approvals=False`` leaves the answers'
+    approver check to the caller (``audit --verify FILE`` reports each one).
 
     Raises :class:`ExportFileError` (one line, naming the file's line) for anything
     a file made by ``graphrun export`` cannot hold.
@@ -409,6 +424,8 @@ def read_export(path: Path) -> dict[str, list[Event]]:
                 "(the file was edited or damaged)"
             )
         prev[run_id] = digest
+        if hashes is not None:
+            hashes.setdefault(run_id, {})[event.seq] = digest
         events.append(event)
     if trailer is not None or version >= TRAILER_VERSION:
         _check_trailer(path, trailer, trailer_at, runs, prev)
@@ -416,7 +433,8 @@ def read_export(path: Path) -> dict[str, list[Event]]:
         missing = sorted(set(listed) - set(runs))
         raise ExportFileError(f"{path}: the header lists run {missing[0]}, which has no events")
     _check_parents(path, runs)
-    _check_approvals(path, runs)
+    if check_approvals:
+        _check_approvals(path, runs)
     return runs
 
 
@@ -466,26 +484,56 @@ def _check_parents(path: Path, runs: dict[str, list[Event]]) -> None:
             up = parent.get(up)
 
 
-def _check_approvals(path: Path, runs: dict[str, list[Event]]) -> None:
-    """Every recorded approval came from one of the node's approvers."""
+def _check_approvals(path: Path, runs: dict[str, list[Event]], *, disk: bool = False) -> None:
+    """Every recorded answer is one the run's own graph allows: by one of the node's
+    approvers (compared exactly), signed where the graph requires it. The graph is
+    the run's recorded source and, with ``disk`` (an import), its graph.yaml next to
+    the file when it is there (they must agree); never the approvers copied into
+    the recorded question."""
+    from graphrun.runtime.decisions.policy import PolicyError, governing_policy
+
     for run_id, events in runs.items():
-        asked: dict[tuple[str, int], Any] = {}
+        policies: dict[str, Any] = {}
         for event in events:
-            if isinstance(event, HumanInputRequested):
-                asked[(event.node_id, event.visit)] = event
-            elif isinstance(event, HumanInputReceived):
-                request = asked.get((event.node_id, event.visit))
-                approvers = list(getattr(request, "approvers", None) or [])
-                by = event.by
-                if approvers and by not in approvers:
-                    raise ExportFileError(
-                        f"{path}: run {run_id} seq {event.seq}: an answer by {by!r} at node "
-                        f"'{event.node_id}', whose approvers are {', '.join(approvers)}"
-                    )
+            if not isinstance(event, HumanInputReceived | ApprovalSigned):
+                continue
+            node = event.node_id
+            try:
+                if node not in policies:
+                    policies[node] = governing_policy(events, node, disk=disk, base=path.parent)
+            except PolicyError as exc:
+                raise ExportFileError(f"{path}: run {run_id}: {exc.message}") from None
+            policy = policies[node]
+            where = f"{path}: run {run_id} seq {event.seq}"
+            if not policy.allows(event.by):
+                raise ExportFileError(
+                    f"{where}: an answer by {event.by!r} at node '{node}', whose "
+                    f"approvers are {', '.join(policy.approvers)}"
+                )
+            if policy.signed and not (event.signature and event.statement):
+                raise ExportFileError(
+                    f"{where}: an unsigned answer at node '{node}', which requires signed answers"
+                )
+
+
+def has_signatures(store: SqliteStore, runs: list[str]) -> bool:
+    """Whether any of ``runs`` holds a signed answer or a signed head (their bytes
+    and hashes must then be exported exactly as stored)."""
+    for rid in runs:
+        for event in store.read(rid):
+            if isinstance(event, HeadSigned):
+                return True
+            if isinstance(event, HumanInputReceived | ApprovalSigned) and event.statement:
+                return True
+    return False
 
 
 def import_runs(
-    store: SqliteStore, path: Path, *, trusted_dirs: list[Path] | None = None
+    store: SqliteStore,
+    path: Path,
+    *,
+    trusted_dirs: list[Path] | None = None,
+    against_disk: bool = False,
 ) -> list[tuple[str, str]]:
     """Load runs from an export file; returns ``(run_id, "imported"|"present")`` pairs.
 
@@ -493,8 +541,12 @@ def import_runs(
     that conflicts with the database imports nothing. With ``trusted_dirs`` (what
     the user named), a run that could still go on (not ended) is refused unless
     its agent directory is one of them: resuming it runs that folder's scripts.
+    With ``against_disk`` (``graphrun import``), every recorded answer is also
+    checked against the agent's graph.yaml beside the file, when it is there.
     """
     runs = read_export(path)
+    if against_disk:
+        _check_approvals(path, runs, disk=True)
     if trusted_dirs is not None:
         _check_agent_dirs(path, runs, trusted_dirs)
     out = []

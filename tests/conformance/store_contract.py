@@ -183,6 +183,22 @@ class StoreContract:
         assert [r.run_id for r in store.runs(limit=1)] == ["x"]
         assert store.run("c").error == "boom"
 
+    def test_runs_are_listed_a_page_at_a_time(self) -> None:
+        clock = FakeClock(100.0)
+        store = self.open_store(clock)
+        for i in range(7):
+            clock.t = 100.0 + i // 2  # runs started at the same time: by id, newest first
+            store.append(f"r{i}", [started()])
+            if i % 3 == 0:
+                store.append(f"r{i}", [RunCompleted(node_id="e", output="")])
+        newest = ["r6", "r5", "r4", "r3", "r2", "r1", "r0"]
+        assert [r.run_id for r in store.runs()] == newest
+        pages = [[r.run_id for r in store.runs(limit=3, offset=o)] for o in (0, 3, 6, 9)]
+        assert pages == [newest[:3], newest[3:6], newest[6:], []]
+        done = [r.run_id for r in store.runs(status="completed", limit=2, offset=1)]
+        assert done == ["r3", "r0"]
+        assert [r.run_id for r in store.runs(status="running", offset=3)] == ["r1"]
+
     def test_rebuild_runs_gives_the_same_rows(self) -> None:
         clock = FakeClock(100.0)
         store = self.open_store(clock)
@@ -427,6 +443,31 @@ class StoreContract:
         assert not b.is_live("r1")
         b.acquire_lease("r1")
         assert b.lease("r1").owner == b.owner  # type: ignore[union-attr]
+
+    def test_a_dead_holders_lease_row_is_released(self) -> None:
+        """A killed process leaves its lease row behind: it is released, and a
+        live holder's row stays."""
+        import subprocess
+        import sys
+
+        proc = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        a = self.open_store()
+        b = self.open_store()
+        c = self.open_store()
+        a.append("r1", [started()])
+        a.append("r2", [started()])
+        a.acquire_lease("r1")
+        self.set_lease_pid(a, "r1", int(proc.stdout))
+        b.acquire_lease("r2")
+        assert c.release_stale_leases() == ["r1"]
+        assert c.lease("r1") is None
+        assert c.lease("r2").owner == b.owner  # type: ignore[union-attr]
+        assert c.release_stale_leases() == []
 
     def test_a_pid_now_used_by_another_process_does_not_hold_a_lease(self) -> None:
         """The holder is its pid *and* its start time: a live process that got the

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from graphrun.eventstore.events import RunCancelled
 from graphrun.eventstore.fold import fold
+from graphrun.eventstore.migrations import SCHEMA_USER_VERSION
 from graphrun.eventstore.store import SqliteStore
 from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
 from graphrun.runtime.graph.loader import load_text
@@ -143,7 +144,7 @@ def test_a_schema_4_database_gains_the_cancel_requests_table(tmp_path: Path) -> 
         assert store.cancel_requested(run_id) == ("ann", "why")
         assert store.verify(run_id) is None
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_USER_VERSION
 
 
 FAN = """

@@ -541,3 +541,18 @@ def test_database_grows_linearly_with_visits(agent: Any, tmp_path: Path) -> None
     assert 1.8 < logged[200] / logged[100] < 2.2, logged
     assert logged[200] < 200 * (1024 + 1024), logged
     assert files[200] < 2.6 * files[100], files
+
+
+def test_runs_lists_a_page_at_a_time(graphrun: Any, agent: Any) -> None:
+    root = agent(LOOP, STEP, name="paged")
+    made = [record_run(graphrun.db, root) for _ in range(3)]
+    first = graphrun("runs", "--limit", "2")
+    assert first.code == 0, first.stderr
+    listed = [line.split()[0] for line in first.stdout.splitlines()[1:]]
+    assert listed == made[::-1][:2]
+    assert "(older runs: --offset 2)" in first.stderr
+    rest = graphrun("runs", "--limit", "2", "--offset", "2", "--json")
+    assert [r["run_id"] for r in rest.json_lines()] == made[:1]
+    assert graphrun("runs", "--offset", "3").stdout.count("\n") <= 1
+    bad = graphrun("runs", "--offset", "-1")
+    assert bad.code == 2 and "Traceback" not in bad.stderr

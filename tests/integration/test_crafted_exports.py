@@ -355,10 +355,10 @@ def test_garbage_lines_are_refused_without_a_hang(graphrun, tmp_path) -> None:
         refused(import_into(graphrun, path, db))
 
 
-def test_an_alias_bomb_in_a_recorded_graph_source_is_refused_on_replay(
-    graphrun, gate, tmp_path
-) -> None:
-    run_id, out = exported(
+def test_an_alias_bomb_in_a_recorded_graph_source_is_refused(graphrun, gate, tmp_path) -> None:
+    """Import reads the run's recorded graph to check who answered: the bomb is refused
+    there, quickly and in one line, and the database is left untouched."""
+    _run_id, out = exported(
         graphrun, tmp_path, str(gate), "v1", "--as", "bob", "--answer", "review=approve"
     )
     lines = ['  a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
@@ -369,8 +369,8 @@ def test_an_alias_bomb_in_a_recorded_graph_source_is_refused_on_replay(
     crafted.events[0]["graph_source"] = bomb
     crafted.events[0]["graph_hash"] = codec.content_hash(bomb)
     db = tmp_path / "fresh.db"
-    assert import_into(graphrun, crafted.write(tmp_path / "bomb.run.jsonl"), db).code == 0
-    res = graphrun("replay", run_id, "--db", str(db), timeout=30)
+    res = import_into(graphrun, crafted.write(tmp_path / "bomb.run.jsonl"), db)
     assert res.code == 2, res.stderr
     assert "more than 200,000 values once aliases are expanded" in res.stderr
     assert "internal error" not in res.stderr
+    assert graphrun("runs", "--db", str(db), "--json").stdout == ""

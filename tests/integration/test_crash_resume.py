@@ -167,3 +167,23 @@ def test_resume_of_a_finished_run_is_refused(graphrun: Any, agent: Any) -> None:
     assert result.stderr.strip() == (
         f"error: run {run_id} has already completed; there is nothing to resume"
     )
+
+
+def test_runs_releases_the_lease_a_killed_process_left(graphrun: Any, agent: Any) -> None:
+    """kill -9 leaves the run's lease row behind; `graphrun runs` releases it (the
+    holder is dead) and shows the run as interrupted, not as held."""
+    root = agent(SIX_STEPS, step_script(0.1))
+    run_id = kill_after(graphrun, root, 1)
+
+    def leases() -> list[str]:
+        with sqlite3.connect(graphrun.db) as conn:
+            return [r[0] for r in conn.execute("SELECT run_id FROM leases")]
+
+    assert leases() == [run_id]
+    listed = graphrun("runs")
+    assert listed.code == 0, listed.stderr
+    assert "interrupted" in listed.stdout
+    assert leases() == []
+    resumed = graphrun("resume", run_id)
+    assert resumed.code == 0, resumed.stderr
+    assert leases() == []

@@ -26,7 +26,7 @@ def test_audit_table_lists_every_decision(graphrun, agent):
     assert res.code == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0].split() == [
-        "WHEN", "(UTC)", "NODE", "QUESTION", "ANSWER", "BY", "VIA", "RUN"
+        "WHEN", "(UTC)", "NODE", "QUESTION", "ANSWER", "BY", "IDENTITY", "VIA", "RUN"
     ]  # fmt: skip
     assert len(lines) == 3
     import getpass

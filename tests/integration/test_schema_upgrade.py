@@ -14,6 +14,8 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+from graphrun.eventstore.migrations import SCHEMA_USER_VERSION
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 REPLAYS = Path(__file__).resolve().parents[2] / "replays"
 V1 = DATA / "events-schema-v1.db"
@@ -32,7 +34,7 @@ def test_a_schema_v1_database_is_migrated_and_its_runs_replay(graphrun, tmp_path
     rows = graphrun("runs", "--json").json_lines()
     assert sorted(r["graph_name"] for r in rows) == ["file-triage", "release-checklist"]
     with sqlite3.connect(graphrun.db) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_USER_VERSION
         ddl = db.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
         numbers = [n for (n,) in db.execute("SELECT run_no FROM runs ORDER BY run_no")]
         tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -61,7 +63,7 @@ def test_a_schema_v3_database_with_compressed_bodies_is_migrated(graphrun, tmp_p
     rows = graphrun("runs", "--json").json_lines()
     assert {r["run_id"] for r in rows} == recorded_runs
     with sqlite3.connect(graphrun.db) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_USER_VERSION
         kinds = {k for (k,) in db.execute("SELECT DISTINCT typeof(body) FROM events")}
         (usage,) = db.execute(
             "SELECT json_extract(body, '$.usage') FROM events WHERE type = 'LlmCalled' LIMIT 1"
@@ -107,3 +109,34 @@ def test_the_migrated_database_still_refuses_a_second_writer_of_a_seq(tmp_path: 
         second.append(run_id, [NodeEntered(node_id="z", node_type="end", visit=1)])
     first.close()
     second.close()
+
+
+def test_a_schema_5_database_gains_the_listing_indexes(tmp_path: Path) -> None:
+    """Schema 5 to 6: the indexes a page of `runs` is read through are added (by
+    sqlite-utils), and the first page is read through them, not by sorting every run."""
+    from graphrun.eventstore.store import SqliteStore
+    from tests.conformance.store_contract import started
+
+    db = tmp_path / "five.db"
+    with SqliteStore(db, create=True) as store:
+        for i in range(30):
+            store.append(f"r{i:02d}", [started()])
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP INDEX run_heads_started")
+        conn.execute("DROP INDEX run_heads_status_started")
+        conn.execute("PRAGMA user_version = 5")
+    with SqliteStore(db) as store:
+        assert [r.run_id for r in store.runs(limit=2, offset=1)] == ["r28", "r27"]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_USER_VERSION == 6
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        assert {"run_heads_started", "run_heads_status_started"} <= indexes
+        for status in ("", "WHERE status = 'running' "):
+            plan = " ".join(
+                str(r[-1])
+                for r in conn.execute(
+                    "EXPLAIN QUERY PLAN SELECT run_id FROM run_heads "
+                    f"{status}ORDER BY started_at DESC, run_id DESC LIMIT 50"
+                )
+            )
+            assert "run_heads_" in plan and "TEMP B-TREE" not in plan, plan

@@ -59,6 +59,9 @@ def test_a_claim_is_one_workers_until_its_lease_expires(stores: Any) -> None:
     with pytest.raises(LeaseHeldError, match="taken over by another worker"):
         a.append("r1", step("a", 1, 1, None))
     assert a.heartbeat(seconds=30) == ["r1"]
+    # b took the run without its lock (a held it); a let go of it, b takes it now.
+    assert b.heartbeat(seconds=30) == []
+    assert b.is_live("r1")
     b.append("r1", step("a", 1, 1, None))
     assert [e.seq for e in b.read("r1")] == [1, 2, 3, 4]
     a.finish_claim("r1", "done")  # the old claim's hand-back changes nothing
@@ -66,6 +69,44 @@ def test_a_claim_is_one_workers_until_its_lease_expires(stores: Any) -> None:
     b.finish_claim("r1", "done")
     assert b.queued("r1")["state"] == "done"  # type: ignore[index]
     assert b.lease("r1") is None
+
+
+def test_a_worker_whose_connection_goes_frees_its_runs_at_once(
+    stores: Any,
+    pg_server: PgServer,  # noqa: F811
+) -> None:
+    """A claim holds an advisory lock on a connection of its worker's own: when
+    PostgreSQL sees that connection go (the worker died, on whatever host), the
+    run is claimable at once, long before its lease expires."""
+    clock = FakeClock()
+    a, b, c = stores(clock), stores(clock), stores(clock)
+    submit(a, "r1")
+    submit(a, "r2")
+    assert a.claim(seconds=30)["run_id"] == "r1"  # type: ignore[index]
+    assert b.claim(seconds=30)["run_id"] == "r2"  # type: ignore[index]
+    assert c.claim(seconds=30) is None
+    assert c.is_live("r1") and c.is_live("r2")
+    # PostgreSQL ends the session of a's locks, as it does when a's process dies.
+    with a.pool.connection() as conn:
+        backend = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid::bigint = "
+            "(SELECT lock_key & 4294967295 FROM leases WHERE run_id = 'r1')"
+        ).fetchone()[0]
+    pg_server.psql(f"SELECT pg_terminate_backend({int(backend)})")
+    clock.t += 1  # far from the lease's 30 s
+    assert not c.is_live("r1") and c.is_live("r2")
+    taken = c.claim(seconds=30)
+    assert taken is not None and taken["run_id"] == "r1" and taken["taken_over"]
+    assert c.claim(seconds=30) is None  # r2's worker lives
+    # Were a still running, it could not write to r1 any more, and it learns so.
+    with pytest.raises(LeaseHeldError, match="taken over by another worker"):
+        a.append("r1", step("a", 1, 1, None))
+    assert a.heartbeat(seconds=30) == ["r1"]
+    assert b.heartbeat(seconds=30) == [] and c.heartbeat(seconds=30) == []
+    c.append("r1", step("a", 1, 1, None))
+    c.finish_claim("r1", "done")
+    assert [e.seq for e in c.read("r1")] == [1, 2, 3, 4]
+    assert c.queued("r1")["state"] == "done"  # type: ignore[index]
 
 
 def test_racing_claims_take_each_run_once(stores: Any) -> None:

@@ -50,6 +50,7 @@ class PgServer:
     root: Path  # the temporary directory: data/ and the socket
     port: int
     run_as: str | None
+    opts: str = ""  # the server's options (pg_ctl -o), for start()
 
     @property
     def datadir(self) -> Path:
@@ -94,6 +95,33 @@ class PgServer:
         name = "t_" + uuid.uuid4().hex[:12]
         self.psql(f"CREATE SCHEMA {name}")
         return self.url(schema=name)
+
+    def halt(self) -> None:
+        """Stop the server at once (``pg_ctl stop -m immediate``: every session is
+        cut, as in a crash), keeping its data for :meth:`start`."""
+        _as_user(
+            [str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate", "stop"],
+            self.run_as,
+        )
+
+    def start(self) -> None:
+        """Start the server (again) on its data directory, socket and port."""
+        _as_user(
+            [
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.datadir),
+                "-o",
+                self.opts,
+                "-l",
+                str(self.root / "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+            self.run_as,
+        )
 
     def stop(self) -> None:
         _as_user(
@@ -170,7 +198,10 @@ def start_server(*, fsync: bool = False) -> PgServer:
     if run_as is not None:
         shutil.chown(root, user=run_as)
     port = _free_port()
-    server = PgServer(bindir, root, port, run_as)
+    opts = f"-k {root} -p {port} -c listen_addresses='' -c max_connections=200"
+    if not fsync:
+        opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    server = PgServer(bindir, root, port, run_as, opts)
     try:
         _as_user(
             [
@@ -188,25 +219,7 @@ def start_server(*, fsync: bool = False) -> PgServer:
             ],
             run_as,
         )
-        opts = f"-k {root} -p {port} -c listen_addresses='' -c max_connections=200"
-        if not fsync:
-            opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        _as_user(
-            [
-                str(bindir / "pg_ctl"),
-                "-D",
-                str(data),
-                "-o",
-                opts,
-                "-l",
-                str(root / "server.log"),
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-            run_as,
-        )
+        server.start()
     except BaseException:
         log = root / "server.log"
         detail = log.read_text(errors="replace")[-800:] if log.exists() else ""

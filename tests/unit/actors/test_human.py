@@ -352,10 +352,16 @@ def test_identity_defaults_to_the_os_user():
 
 
 def test_identity_records_the_claim_and_the_os_user():
-    who = identity("  alice ")
+    who = identity("alice")
     assert who.by == "alice"
     assert who.os_user == getpass.getuser()
     assert who.host == socket.gethostname()
+
+
+@pytest.mark.parametrize("claim", [" alice ", "alice ", "\talice", "ali\nce"])
+def test_identity_refuses_a_padded_claim_instead_of_trimming_it(claim):
+    with pytest.raises(HumanInputError, match="surrounding or control whitespace"):
+        identity(claim)
 
 
 def test_identity_rejects_a_blank_claim():
