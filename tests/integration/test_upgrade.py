@@ -21,7 +21,7 @@ nodes:
     next: summarize
   summarize:
     type: llm
-    prompt: "Summarize the {{categroy}} ticket"
+    prompt: "Summarize the {{category.name}} ticket"
     state_updates:
       summary: "{{output}}"
     next: done
@@ -78,14 +78,14 @@ def test_a_fixed_typo_continues_a_failed_run_without_repeating_llm_calls(
     fake_llm.script(text("billing"))
     res = graphrun("run", str(root), "charged twice", **_env(fake_llm))
     assert res.code == 1
-    assert "'categroy' is not in state (did you mean 'category'?)" in res.stderr
+    assert "'category.name' is not in state" in res.stderr
     run_id = graphrun.last_run()
     assert len(fake_llm.requests) == 1
     resumed = graphrun("resume", run_id)
     assert resumed.code == 2
     assert f"graphrun upgrade {run_id} --graph DIR" in resumed.stderr
 
-    fixed = agent(TYPO.replace("{{categroy}}", "{{category}}"), name="fixed")
+    fixed = agent(TYPO.replace("{{category.name}}", "{{category}}"), name="fixed")
     dry = graphrun("upgrade", run_id, "--graph", str(fixed), "--dry-run")
     assert dry.code == 0, dry.stderr
     assert "would move from graph" in dry.stderr
@@ -121,7 +121,7 @@ def test_an_incompatible_change_is_refused_with_the_divergence(graphrun, agent, 
     run_id = graphrun.last_run()
     before = _events(graphrun, run_id)
     changed = agent(
-        TYPO.replace("{{categroy}}", "{{category}}").replace(
+        TYPO.replace("{{category.name}}", "{{category}}").replace(
             "Classify {{initial_prompt}}", "Sort {{initial_prompt}} into a queue"
         ),
         name="changed",
@@ -236,7 +236,7 @@ def test_from_seq_continues_a_fork_on_the_new_graph(graphrun, agent, fake_llm):
         for e in _events(graphrun, run_id)
         if e["type"] == "NodeCompleted" and e["node_id"] == "classify"
     )
-    fixed = agent(TYPO.replace("{{categroy}}", "{{category}}"), name="fixed")
+    fixed = agent(TYPO.replace("{{category.name}}", "{{category}}"), name="fixed")
     fake_llm.script(text("refund"))
     res = graphrun(
         "upgrade", run_id, "--graph", str(fixed), "--from-seq", str(seq), **_env(fake_llm)
