@@ -9,6 +9,20 @@ otherwise keep the node waiting until it finished.
 
 Built on :meth:`subprocess.Popen.communicate` with a timeout; nothing here
 changes the calling process (no signal handlers, no affinity, no scheduler).
+
+Children die with graphrun, even with ``kill -9``:
+
+* every child carries ``GRAPHRUN_OWNER=<host>:<pid>:<start time>`` (this
+  process) in its environment, which its own children inherit;
+* the first child starts the *lifeline*: a tiny process in a session of its own
+  that holds the read end of a pipe only this process writes to, and learns each
+  child's process group through it. When this process ends, however it ends, the
+  kernel closes the pipe; the lifeline then kills those groups and every process
+  still carrying this process's mark (a grandchild that left the group), and exits;
+* :func:`end_orphans` (run by ``resume`` and by a worker taking a run over) kills
+  what a dead graphrun left on this host should its lifeline have died with it:
+  processes marked by an owner that is gone (pid absent, or started at another
+  time: a reused pid is not the owner).
 """
 
 from __future__ import annotations
@@ -17,13 +31,15 @@ import atexit
 import contextlib
 import os
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from graphrun.actors.base import CancelToken
@@ -120,13 +136,14 @@ class Process:
         # process group that CTRL_BREAK and kill address.
         group = 0 if _POSIX else getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)
         command: str | list[str] = self.argv[0] if self.shell else self.argv
+        lifeline = _LIFELINE.ensure() if _POSIX else None
         with self._lock:
             if self._cancel_reason is not None:
                 raise ProcessCancelled(self._cancel_reason)
             self._proc = subprocess.Popen(
                 command,
                 cwd=self.cwd,
-                env=self.env,
+                env=marked(self.env),
                 shell=self.shell,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -134,6 +151,8 @@ class Process:
                 start_new_session=_POSIX,
                 creationflags=group,
             )
+            if lifeline is not None:
+                lifeline.watch(self._proc.pid)
         _RUNNING.add(self)
         return self
 
@@ -186,6 +205,7 @@ class Process:
                 if proc.returncode is None:
                     proc.wait()
                 self._done = True
+                _LIFELINE.forget(proc.pid)
             _RUNNING.discard(self)
         cancelled = self._cancel_reason is not None and not timed_out
         return Finished(
@@ -263,6 +283,168 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             proc.kill()
 
 
+# -- children die with graphrun -------------------------------------------------------
+
+#: Marks every child (and what it starts) with the graphrun process that owns it.
+OWNER_ENV = "GRAPHRUN_OWNER"
+
+_marks: dict[int, str] = {}
+
+
+def owner_mark(pid: int | None = None) -> str:
+    """``<host>:<pid>:<start time>`` of this process (or of ``pid``, with psutil)."""
+    pid = os.getpid() if pid is None else pid
+    mark = _marks.get(pid)
+    if mark is None:
+        import psutil
+
+        started = psutil.Process(pid).create_time()
+        mark = _marks[pid] = f"{socket.gethostname()}:{pid}:{started!r}"
+    return mark
+
+
+def marked(env: Env) -> Env:
+    """``env`` with this process's :data:`OWNER_ENV` mark (bytes or text, like ``env``)."""
+    if any(isinstance(key, bytes) for key in env):
+        as_bytes: dict[bytes, bytes] = dict(env)  # type: ignore[arg-type]
+        as_bytes[OWNER_ENV.encode()] = owner_mark().encode()
+        return as_bytes
+    as_text: dict[str, str] = dict(env)  # type: ignore[arg-type]
+    as_text[OWNER_ENV] = owner_mark()
+    return as_text
+
+
+#: The lifeline's program, run as a file: it imports nothing of graphrun.
+_LIFELINE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lifeline.py")
+
+
+class _Lifeline:
+    """The lifeline process of this graphrun process (started with its first child)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pipe: Any = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owner = 0  # the pid that started it (a forked copy starts its own)
+        self.pid: int | None = None
+
+    def ensure(self) -> _Lifeline | None:
+        """The running lifeline (started now if need be); ``None`` if it cannot start."""
+        with self._lock:
+            if self._pipe is not None and self._owner == os.getpid():
+                return self
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", _LIFELINE_FILE, f"{OWNER_ENV}={owner_mark()}"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env={},
+                )
+            except OSError:
+                return None  # the group kills at exit still apply
+            # Kept, never waited for: it outlives this process by design (init reaps it).
+            self._proc = proc
+            self._pipe, self._owner, self.pid = proc.stdin, os.getpid(), proc.pid
+            return self
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._pipe is None or self._owner != os.getpid():
+                return
+            try:
+                self._pipe.write(line.encode())
+                self._pipe.flush()
+            except (OSError, ValueError):
+                self._pipe = None
+
+    def watch(self, pgid: int) -> None:
+        self._send(f"+ {pgid}\n")
+
+    def forget(self, pgid: int) -> None:
+        self._send(f"- {pgid}\n")
+
+
+_LIFELINE = _Lifeline()
+
+
+def end_orphans(*, host: str | None = None) -> list[int]:
+    """Kill, on this host, every process a dead graphrun process left (marked by an
+    owner whose pid is gone or belongs to a process started at another time);
+    returns their pids. ``resume`` and a worker taking a run over call it before
+    performing anything again, so no node runs beside its orphan."""
+    import psutil
+
+    here = socket.gethostname()
+    if host is not None and host != here:
+        return []  # another host's processes cannot be seen
+    killed: list[psutil.Process] = []
+    alive: dict[str, bool] = {}
+    for proc, mark in _marked_processes():
+        if proc.pid == os.getpid():
+            continue
+        mark_host, _, rest = mark.partition(":")
+        pid_text, _, started_text = rest.partition(":")
+        if mark_host != here or not pid_text.isdigit():
+            continue
+        if mark not in alive:
+            alive[mark] = _owner_alive(int(pid_text), started_text)
+        if not alive[mark]:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+                killed.append(proc)
+    psutil.wait_procs(killed, timeout=2.0)  # gone before anything is performed again
+    return [proc.pid for proc in killed]
+
+
+def _marked_processes() -> Iterator[tuple[Any, str]]:
+    """Every process with an :data:`OWNER_ENV` mark, and the mark. On Linux the
+    environments are searched as bytes first (a few milliseconds for hundreds of
+    processes); only the marked ones are parsed."""
+    import psutil
+
+    needle = b"\0" + OWNER_ENV.encode() + b"="
+    if os.path.isdir("/proc"):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    raw = b"\0" + fh.read()
+            except OSError:
+                continue
+            at = raw.find(needle)
+            if at < 0:
+                continue
+            value = raw[at + len(needle) :].split(b"\0", 1)[0]
+            with contextlib.suppress(psutil.Error):
+                yield psutil.Process(int(name)), value.decode("utf-8", "replace")
+        return
+    for proc in psutil.process_iter():
+        try:
+            mark = proc.environ().get(OWNER_ENV)
+        except (psutil.Error, OSError):
+            continue
+        if mark:
+            yield proc, mark
+
+
+def _owner_alive(pid: int, started_text: str) -> bool:
+    import psutil
+
+    try:
+        started = float(started_text)
+        process = psutil.Process(pid)
+        if abs(process.create_time() - started) > 0.01:
+            return False  # the pid was reused
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
+    except (ValueError, psutil.NoSuchProcess):
+        return False
+    except psutil.Error:
+        return True
+
+
 class _Running:
     """The children started and not yet collected (so that an exit can kill them)."""
 
@@ -287,11 +469,15 @@ _RUNNING = _Running()
 atexit.register(kill_running)
 
 __all__ = [
+    "OWNER_ENV",
     "Env",
     "Finished",
     "Process",
     "ProcessCancelled",
+    "end_orphans",
     "inherited_environment",
     "kill_running",
+    "marked",
+    "owner_mark",
     "run",
 ]

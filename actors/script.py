@@ -19,6 +19,7 @@ from typing import Any
 from graphrun.actors import process
 from graphrun.actors.base import EffectContext
 from graphrun.actors.messages import ScriptTask
+from graphrun.actors.paths import outside_problem
 from graphrun.actors.tools.lokienv import script_env, work_dir
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.events import ScriptFinished
@@ -38,7 +39,9 @@ def _load(agent_dir: Path, script: str) -> tuple[str, list[str], bytes] | str:
     root = os.path.realpath(agent_dir)
     real = os.path.realpath(os.path.join(root, script))
     if real != root and not real.startswith(os.path.join(root, "")):
-        return f"script '{script}' is outside the agent directory"
+        problem = outside_problem(root, script, what=f"script '{script}'")
+        if problem is not None:
+            return problem
     extension = os.path.splitext(real)[1]
     runtime = RUNTIMES.get(extension)
     if runtime is None:

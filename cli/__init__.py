@@ -46,6 +46,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "submit": ("worker", "submit_cmd", "Queue a run for workers (PostgreSQL); print its id."),
     "worker": ("worker", "worker_cmd", "Drive queued runs from a PostgreSQL database."),
     "migrate": ("worker", "migrate_cmd", "Copy runs between SQLite and PostgreSQL stores."),
+    "serve": ("console.serve", "serve_cmd", "Serve the web console: runs, live runs, an inbox."),
 }
 
 
@@ -131,6 +132,16 @@ def main(argv: list[str] | None = None) -> Any:
             name = os.fsdecode(exc.filename or "")
             shown = name if len(name) <= 60 else name[:60] + "…"
             click.echo(f"error: path too long: {shown} ({len(name)} characters)", err=True)
+            sys.exit(2)
+        if isinstance(exc, UnicodeEncodeError) and "surrogate" in str(exc):
+            # Arguments were checked to be text above, so a lone surrogate here came
+            # from a JSON escape (``"\ud800"``) in some input: bad input, not a bug.
+            bad = exc.object[exc.start : exc.end].encode("utf-8", "surrogatepass").hex()
+            click.echo(
+                f"error: a value holds a lone surrogate (0x{bad}, half of a JSON \\u "
+                "escape pair), which is not text",
+                err=True,
+            )
             sys.exit(2)
 
         if os.environ.get("GRAPHRUN_DEBUG"):

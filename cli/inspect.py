@@ -45,6 +45,12 @@ from graphrun.eventstore.errors import GraphrunError
     help="Skip this many of the newest runs (the next page: --offset 50).",
 )
 @click.option("--usage", "with_usage", is_flag=True, help="Add token and cost columns.")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Exit 2 when a run's stored data is damaged (default: list the others and "
+    "name the damaged run on stderr).",
+)
 @json_option
 @db_option
 def runs_cmd(
@@ -52,6 +58,7 @@ def runs_cmd(
     limit: int,
     offset: int,
     with_usage: bool,
+    strict: bool,
     as_json: bool,
     db: str | None,
 ) -> None:
@@ -61,10 +68,17 @@ def runs_cmd(
     A waiting run shows the node it waits at and for whom: the node's
     approvers, else anyone (WAITS FOR). VERSION: the graph the run runs on (the
     start of its hash; `graphrun upgrade` moves a run onto another). With --usage:
-    each run's LLM tokens and cost, and TREE, the tokens of the run with all its child runs.
+    each run's LLM tokens and cost, and TREE, the tokens of the run with all its
+    child runs.
+
+    A run whose stored data is damaged is left out and named in one warning line
+    on stderr (`graphrun audit RUN --verify` says where), and so is a run whose
+    log went back behind the head graphrun reported for it (committed events lost
+    to a damaged -wal file); --strict makes either an error (exit 2).
     """
     from graphrun.cli.options import store_missing
     from graphrun.cli.render import table, when
+    from graphrun.eventstore.errors import CorruptStoreError
     from graphrun.runtime.inspect import display_status, run_summary
 
     if store_missing(db):
@@ -78,34 +92,64 @@ def runs_cmd(
     # keeps them; `runs` still says "interrupted").
     with contextlib.suppress(GraphrunError):
         store.release_stale_leases()
+    damaged: list[CorruptStoreError] = []
     if status in ("interrupted", "queued"):
         # Stopped by Ctrl-C/SIGTERM (RunInterrupted recorded), or killed outright:
         # "running" in the log, with no process driving it; or submitted and not
         # claimed yet (queued).
         crashed = [
             r
-            for r in store.runs(status="running", limit=offset + limit)
+            for r in store.runs(status="running", limit=offset + limit, damaged=damaged)
             if display_status(store, r) == status
         ]
-        stopped = store.runs(status=status, limit=offset + limit) if status == "interrupted" else []
+        stopped = (
+            store.runs(status=status, limit=offset + limit, damaged=damaged)
+            if status == "interrupted"
+            else []
+        )
         rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)
         rows = rows[offset : offset + limit]
     else:
-        rows = store.runs(status=status, limit=limit, offset=offset)
-    # A fork copies its source's events, times included: list it by when it was made.
-    made = {row.run_id: _made_at(store, row) for row in rows}
-    rows.sort(key=lambda r: made[r.run_id], reverse=True)
-    waits = {row.run_id: _waiting_request(store, row) for row in rows if row.waiting_node}
-    versions = {row.run_id: _graph_version(store, row) for row in rows} if not as_json else {}
+        rows = store.runs(status=status, limit=limit, offset=offset, damaged=damaged)
     prices = None
     if with_usage or as_json:
+        from graphrun.runtime.engine.usage import load_prices
         from graphrun.runtime.graph.config import config_dir
-        from graphrun.runtime.observe.usage import load_prices
 
         prices = load_prices(config_dir(None))
+    # Everything read from each run's events, read before anything is shown: a run
+    # whose events do not decode is left out (and named), never the whole listing.
+    made: dict[str, float] = {}
+    waits: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    versions: dict[str, str] = {}
+    readable = []
+    for row in rows:
+        try:
+            made[row.run_id] = _made_at(store, row)
+            if not as_json:
+                versions[row.run_id] = _graph_version(store, row)
+            if row.waiting_node:
+                waits[row.run_id] = _waiting_request(store, row)
+            if as_json:
+                extra[row.run_id] = run_summary(store, row, prices)
+            elif with_usage:
+                extra[row.run_id] = _usage_cells(store, row, prices)
+        except CorruptStoreError as exc:
+            damaged.append(exc)
+            continue
+        readable.append(row)
+    rows = readable
+    _report_damaged(damaged, strict)
+    for problem in store.lost_heads().values():  # runs whose log went backwards
+        if strict:
+            raise CorruptStoreError(problem)
+        click.echo(f"warning: {problem}", err=True)
+    # A fork copies its source's events, times included: list it by when it was made.
+    rows.sort(key=lambda r: made[r.run_id], reverse=True)
     if as_json:
         for row in rows:
-            click.echo(json.dumps(run_summary(store, row, prices), ensure_ascii=False))
+            click.echo(json.dumps(extra[row.run_id], ensure_ascii=False))
         return
     by_parent: dict[str | None, list[Any]] = {}
     ids = {r.run_id for r in rows}
@@ -133,7 +177,7 @@ def runs_cmd(
                 waits_for,
                 row.started_by or "",
             )
-            + (_usage_cells(store, row, prices) if with_usage else ())
+            + (extra[row.run_id] if with_usage else ())
         )
         for child in sorted(by_parent.get(row.run_id, []), key=lambda r: made[r.run_id]):
             add(child, depth + 1)
@@ -158,6 +202,18 @@ def runs_cmd(
         click.echo(f"(older runs: --offset {offset + limit})", err=True)
 
 
+def _report_damaged(damaged: list[Any], strict: bool) -> None:
+    """Name each damaged run on stderr (once), or with ``strict`` fail on the first."""
+    seen: set[str | None] = set()
+    for exc in damaged:
+        if exc.run_id in seen:
+            continue
+        seen.add(exc.run_id)
+        if strict:
+            raise exc
+        click.echo(f"warning: skipped a damaged run: {exc}", err=True)
+
+
 def _made_at(store: Any, row: Any) -> float:
     """When a run was made: its start, or for a fork the first event it added itself."""
     first = store.read(row.run_id, upto=1)
@@ -166,30 +222,6 @@ def _made_at(store: Any, row: Any) -> float:
         return float(row.started_at)
     own = store.read(row.run_id, after=forked_at, upto=forked_at + 1)
     return float(own[0].ts) if own else float(row.updated_at)
-
-
-def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
-    from graphrun.runtime.observe.usage import format_cost, run_usage, tree_usage
-
-    own, _ = run_usage(store.read(row.run_id), prices)
-    tree = tree_usage(store, row.run_id, prices)
-    cost = format_cost(own.cost) if own.cost_known else "?"
-    return (own.total_tokens, cost if own.calls else "", tree.total_tokens)
-
-
-def _waiting_request(store: Any, row: Any) -> Any:
-    """The ``HumanInputRequested`` a run waits at, or None. A waiting run's request
-    is its last one (an answer, or a node entered after it, ends the wait): it is
-    read from the log's tail, not by folding a long log whole."""
-    from graphrun.eventstore.events import HumanInputRequested
-    from graphrun.eventstore.fold import fold
-
-    if row.status == "waiting":
-        tail = store.read(row.run_id, after=max(0, row.last_seq - 32))
-        asked = [e for e in tail if isinstance(e, HumanInputRequested)]
-        if asked:
-            return asked[-1]
-    return fold(store.read(row.run_id)).waiting
 
 
 #: Runs up to this many events long are read whole for their graph version; a
@@ -216,6 +248,30 @@ def _graph_version(store: Any, row: Any) -> str:
     return graph_version(start.graph_hash) if start else ""
 
 
+def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
+    from graphrun.runtime.engine.usage import format_cost, run_usage, tree_usage
+
+    own, _ = run_usage(store.read(row.run_id), prices)
+    tree = tree_usage(store, row.run_id, prices)
+    cost = format_cost(own.cost) if own.cost_known else "?"
+    return (own.total_tokens, cost if own.calls else "", tree.total_tokens)
+
+
+def _waiting_request(store: Any, row: Any) -> Any:
+    """The ``HumanInputRequested`` a run waits at, or None. A waiting run's request
+    is its last one (an answer, or a node entered after it, ends the wait): it is
+    read from the log's tail, not by folding a long log whole."""
+    from graphrun.eventstore.events import HumanInputRequested
+    from graphrun.eventstore.fold import fold
+
+    if row.status == "waiting":
+        tail = store.read(row.run_id, after=max(0, row.last_seq - 32))
+        asked = [e for e in tail if isinstance(e, HumanInputRequested)]
+        if asked:
+            return asked[-1]
+    return fold(store.read(row.run_id)).waiting
+
+
 @click.command("show")
 @click.argument("run_id")
 @click.option("--at", "at_seq", type=int, metavar="SEQ", help="The state after event SEQ.")
@@ -228,6 +284,9 @@ def show_cmd(run_id: str, at_seq: int | None, as_json: bool, db: str | None) -> 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     info = describe_run(store, run_id, at_seq)
+    lost = store.lost_head(run_id)
+    if lost is not None:
+        click.echo(f"warning: {lost}", err=True)
     if as_json:
         click.echo(json.dumps(info, ensure_ascii=False, default=str))
         return

@@ -108,9 +108,9 @@ def report_cmd(
     divergences. A run in progress can be reported again to refresh, or kept
     fresh with --watch.
     """
+    from graphrun.runtime.engine.usage import load_prices
     from graphrun.runtime.graph.config import config_dir as resolve_config
     from graphrun.runtime.observe.report import build_report
-    from graphrun.runtime.observe.usage import load_prices
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
@@ -154,9 +154,9 @@ def logs_cmd(
     """
     import json
 
+    from graphrun.runtime.engine.usage import load_prices
     from graphrun.runtime.graph.config import config_dir as resolve_config
     from graphrun.runtime.observe.logs import llm_log, log_markdown
-    from graphrun.runtime.observe.usage import load_prices
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)

@@ -63,6 +63,13 @@ def _parse_set(values: tuple[str, ...]) -> dict[str, Any]:
             value, too_deep = raw, False
         if too_deep:
             raise UsageError(f"--set {key}: JSON nests deeper than {MAX_SET_DEPTH} levels")
+        try:  # a JSON escape can name half a surrogate pair, which is not text
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(
+                f"--set {key}: the JSON value holds a lone surrogate (a \\uD800-\\uDFFF "
+                "escape without its pair), which is not text"
+            ) from None
         out[key] = value
     return out
 
@@ -127,7 +134,7 @@ def _options(
     from graphrun.runtime.engine.driver import RunOptions
     from graphrun.runtime.graph.config import agents_dir as resolve_agents
     from graphrun.runtime.graph.config import config_dir as resolve_config
-    from graphrun.runtime.narrate import Narrator
+    from graphrun.runtime.narrate import Narrator, child_narrator
 
     recorded = recorded or {}
     if config_dir is None and recorded.get("config_dir"):
@@ -142,6 +149,7 @@ def _options(
         agents_dir=resolve_agents(agents_dir, config=cfg),
         config_dir=cfg,
         listener=None if quiet else Narrator(),
+        child_listener=None if quiet else child_narrator,
     )
     if isinstance(recorded.get("variables"), dict):
         options.variables = dict(recorded["variables"])  # as the run began
@@ -497,7 +505,7 @@ def _answer_and_resume(
     if trust is not None:
         options.signers = trust.signers
     outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
-    from graphrun.runtime.nodes.agent import resume_ancestors
+    from graphrun.runtime.engine.driver import resume_ancestors
 
     outcome = resume_ancestors(store, run_id, options, outcome)
     finish(outcome, as_json=as_json, db=db)
@@ -742,8 +750,8 @@ def fork_cmd(
     --answer for a different human decision.
     """
     from graphrun.runtime.engine.driver import Driver, recorded_config
-    from graphrun.runtime.engine.lifecycle import fork_run
     from graphrun.runtime.narrate import configure_logging
+    from graphrun.runtime.replay.fork import fork_run
 
     configure_logging()
     store = open_store(db)

@@ -174,7 +174,7 @@ def _select(store: Any, statuses: tuple[str, ...], agent: str | None, limit: int
 
 
 def _fork(store: Any, run_id: str, at_seq: int, who: str, dry_run: bool) -> str:
-    from graphrun.runtime.engine.lifecycle import fork_run
+    from graphrun.runtime.replay.fork import fork_run
 
     if dry_run:
         from graphrun.runtime.errors import UsageError

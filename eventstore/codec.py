@@ -26,6 +26,15 @@ _encoder = msgspec.json.Encoder(order="sorted")
 _decoder = msgspec.json.Decoder(Event)
 _any_decoder = msgspec.json.Decoder()
 
+#: What decoding stored bytes can raise: not JSON, not an event, not UTF-8 (msgspec
+#: reports invalid UTF-8 inside a string as ``UnicodeDecodeError``), nested too deep.
+DECODE_ERRORS: tuple[type[Exception], ...] = (
+    msgspec.DecodeError,
+    msgspec.ValidationError,
+    UnicodeDecodeError,
+    RecursionError,
+)
+
 
 def encode(event: Event) -> bytes:
     """Canonical JSON bytes of an event."""
@@ -33,7 +42,7 @@ def encode(event: Event) -> bytes:
 
 
 def decode(data: bytes | str) -> Event:
-    """Decode one event; raises ``msgspec.DecodeError`` / ``ValidationError``."""
+    """Decode one event; raises one of :data:`DECODE_ERRORS`."""
     return _decoder.decode(data)
 
 
@@ -108,14 +117,14 @@ def read_body(body: bytes, run_id: str | None, seq: int) -> tuple[Event | None, 
     for its envelope, so that one of another run or seq says so first."""
     try:
         event = _decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except DECODE_ERRORS as exc:
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as bad:
             return None, f"event does not decode: not valid UTF-8 (byte {bad.start})"
         try:
             envelope = _envelope.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc2:
+        except DECODE_ERRORS as exc2:
             return None, f"event does not decode: {exc2}"
         problem = _misplaced(envelope.run_id, envelope.seq, run_id, seq)
         return None, problem or f"event does not decode with this graphrun: {exc}"

@@ -50,7 +50,23 @@ class StoreError(GraphrunError):
 
 
 class CorruptStoreError(StoreError):
-    """The database file is damaged or belongs to something else."""
+    """The database file is damaged or belongs to something else.
+
+    When the damage is in one run, ``run_id`` names it and ``seq`` the first
+    damaged event (0 when no event is to blame): a listing skips that run."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        where: str | None = None,
+        run_id: str | None = None,
+        seq: int = 0,
+    ):
+        super().__init__(message, hint=hint, where=where)
+        self.run_id = run_id
+        self.seq = seq
 
 
 class UnknownRunError(StoreError):
@@ -68,9 +84,10 @@ class LeaseHeldError(StoreError):
 class BrokenLogError(CorruptStoreError):
     """A run's stored events do not verify; nothing may be appended to it."""
 
-    def __init__(self, message: str, *, seq: int, hint: str | None = None):
-        super().__init__(message, hint=hint)
-        self.seq = seq
+    def __init__(
+        self, message: str, *, seq: int, hint: str | None = None, run_id: str | None = None
+    ):
+        super().__init__(message, hint=hint, run_id=run_id, seq=seq)
 
 
 class StoreFullError(StoreError):

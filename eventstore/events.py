@@ -330,6 +330,46 @@ class HumanInputRequested(EventBase, frozen=True, kw_only=True):
     signed: bool = False  # as shown: the graph requires a signed answer here
 
 
+class ToolFinished(EventBase, frozen=True, kw_only=True):
+    """A ``tool`` node's call ran: the tool, the arguments as sent (JSON text), its
+    output (a JSON value when it printed one, else the text) or its error."""
+
+    node_id: str
+    visit: int
+    tool: str
+    arguments: str = ""
+    output: Any = None
+    error: str | None = None
+    duration_ms: float = 0.0
+    source: str = ""  # "tools.sh", "tools.py", "global", "mcp:<server>"
+
+
+class CacheChecked(EventBase, frozen=True, kw_only=True):
+    """A node with ``cache:`` looked its request up by ``key``. With ``from_run``, a
+    hit: the effect events that follow are copies of that run's, recorded from its
+    ``from_seq``; without, a miss: the effect is performed and later runs may reuse
+    it."""
+
+    node_id: str
+    visit: int
+    key: str
+    from_run: str | None = None
+    from_seq: int | None = None
+
+
+class NodeRetrying(EventBase, frozen=True, kw_only=True):
+    """A node's effect failed and is tried again (its ``retry`` policy): after
+    ``delay`` seconds from this event's time, attempt ``attempt + 1`` begins. The
+    delay is decided here, so a replay reproduces it without waiting and a run
+    resumed after a crash waits only what is left of it."""
+
+    node_id: str
+    visit: int
+    attempt: int  # the attempt that failed, from 1
+    error: str
+    delay: float
+
+
 class HumanInputReceived(EventBase, frozen=True, kw_only=True):
     """A person answered. Who, from where, through what, and what they were shown."""
 
@@ -441,10 +481,14 @@ Event = (
     | VisitCapExceeded
     | ChildCancelled
     | GraphUpgraded
+    | NodeRetrying
+    | ToolFinished
+    | CacheChecked
 )
 
 EFFECT_TYPES: tuple[type, ...] = (
     ScriptFinished,
+    ToolFinished,
     LlmCalled,
     ToolCalled,
     LlmResult,
@@ -457,6 +501,7 @@ EFFECT_TYPES: tuple[type, ...] = (
 #: result, a child run's start) are facts recorded on the way.
 RESULT_TYPES: tuple[type, ...] = (
     ScriptFinished,
+    ToolFinished,
     LlmResult,
     RetrievalDone,
     ChildRunFinished,
@@ -472,6 +517,7 @@ DECISION_TYPES: tuple[type, ...] = (
     VisitCapExceeded,
     StepStarted,
     BranchesMerged,
+    NodeRetrying,
 )
 TERMINAL_TYPES: tuple[type, ...] = (RunCompleted, RunFailed, RunCancelled)
 
@@ -483,6 +529,7 @@ __all__ = [
     "TERMINAL_TYPES",
     "ApprovalSigned",
     "BranchesMerged",
+    "CacheChecked",
     "ChildCancelled",
     "ChildRunFinished",
     "ChildRunStarted",
@@ -496,6 +543,7 @@ __all__ = [
     "NodeCompleted",
     "NodeEntered",
     "NodeFailed",
+    "NodeRetrying",
     "RetrievalDone",
     "RunCancelled",
     "RunCompleted",
@@ -507,5 +555,6 @@ __all__ = [
     "StepStarted",
     "TimeoutFired",
     "ToolCalled",
+    "ToolFinished",
     "VisitCapExceeded",
 ]

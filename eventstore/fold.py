@@ -28,6 +28,7 @@ from graphrun.eventstore.events import (
     NodeCompleted,
     NodeEntered,
     NodeFailed,
+    NodeRetrying,
     RetrievalDone,
     RunCancelled,
     RunCompleted,
@@ -38,6 +39,7 @@ from graphrun.eventstore.events import (
     ScriptFinished,
     StepStarted,
     ToolCalled,
+    ToolFinished,
 )
 
 _replace = msgspec.structs.replace
@@ -219,7 +221,15 @@ def apply(state: RunState, event: Event) -> RunState:
                 steps=state.steps + 1,
                 **base,
             )
-        case ScriptFinished() | LlmCalled() | ToolCalled() | LlmResult() | RetrievalDone():
+        case (
+            ScriptFinished()
+            | LlmCalled()
+            | ToolCalled()
+            | LlmResult()
+            | RetrievalDone()
+            | NodeRetrying()
+            | ToolFinished()
+        ):
             return _replace(state, effects=(*state.effects, event), **base)
         case HumanInputRequested():
             return _replace(state, status="waiting", waiting=event, **base)
@@ -366,7 +376,15 @@ def _apply_branch(state: RunState, event: Event, base: dict[str, Any]) -> RunSta
             effects = _add_effect(state.branch_effects, bid, event)
             children = {**state.children, child: status}
             return _replace(state, children=children, branch_effects=effects, **base)
-        case ScriptFinished() | LlmCalled() | ToolCalled() | LlmResult() | RetrievalDone():
+        case (
+            ScriptFinished()
+            | LlmCalled()
+            | ToolCalled()
+            | LlmResult()
+            | RetrievalDone()
+            | NodeRetrying()
+            | ToolFinished()
+        ):
             effects = _add_effect(state.branch_effects, bid, event)
             return _replace(state, branch_effects=effects, **base)
         case _:

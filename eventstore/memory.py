@@ -35,6 +35,7 @@ from graphrun.eventstore.store import (
     Store,
     _process_started,
     broken_log,
+    damaged_run,
     holder_alive,
 )
 
@@ -152,10 +153,9 @@ class MemoryStore:
                 continue
             try:
                 out.append(codec.decode(body))
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise CorruptStoreError(
-                    f"run {run_id}: event seq {seq} in {self.path} does not decode ({exc})",
-                    hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+            except codec.DECODE_ERRORS as exc:
+                raise damaged_run(
+                    run_id, seq, f"event seq {seq} in {self.path} does not decode ({exc})"
                 ) from None
         return out
 
@@ -178,6 +178,13 @@ class MemoryStore:
         problem = self.verify(run_id)
         return ([] if problem is not None else self.read(run_id)), problem
 
+    def lost_head(self, run_id: str) -> str | None:
+        """Never behind a reported head here (nothing of it outlives the process)."""
+        return None
+
+    def lost_heads(self) -> dict[str, str]:
+        return {}
+
     def require_intact(self, run_id: str) -> None:
         """Raise :class:`BrokenLogError` unless the run's log verifies."""
         problem = self.verify(run_id)
@@ -197,6 +204,7 @@ class MemoryStore:
         parent: str | None = None,
         limit: int = 1000,
         offset: int = 0,
+        damaged: list[CorruptStoreError] | None = None,
     ) -> list[RunRow]:
         with self.backend.lock:
             rows = list(self.backend.runs.values())
@@ -232,7 +240,7 @@ class MemoryStore:
                     for run_id in sorted(b.events)
                     for _seq, body, _p, digest in b.events[run_id]
                 ]
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except codec.DECODE_ERRORS as exc:
                 raise CorruptStoreError(
                     f"{self.path}: an event does not decode ({exc}); the runs were not rebuilt",
                     hint="`graphrun audit RUN --verify` names the damaged event",

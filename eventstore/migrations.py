@@ -294,7 +294,7 @@ def _v3_canonical(stored: str | bytes, run_id: str, key: int, ts: float) -> byte
             return bytes(stored)
     try:
         event = codec.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except codec.DECODE_ERRORS:
         return raw
     if event.run_id:
         return raw

@@ -65,7 +65,13 @@ from graphrun.eventstore.projections import (
     rebuild_rows,
     runs_query,
 )
-from graphrun.eventstore.store import LEASE_SECONDS, Lease, _process_started, holder_alive
+from graphrun.eventstore.store import (
+    LEASE_SECONDS,
+    Lease,
+    _process_started,
+    damaged_run,
+    holder_alive,
+)
 
 #: The schema version once every migration below has run.
 SCHEMA_VERSION = 3
@@ -269,9 +275,10 @@ _pool_log = _PoolLog()
 
 
 def _route_pool_logging() -> None:
-    """Route psycopg_pool's logger through graphrun's (once per process): its
-    records no longer reach Python's last-resort handler, raw, on stderr."""
-    pool_logger = logging.getLogger("psycopg.pool")
+    """Route psycopg's loggers (psycopg_pool's is ``psycopg.pool``) through
+    graphrun's, once per process: their records no longer reach Python's
+    last-resort handler, raw, on stderr."""
+    pool_logger = logging.getLogger("psycopg")
     if _pool_log not in pool_logger.handlers:
         pool_logger.addHandler(_pool_log)
         pool_logger.propagate = False
@@ -519,6 +526,18 @@ class PostgresStore:
         with self._lock_guard:
             if run_id in self._locked:
                 return True
+            got = self._locking("SELECT pg_try_advisory_lock(%s)", run_id)
+            if got:
+                self._locked.add(run_id)
+            return got
+
+    def _relock(self, run_id: str) -> bool:
+        """Take the lock of a run this worker holds again (false: not taken). A run
+        handed back meanwhile is not locked: its hand-back dropped it from the held
+        runs before giving up the lock, and the check is under the same guard."""
+        with self._lock_guard:
+            if run_id not in self._held or run_id in self._locked:
+                return False
             got = self._locking("SELECT pg_try_advisory_lock(%s)", run_id)
             if got:
                 self._locked.add(run_id)
@@ -778,10 +797,9 @@ class PostgresStore:
         for seq, body in rows:
             try:
                 out.append(decode(body))
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise CorruptStoreError(
-                    f"run {run_id}: event seq {seq} in the database does not decode ({exc})",
-                    hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+            except codec.DECODE_ERRORS as exc:
+                raise damaged_run(
+                    run_id, seq, f"event seq {seq} in the database does not decode ({exc})"
                 ) from None
         return out
 
@@ -812,6 +830,13 @@ class PostgresStore:
             raise self.unknown_run(run_id)
         events: list[Event] = []
         return events, codec.verify_chain(self.raw_rows(run_id), into=events)
+
+    def lost_head(self, run_id: str) -> str | None:
+        """Never behind a reported head here (PostgreSQL never drops a commit it acknowledged)."""
+        return None
+
+    def lost_heads(self) -> dict[str, str]:
+        return {}
 
     def require_intact(self, run_id: str) -> None:
         """Raise unless the run's log verifies (call it before extending a run
@@ -846,7 +871,9 @@ class PostgresStore:
         parent: str | None = None,
         limit: int = 1000,
         offset: int = 0,
+        damaged: list[CorruptStoreError] | None = None,
     ) -> list[RunRow]:
+        # PostgreSQL keeps only valid text: a runs row is never undecodable here.
         sql, args = runs_query(
             _SELECT_RUN, "%s", status=status, parent=parent, limit=limit, offset=offset
         )
@@ -871,8 +898,20 @@ class PostgresStore:
         """Drop and rebuild the ``runs`` projection from ``events``; returns rows."""
         with self._conn() as conn, conn.transaction():
             conn.execute("LOCK TABLE runs IN EXCLUSIVE MODE")
-            rows = conn.execute("SELECT body, hash FROM events ORDER BY run_id, seq").fetchall()
-            rebuilt = rebuild_rows((codec.decode(body), digest) for body, digest in rows)
+            rows = conn.execute(
+                "SELECT run_id, seq, body, hash FROM events ORDER BY run_id, seq"
+            ).fetchall()
+            stored = []
+            for run_id, seq, body, digest in rows:
+                try:
+                    stored.append((codec.decode(body), digest))
+                except codec.DECODE_ERRORS as exc:
+                    raise damaged_run(
+                        run_id,
+                        seq,
+                        f"event seq {seq} does not decode ({exc}); the runs were not rebuilt",
+                    ) from None
+            rebuilt = rebuild_rows(stored)
             conn.execute("DELETE FROM runs")
             with conn.cursor() as cur:
                 cur.executemany(_UPSERT_RUN, [msgspec.structs.astuple(r) for r in rebuilt.values()])
@@ -1232,7 +1271,7 @@ class PostgresStore:
         relock = [r for r in held if r not in self._locked]
         # A lock another holds now (a hung worker's, whose expired lease this one
         # took) is tried again at the next beat; the lease row says who holds the run.
-        relocked = [r for r in relock if self._try_lock(r)]
+        relocked = [r for r in relock if self._relock(r)]
         with self._conn() as conn:
             kept = {
                 r[0]

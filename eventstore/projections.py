@@ -6,9 +6,9 @@ Both are derived from events only, so ``runs`` can be dropped and rebuilt
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -56,6 +56,29 @@ class RunRow(msgspec.Struct, frozen=True):
 
 
 COLUMNS = tuple(RunRow.__struct_fields__)
+
+#: Past any time a run could start (year 5138): a larger value is damage.
+_LATEST_TIME = 1e11
+_KINDS: dict[str, tuple[type, ...]] = {"str": (str,), "float": (int, float), "int": (int,)}
+#: Each column's annotation and the Python types a stored value of it may have.
+_COLUMN_TYPES = tuple(
+    (str(RunRow.__annotations__[c]), _KINDS.get(str(RunRow.__annotations__[c]), (str, type(None))))
+    for c in COLUMNS
+)
+
+
+def row_problem(values: Sequence[Any]) -> str | None:
+    """Why stored ``runs`` values (in :data:`COLUMNS` order) are not a run's row
+    (a column of the wrong type, as a damaged or hand-edited file may hold), or
+    ``None``."""
+    for name, value, (kind, types) in zip(COLUMNS, values, _COLUMN_TYPES, strict=False):
+        if not isinstance(value, types) or isinstance(value, bool):
+            return f"its runs row's {name} is {type(value).__name__}, not {kind}"
+        if kind == "float" and not 0 <= cast(float, value) < _LATEST_TIME:
+            return f"its runs row's {name} ({value!r}) is not a time"
+    return None
+
+
 _replace = msgspec.structs.replace
 
 #: The columns of a ``runs`` row its last event decides (read from ``events``);

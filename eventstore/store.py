@@ -69,10 +69,16 @@ from graphrun.eventstore.projections import (
     entered_node,
     prefix_match,
     rebuild_rows,
+    row_problem,
     runs_query,
 )
+from graphrun.eventstore.reported import ReportedHeads
 
 LEASE_SECONDS = 30.0
+#: A run's head is recorded outside the database when it reaches one of these.
+_REPORTED_STATUSES = frozenset(
+    {"waiting", "completed", "completed_with_errors", "failed", "cancelled", "interrupted"}
+)
 #: How long a command waits for another process's write lock before giving up.
 BUSY_SECONDS = 10.0
 
@@ -171,6 +177,10 @@ class Store(Protocol):
 
     def read_verified(self, run_id: str) -> tuple[list[Event], codec.ChainProblem | None]: ...
 
+    def lost_head(self, run_id: str) -> str | None: ...
+
+    def lost_heads(self) -> dict[str, str]: ...
+
     def require_intact(self, run_id: str) -> None: ...
 
     def run(self, run_id: str) -> RunRow: ...
@@ -182,6 +192,7 @@ class Store(Protocol):
         parent: str | None = None,
         limit: int = 1000,
         offset: int = 0,
+        damaged: list[CorruptStoreError] | None = None,
     ) -> list[RunRow]: ...
 
     def resolve_run_id(self, prefix: str) -> str: ...
@@ -215,7 +226,50 @@ def broken_log(run_id: str, problem: codec.ChainProblem) -> BrokenLogError:
         f"run {run_id} does not verify at seq {problem.seq}: {problem.reason}",
         seq=problem.seq,
         hint=f"nothing was appended; `graphrun audit {run_id} --verify` checks the run",
+        run_id=run_id,
     )
+
+
+def damaged_run(run_id: str, seq: int, reason: str) -> CorruptStoreError:
+    """The error for a run whose stored data does not decode (every store)."""
+    return CorruptStoreError(
+        f"run {run_id}: {reason}",
+        hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+        run_id=run_id,
+        seq=seq,
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "not valid UTF-8"
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _bad_run_no(run_id: bytes, path: Path) -> CorruptStoreError:
+    text = run_id.decode("utf-8", "backslashreplace")
+    return damaged_run(text, 0, f"its runs row's run_no in {path} is not a number")
+
+
+_LEASE_KINDS: tuple[type | tuple[type, ...], ...] = (str, str, int, str, (int, float), (int, float))
+
+
+def _lease_shaped(row: Sequence[Any]) -> bool:
+    """Whether a ``leases`` row (run_id, owner, pid, host, expires_at, started) has
+    the types graphrun writes (a damaged or edited file may hold others)."""
+    return all(isinstance(v, k) for v, k in zip(row, _LEASE_KINDS, strict=True))
+
+
+def _unreadable_lease(run_id: str) -> Lease:
+    """A lease row a damaged file holds: it holds nothing (expired long ago), so
+    the run can be taken, and the row is replaced when it is."""
+    return Lease(run_id=run_id, owner="(unreadable)", pid=0, host="", expires_at=0.0)
+
+
+def _undecodable(exc: sqlite3.Error) -> bool:
+    """Whether SQLite handed back text that is not UTF-8 (a damaged row)."""
+    return "decode" in str(exc).lower()
 
 
 def storage_error(
@@ -314,6 +368,9 @@ class SqliteStore:
                 f"no event database at {self.path}",
                 hint="run something first, or pass --db / set GRAPHRUN_DB",
             )
+        self.reported = ReportedHeads(self.path)
+        if create and not self.path.exists():
+            self.reported.forget()  # a record of another, earlier file by that name
         try:
             if create:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -368,13 +425,28 @@ class SqliteStore:
     def _row(self, run_id: str) -> RunRow | None:
         row = self._rows.get(run_id)
         if row is None:
-            found = self.conn.execute(_SELECT_RUN + " WHERE run_id = ?", (run_id,)).fetchone()
+            try:
+                found = self.conn.execute(_SELECT_RUN + " WHERE run_id = ?", (run_id,)).fetchone()
+            except sqlite3.OperationalError as exc:
+                if not _undecodable(exc):
+                    raise
+                (run_no,) = self.conn.execute(
+                    "SELECT run_no FROM run_heads WHERE run_id = ?", (run_id,)
+                ).fetchone()
+                raise self._damaged_row(run_no) from None
             if found is not None:
                 row = self._to_row(found)
         return row
 
     def _to_row(self, found: tuple[Any, ...]) -> RunRow:
-        """A ``runs`` view row (with its ``run_no`` last)."""
+        """A ``runs`` view row (with its ``run_no`` last); a row whose values have
+        the wrong types (a damaged file) is a :class:`CorruptStoreError`."""
+        problem = row_problem(found)
+        if problem is None and (not isinstance(found[-1], int) or isinstance(found[-1], bool)):
+            problem = f"its runs row's run_no is {type(found[-1]).__name__}, not int"
+        if problem is not None:
+            run_id = found[0] if isinstance(found[0], str) else repr(found[0])
+            raise damaged_run(run_id, 0, f"{problem} in {self.path}")
         self._run_nos.setdefault(found[0], found[-1])
         return RunRow(*found[:-1])
 
@@ -491,7 +563,9 @@ class SqliteStore:
                         pass
             self._run_nos[run_id] = run_no
             self._rows[run_id] = row
-            return stamped
+        if head_changed and row.status in _REPORTED_STATUSES:
+            self.reported.record(run_id, row.last_seq, row.last_hash)
+        return stamped
 
     @staticmethod
     def _head(row: RunRow) -> tuple[Any, ...]:
@@ -508,7 +582,9 @@ class SqliteStore:
             "SELECT run_no FROM run_heads WHERE run_id = ?", (run_id,)
         ).fetchone()
         if found is not None:
-            run_no = int(found[0])
+            if not isinstance(found[0], int):
+                raise _bad_run_no(run_id.encode("utf-8"), self.path)
+            run_no = found[0]
         elif new:
             (top_head,) = self.conn.execute("SELECT max(run_no) FROM run_heads").fetchone()
             (top_event,) = self.conn.execute("SELECT max(id) FROM events").fetchone()
@@ -545,16 +621,17 @@ class SqliteStore:
         decode = codec.decode
         try:
             return [decode(body) for _key, body in rows]
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except codec.DECODE_ERRORS:
             pass
         for key, body in rows:
             try:
                 decode(body)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise CorruptStoreError(
-                    f"run {run_id}: event seq {key & _SEQ_MASK} in {self.path} does not "
-                    f"decode ({exc})",
-                    hint=f"`graphrun audit {run_id} --verify` checks the whole run",
+            except codec.DECODE_ERRORS as exc:
+                raise damaged_run(
+                    run_id,
+                    key & _SEQ_MASK,
+                    f"event seq {key & _SEQ_MASK} in {self.path} "
+                    f"does not decode ({_one_line(exc)})",
                 ) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -617,7 +694,13 @@ class SqliteStore:
             return events, codec.ChainProblem(seq, f"its database page cannot be read ({detail})")
         if not rows:
             return events, codec.ChainProblem(1, "the run has no events")
-        return events, self._head_problem(run_id, events)
+        problem = self._head_problem(run_id, events)
+        if problem is None:  # a chain that verifies may still have lost its end
+            reported = self.reported.heads().get(run_id)
+            lost = self._behind(run_id, *reported) if reported is not None else None
+            if lost is not None:
+                problem = codec.ChainProblem(min(len(events) + 1, reported[0]), lost)  # type: ignore[index]
+        return events, problem
 
     @_guarded("reading the runs")
     def _head_problem(self, run_id: str, events: list[Event]) -> codec.ChainProblem | None:
@@ -640,6 +723,47 @@ class SqliteStore:
             f"the runs table's {', '.join(differ)} for this run do not match its events "
             "(edited outside graphrun?)",
         )
+
+    @_guarded("reading the runs")
+    def lost_head(self, run_id: str) -> str | None:
+        """Whether the run's log went back behind the head graphrun last reported
+        (see :mod:`graphrun.eventstore.reported`): why, or ``None``."""
+        reported = self.reported.heads().get(run_id)
+        return None if reported is None else self._behind(run_id, *reported)
+
+    @_guarded("reading the runs")
+    def lost_heads(self) -> dict[str, str]:
+        """:meth:`lost_head` of every run reported in this file that went back."""
+        found = {}
+        for run_id, (seq, digest) in sorted(self.reported.heads().items()):
+            problem = self._behind(run_id, seq, digest)
+            if problem is not None:
+                found[run_id] = problem
+        return found
+
+    def _behind(self, run_id: str, seq: int, digest: str) -> str | None:
+        lost = (
+            "committed events were lost (a damaged -wal file after a crash?); "
+            f"{self.reported.path.name} keeps what was reported"
+        )
+        with self._lock:
+            found = self.conn.execute(
+                "SELECT run_no FROM run_heads WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if found is None or not isinstance(found[0], int):
+                return f"run {run_id} was reported at seq {seq} but is not in {self.path}: {lost}"
+            stored = self.conn.execute(
+                "SELECT hash FROM events WHERE id = ?", ((found[0] << _SEQ_BITS) | seq,)
+            ).fetchone()
+            if stored is not None and stored[0] == digest:
+                return None
+            (last,) = self.conn.execute(
+                "SELECT coalesce(max(id), 0) & ? FROM events WHERE id > ? AND id <= ?",
+                (_SEQ_MASK, found[0] << _SEQ_BITS, (found[0] << _SEQ_BITS) | _SEQ_MASK),
+            ).fetchone()
+        if stored is None:
+            return f"run {run_id}'s log ends at seq {last}, but seq {seq} was reported: {lost}"
+        return f"run {run_id}'s event at seq {seq} is not the one reported: {lost}"
 
     def require_intact(self, run_id: str) -> None:
         """Raise :class:`BrokenLogError` unless the run's log verifies (call it
@@ -664,7 +788,11 @@ class SqliteStore:
         parent: str | None = None,
         limit: int = 1000,
         offset: int = 0,
+        damaged: list[CorruptStoreError] | None = None,
     ) -> list[RunRow]:
+        """The runs, newest first (one page). A run whose row holds bytes that are
+        not text is left out, and its error added to ``damaged`` (raised when
+        ``damaged`` is ``None``): one damaged run never hides the others."""
         sql, args = runs_query(
             _SELECT_RUN,
             "?",
@@ -675,7 +803,65 @@ class SqliteStore:
             heads="run_heads",
         )
         with self._lock:
-            return [self._to_row(r) for r in self.conn.execute(sql, args).fetchall()]
+            try:
+                return [self._to_row(r) for r in self.conn.execute(sql, args).fetchall()]
+            except sqlite3.OperationalError as exc:
+                if not _undecodable(exc):
+                    raise
+            except CorruptStoreError:
+                pass
+            # Some row does not decode: read them one by one, by number.
+            sql, args = runs_query(
+                "SELECT run_no FROM (SELECT * FROM runs WHERE typeof(run_no) = 'integer')",
+                "?",
+                status=status,
+                parent=parent,
+                limit=limit,
+                offset=offset,
+                heads="run_heads",
+            )
+            out: list[RunRow] = []
+            for (raw,) in self.conn.execute(
+                "SELECT CAST(run_id AS BLOB) FROM run_heads WHERE typeof(run_no) != 'integer'"
+            ).fetchall():
+                error = _bad_run_no(bytes(raw or b""), self.path)
+                if damaged is None:
+                    raise error
+                damaged.append(error)
+            for (run_no,) in self.conn.execute(sql, args).fetchall():
+                try:
+                    try:
+                        found = self.conn.execute(_SELECT_RUN + " WHERE run_no = ?", (run_no,))
+                        out.append(self._to_row(found.fetchone()))
+                    except sqlite3.OperationalError as exc:
+                        if not _undecodable(exc):
+                            raise
+                        raise self._damaged_row(run_no) from None
+                except CorruptStoreError as error:
+                    if damaged is None:
+                        raise
+                    damaged.append(error)
+            return out
+
+    def _damaged_row(self, run_no: int) -> CorruptStoreError:
+        """The error for the run numbered ``run_no``, whose row does not decode."""
+        (raw,) = self.conn.execute(
+            "SELECT CAST(run_id AS BLOB) FROM run_heads WHERE run_no = ?", (run_no,)
+        ).fetchone()
+        run_id = bytes(raw or b"").decode("utf-8", "backslashreplace")
+        seq = 0
+        lo = run_no << _SEQ_BITS
+        for key, body in self.conn.execute(
+            "SELECT id, CAST(body AS BLOB) FROM events WHERE id > ? AND id <= ? ORDER BY id",
+            (lo, lo + _SEQ_MASK),
+        ):
+            try:
+                bytes(body).decode("utf-8")
+            except UnicodeDecodeError:
+                seq = key & _SEQ_MASK
+                break
+        where = f"event seq {seq}" if seq else "its runs row"
+        return damaged_run(run_id, seq, f"{where} in {self.path} is not valid UTF-8")
 
     @_guarded("reading the runs")
     def resolve_run_id(self, prefix: str) -> str:
@@ -688,6 +874,14 @@ class SqliteStore:
         return prefix_match(prefix, rows, self.unknown_run(prefix))
 
     def unknown_run(self, run_id: str) -> UnknownRunError:
+        reported = self.reported.heads().get(run_id)
+        if reported is not None:  # it was there: the database lost it
+            return UnknownRunError(
+                f"no run {run_id!r} in {self.path}, although graphrun reported it at seq "
+                f"{reported[0]}: committed events were lost (a damaged -wal file after a "
+                f"crash?); {self.reported.path.name} keeps what was reported",
+                hint="restore the database from a backup",
+            )
         return UnknownRunError(
             f"no run {run_id!r} in {self.path}", hint="`graphrun runs` lists the runs"
         )
@@ -709,7 +903,7 @@ class SqliteStore:
 
             try:
                 rebuilt = rebuild_rows(stored())
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except codec.DECODE_ERRORS as exc:
                 raise CorruptStoreError(
                     f"{self.path}: an event does not decode ({exc}); the runs were not rebuilt",
                     hint="`graphrun audit RUN --verify` names the damaged event",
@@ -779,11 +973,20 @@ class SqliteStore:
             )
 
     def _lease(self, run_id: str) -> Lease | None:
-        found = self.conn.execute(
-            "SELECT run_id, owner, pid, host, expires_at, started FROM leases WHERE run_id = ?",
-            (run_id,),
-        ).fetchone()
-        return Lease(*found) if found else None
+        try:
+            found = self.conn.execute(
+                "SELECT run_id, owner, pid, host, expires_at, started FROM leases WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+        except sqlite3.OperationalError as exc:
+            if not _undecodable(exc):
+                raise
+            return _unreadable_lease(run_id)
+        if found is None:
+            return None
+        if not _lease_shaped(found):
+            return _unreadable_lease(run_id)
+        return Lease(*found)
 
     @_guarded("reading the run's lease")
     def lease(self, run_id: str) -> Lease | None:
@@ -804,11 +1007,17 @@ class SqliteStore:
         A lease of another host's process stays until it expires (that process
         cannot be seen from here)."""
         with self._lock:
-            rows = self.conn.execute(
-                "SELECT run_id, owner, pid, host, expires_at, started FROM leases WHERE owner <> ?",
-                (self.owner,),
-            ).fetchall()
-            stale = [Lease(*r) for r in rows]
+            try:
+                rows = self.conn.execute(
+                    "SELECT run_id, owner, pid, host, expires_at, started FROM leases "
+                    "WHERE owner <> ?",
+                    (self.owner,),
+                ).fetchall()
+            except sqlite3.OperationalError as exc:
+                if not _undecodable(exc):
+                    raise
+                return []  # a damaged row: each lease is read on its own (`_lease`)
+            stale = [Lease(*r) for r in rows if _lease_shaped(r)]
             stale = [lease for lease in stale if not holder_alive(lease)]
             if stale:
                 self.conn.execute("BEGIN IMMEDIATE")

@@ -71,26 +71,28 @@ class AgentRef:
     kind: str  # "graph" or "loop"
 
 
+def is_agent_path(name: str) -> bool:
+    """Whether an ``agent:`` value is a path (from the graph's folder), not a name."""
+    return "/" in name or os.sep in name or name.startswith((".", "~"))
+
+
 def resolve_agent_dir(
     name: str, agents_dir: Path | None, *, graph_dir: Path | None = None
 ) -> AgentRef:
     """An agent by name in the agents directory, or a path inside ``graph_dir`` (the
     folder of the graph naming it). Anything else (an absolute path, a path leaving
-    the graph's folder) needs the user's ``GRAPHRUN_ALLOW_OUTSIDE_PATHS=1``."""
-    from graphrun.actors.rag.loaders import OUTSIDE_PATHS_ENV, outside_paths_allowed
+    the graph's folder) needs the user's allowance (:mod:`graphrun.actors.paths`)."""
+    from graphrun.actors.paths import outside_hint, outside_problem
 
     candidates = []
-    if "/" in name or os.sep in name or name.startswith("."):
+    if is_agent_path(name):
         path = Path(os.path.expanduser(name))
         if not path.is_absolute() and graph_dir is not None:
             path = graph_dir / path
-        inside = graph_dir is not None and Path(os.path.realpath(path)).is_relative_to(
-            os.path.realpath(graph_dir)
-        )
-        if not inside and not outside_paths_allowed():
+        problem = outside_problem(graph_dir, path, what=f"agent '{name}'")
+        if problem is not None:
             raise GraphLoadError(
-                f"agent '{name}' is outside the graph's folder",
-                hint=f"name an agent in the agents directory, or set {OUTSIDE_PATHS_ENV}=1",
+                problem, hint="name an agent in the agents directory, or " + outside_hint()
             )
         candidates.append(path)
     elif agents_dir is not None:

@@ -149,7 +149,7 @@ def run_summary(
     for, or null), output, error, usage (this run's LLM calls), tree_usage
     (with every child run's).
     """
-    from graphrun.runtime.observe.usage import run_usage, tree_usage
+    from graphrun.runtime.engine.usage import run_usage, tree_usage
 
     events = store.read(row.run_id)
     state = fold(events)
@@ -184,7 +184,7 @@ def describe_run(
     The keys of :func:`run_summary` (as of ``at_seq``), plus ``at_seq``, ``visits``,
     ``path``, ``state``, ``node_usage`` and ``children`` (each described alike).
     """
-    from graphrun.runtime.observe.usage import Usage, load_prices, run_usage
+    from graphrun.runtime.engine.usage import Usage, load_prices, run_usage
 
     if prices is None:
         prices = load_prices(_config_dir())

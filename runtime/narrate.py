@@ -25,6 +25,7 @@ from graphrun.eventstore.events import (
     NodeCompleted,
     NodeEntered,
     NodeFailed,
+    NodeRetrying,
     RetrievalDone,
     RunCancelled,
     RunCompleted,
@@ -66,6 +67,14 @@ def configure_logging() -> None:
     root = logging.getLogger("graphrun")
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+def child_narrator() -> Narrator:
+    """A narrator for a child run: its lines indented under its parent's."""
+    narrator = Narrator()
+    original = narrator.line
+    narrator.line = lambda text: original("  " + text)  # type: ignore[method-assign]
+    return narrator
 
 
 class Narrator:
@@ -196,6 +205,11 @@ class Narrator:
                 )
             case NodeFailed():
                 self.line(f"▸ {event.node_id} failed: {event.error}")
+            case NodeRetrying():
+                self.line(
+                    f"▸ {event.node_id} attempt {event.attempt} failed ({event.error[:120]}); "
+                    f"trying again in {event.delay:g}s"
+                )
             case HumanInputRequested():
                 self.line(f"▸ {event.node_id} waits for an answer")
             case TimeoutFired():
@@ -265,6 +279,10 @@ class Narrator:
                 )
             case NodeFailed():
                 self.line(f"▸   {event.node_id} FAILED: {event.error[:120]}")
+            case NodeRetrying():
+                self.line(
+                    f"▸   {event.node_id} attempt {event.attempt} failed; again in {event.delay:g}s"
+                )
             case HumanInputRequested():
                 self.line(f"▸   {event.node_id} waits for an answer")
             case _:

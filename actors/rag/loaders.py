@@ -4,9 +4,10 @@ A ``documents`` entry is one of:
 
 - a file (``./knowledge/faq.md``), a folder (``./knowledge/``, read recursively,
   hidden files and folders skipped) or a glob (``./docs/**/*.md``); relative
-  entries resolve against the agent directory (``../shared/`` and symlinked
-  folders included); an absolute or ``~`` path is refused unless the user set
-  ``GRAPHRUN_ALLOW_OUTSIDE_PATHS=1`` (a graph must not index any readable file);
+  entries resolve against the agent directory; every file must lie inside it
+  once ``..`` and symlinks are resolved, unless the user allows more
+  (``GRAPHRUN_ALLOWED_ROOTS``, ``GRAPHRUN_ALLOW_OUTSIDE_PATHS=1``; see
+  :mod:`graphrun.actors.paths`): a graph must not index any readable file;
 - a URL (``http://`` or ``https://``), fetched with httpx; HTML is reduced to text;
 - a loader-protocol path (``git:https://...``) when a loader command is configured
   for its protocol: the command (``$1`` stands for the resource) prints the text.
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphrun.actors import process
+from graphrun.actors.paths import outside_hint, outside_problem
 from graphrun.eventstore.errors import GraphrunError
 
 #: Extensions read as PDF or HTML; everything else must be UTF-8 text.
@@ -45,16 +47,6 @@ _URL_PREFIXES = ("http://", "https://")
 _SNIFF_BYTES = 8192
 _URL_TIMEOUT_S = 30.0
 _LOADER_TIMEOUT_S = 120.0
-
-
-#: Set to 1 by a user who lets graphs name absolute paths (rag ``documents``,
-#: ``agent:`` outside the graph's folder); a graph cannot set it for itself.
-OUTSIDE_PATHS_ENV = "GRAPHRUN_ALLOW_OUTSIDE_PATHS"
-
-
-def outside_paths_allowed() -> bool:
-    """Whether the user allows graphs to name paths outside their own folder."""
-    return os.environ.get(OUTSIDE_PATHS_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 class RagError(GraphrunError):
@@ -193,14 +185,40 @@ def resolve_sources(
 
 
 def _resolve_local(entry: str, agent_dir: Path, node_id: str | None) -> list[SourceRef]:
+    """The files of a local entry, each checked against the path rule
+    (:mod:`graphrun.actors.paths`): the entry itself, and every file it reaches
+    (a symlink inside a folder may point anywhere)."""
+    refs = _expand_local(entry, agent_dir, node_id)
+    for ref in refs:
+        assert ref.path is not None
+        what = f"document '{entry}'" + ("" if ref.source == entry else f" (file {ref.source})")
+        problem = outside_problem(agent_dir, ref.path, what=what)
+        if problem is not None:
+            raise RagError(problem, node_id=node_id, hint=outside_hint())
+    return refs
+
+
+def document_problem(entry: str, agent_dir: Path) -> str | None:
+    """Why a local ``documents`` entry would be refused for its paths, or ``None``
+    (``validate`` asks this; a missing file is the run's to report)."""
+    protocol, colon, _rest = entry.partition(":")
+    if is_url(entry) or (colon and len(protocol) > 1 and "/" not in protocol):
+        return None  # a URL or a loader-protocol path: not a file of this machine
+    try:
+        _resolve_local(entry.strip(), agent_dir, None)
+    except RagError as exc:
+        return exc.message if "outside" in exc.message else None
+    except OSError:
+        return None
+    return None
+
+
+def _expand_local(entry: str, agent_dir: Path, node_id: str | None) -> list[SourceRef]:
     expanded = os.path.expanduser(entry)
-    if os.path.isabs(expanded) and not outside_paths_allowed():
-        raise RagError(
-            f"document '{entry}' is an absolute path",
-            node_id=node_id,
-            hint=f"name documents relative to the agent directory, or set {OUTSIDE_PATHS_ENV}=1",
-        )
     base = Path(expanded) if os.path.isabs(expanded) else Path(agent_dir).resolve() / expanded
+    problem = outside_problem(agent_dir, base, what=f"document '{entry}'")
+    if problem is not None:  # before looking at what is there
+        raise RagError(problem, node_id=node_id, hint=outside_hint())
     if any(ch in _GLOB_CHARS for ch in entry):
         return _resolve_glob(entry, expanded, agent_dir, node_id)
     if base.is_dir():

@@ -53,6 +53,7 @@ __all__ = [
     "RagError",
     "RebuildReport",
     "RetrievalResult",
+    "kb_config",
     "kb_file",
     "load_knowledge_base",
     "load_or_build",
@@ -269,12 +270,20 @@ class KnowledgeBase:
 
 
 def kb_file(agent_dir: Path, node_id: str) -> Path:
-    """Where a rag node's knowledge base file lives."""
-    return Path(agent_dir) / f"{node_id}.yaml"
+    """Where a rag node's knowledge base file lives (inside the agent folder, by
+    the path rule of :mod:`graphrun.actors.paths`: a node id may hold ``/``)."""
+    return _inside(agent_dir, f"{node_id}.yaml", f"the knowledge base file of rag node '{node_id}'")
 
 
 def _data_dir(agent_dir: Path, node_id: str) -> Path:
-    return Path(agent_dir) / f"{node_id}.kb"
+    return _inside(agent_dir, f"{node_id}.kb", f"the knowledge base folder of rag node '{node_id}'")
+
+
+def _inside(agent_dir: Path, name: str, what: str) -> Path:
+    from graphrun.actors.paths import require_inside
+
+    require_inside(agent_dir, name, what=what, error=RagError)
+    return Path(agent_dir) / name
 
 
 def _yaml() -> Any:
@@ -364,7 +373,7 @@ def load_knowledge_base(agent_dir: Path, node_id: str) -> KnowledgeBase:
     config = _config_from_yaml(data)
     files = _files_from_yaml(data, node_id, path)
     count = sum(len(f.chunks) for f in files)
-    vectors_path = agent_dir / str(data["vectors"])
+    vectors_path = _inside(agent_dir, str(data["vectors"]), f"the vectors file of {path.name}")
     try:
         vectors = np.load(vectors_path, allow_pickle=False)
     except FileNotFoundError:
@@ -386,7 +395,9 @@ def load_knowledge_base(agent_dir: Path, node_id: str) -> KnowledgeBase:
             f"but the file lists {count} chunks of dimension {dim}",
         )
     index_rel = data.get("index")
-    index_path = agent_dir / str(index_rel) if index_rel else None
+    index_path = None
+    if index_rel:
+        index_path = _inside(agent_dir, str(index_rel), f"the index of {path.name}")
     try:
         index = HybridIndex.load(
             [c for f in files for c in f.chunks], vectors.astype(np.float32, copy=False), index_path
@@ -878,3 +889,17 @@ def sources_changed(
         if gone and f.entry not in changed:
             changed.append(f.source)
     return list(dict.fromkeys(changed))
+
+
+def kb_config(node: Any) -> KbConfig:
+    """A knowledge base's settings from a rag node (its graph.yaml Struct or a mapping)."""
+    get = node.get if isinstance(node, dict) else lambda k, d=None: getattr(node, k, d)
+    return KbConfig(
+        documents=list(get("documents") or []),
+        embedding_model=get("embedding_model"),
+        chunk_size=get("chunk_size"),
+        chunk_overlap=get("chunk_overlap"),
+        reranker_model=get("reranker_model"),
+        batch_size=get("batch_size"),
+        top_k=get("top_k"),
+    )

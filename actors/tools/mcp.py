@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from graphrun.actors import process
 from graphrun.actors.base import CancelToken
 from graphrun.actors.llm.providers.base import ToolResult, ToolSpec
 from graphrun.actors.tools.toolbox import DEFAULT_TIMEOUT, ToolError
@@ -434,7 +435,12 @@ class McpHub:
                     params = mcp.StdioServerParameters(
                         command=config.command,
                         args=list(config.args),
-                        env={**child_env(needs, base=base), **config.env},
+                        # Marked like every child, so that it dies with graphrun.
+                        env={
+                            **child_env(needs, base=base),
+                            **config.env,
+                            process.OWNER_ENV: process.owner_mark(),
+                        },
                         cwd=config.cwd,
                     )
                     streams = await stack.enter_async_context(

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from graphrun.actors import process
 from graphrun.actors.base import CancelToken
 from graphrun.actors.llm.providers.base import ToolResult, ToolSpec
+from graphrun.actors.paths import outside_hint, outside_problem
 from graphrun.actors.tools.lokienv import work_dir
 from graphrun.eventstore import redaction
 from graphrun.eventstore.errors import GraphrunError
@@ -1037,6 +1038,11 @@ def _local_tools(
         ctx = _context(agent_dir, config_dir, agent=False)
         for file_name in global_tools:
             path = tools_dir / file_name
+            outside = outside_problem(
+                tools_dir, file_name, what=f"global tool '{file_name}'", place=str(tools_dir)
+            )
+            if outside is not None:
+                raise ToolError(outside, hint=outside_hint())
             if not path.is_file():
                 raise ToolError(
                     f"global tool '{file_name}' not found in {tools_dir}",
@@ -1047,6 +1053,9 @@ def _local_tools(
     for file_name in ("tools.sh", "tools.py"):
         path = agent_dir / file_name
         if path.is_file():
+            outside = outside_problem(agent_dir, file_name, what=f"the agent's {file_name}")
+            if outside is not None:  # a symlink out of the folder
+                raise ToolError(outside, hint=outside_hint())
             add(_file_tools(path, file_name, ctx, agent=True))
     return found
 

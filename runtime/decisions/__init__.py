@@ -258,5 +258,7 @@ class SignedDecision:
 
 def _builtin() -> None:
     from graphrun.runtime.decisions.sshsig import SSHSIG
+    from graphrun.runtime.decisions.webauthn import WEBAUTHN
 
     _KINDS.setdefault(SSHSIG.name, SSHSIG)
+    _KINDS.setdefault(WEBAUTHN.name, WEBAUTHN)

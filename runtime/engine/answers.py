@@ -464,7 +464,7 @@ def _same_answer(given: str, recorded: HumanInputReceived, *, free: bool) -> boo
 
 def _waiting_run(store: Store, run_id: str, node: str | None) -> str:
     """The run to answer: ``run_id``, or the one descendant of it that waits."""
-    from graphrun.runtime.replay.transfer import run_tree
+    from graphrun.runtime.engine.lifecycle import run_tree
 
     state = fold(store.read(run_id))
     if state.waiting is not None or state.terminal:

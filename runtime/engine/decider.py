@@ -35,6 +35,7 @@ from graphrun.eventstore.events import (
     NodeCompleted,
     NodeEntered,
     NodeFailed,
+    NodeRetrying,
     RunCompleted,
     RunFailed,
     StepStarted,
@@ -42,18 +43,6 @@ from graphrun.eventstore.events import (
 )
 from graphrun.eventstore.fold import RunState, effect_output
 from graphrun.runtime.engine.failures import apply_policy
-from graphrun.runtime.engine.plan import (
-    ERROR_KEY,
-    Append,
-    Finished,
-    Perform,
-    PerformMany,
-    Step,
-    completed,
-    fail,
-    last,
-    state_json,
-)
 from graphrun.runtime.engine.reducers import ABSENT, ReducerError, merge_writes, reduce, writes_of
 from graphrun.runtime.errors import TemplateError
 from graphrun.runtime.graph.model import (
@@ -70,11 +59,24 @@ from graphrun.runtime.graph.templates import _MISSING, lookup, render
 from graphrun.runtime.nodes import kind_of
 from graphrun.runtime.nodes.human import human_task, match_choice
 from graphrun.runtime.nodes.llm import llm_task, structured_value
+from graphrun.runtime.nodes.plan import (
+    ERROR_KEY,
+    Append,
+    Finished,
+    Perform,
+    PerformMany,
+    Step,
+    completed,
+    fail,
+    last,
+    state_json,
+)
+from graphrun.runtime.nodes.retry import pending_retry, retry_step
 
 #: A stand-in successor for a map's branch node, whose own routing is ignored.
 _MAP_ITEM_NEXT = "\x00map-item"
 
-# The helpers of every node kind (runtime/engine/plan.py), under the names used here.
+# The helpers of every node kind (runtime/nodes/plan.py), under the names used here.
 _fail = fail
 _completed = completed
 _last = last
@@ -269,7 +271,7 @@ def _parallel(graph: Graph, state: RunState) -> Step:
         elif isinstance(step, PerformMany):
             pending.extend(step.tasks)
         elif isinstance(step, Append):
-            if any(isinstance(e, HumanInputRequested) for e in step.events):
+            if any(isinstance(e, HumanInputRequested | NodeRetrying) for e in step.events):
                 return Append(tuple(_tag(e, bid) for e in step.events))
             outcomes[bid] = step.events
     if pending:
@@ -357,9 +359,13 @@ def _step(graph: Graph, node: NodeBase, node_id: str, state: RunState) -> Step:
     if kind.result is None:
         return kind.complete(graph, node, node_id, state, None)
     done = _last(state.effects, kind.result)
-    if done is None:
+    if done is None or pending_retry(state.effects) is not None:
+        # No effect yet, or a failed one to try again (``retry:``).
         assert kind.request is not None
         return kind.request(graph, node, node_id, state)
+    again = retry_step(node, node_id, state, done)
+    if again is not None:
+        return again
     return kind.complete(graph, node, node_id, state, done)
 
 
@@ -414,7 +420,10 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
     branch = graph.nodes.get(node.branch)
     if branch is None:
         return _fail(node_id, visit, f"map node '{node_id}': branch '{node.branch}' not found")
-    if isinstance(branch, ApprovalNode | InputNode | EndNode | MapNode):
+    if (
+        isinstance(branch, ApprovalNode | InputNode | EndNode | MapNode)
+        or not type(branch).MAP_BRANCH
+    ):
         return _fail(
             node_id,
             visit,
@@ -443,6 +452,8 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
             step = _fail(node.branch, visit, str(exc))
         if isinstance(step, Perform):
             pending.append(Perform(step.node_id, step.node_type, step.task, iid, node_id, cap))
+        elif isinstance(step, Append) and any(isinstance(e, NodeRetrying) for e in step.events):
+            return Append(tuple(_tag(e, iid) for e in step.events))
         else:
             done.append((step, view))
     if pending:

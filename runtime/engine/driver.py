@@ -24,7 +24,7 @@ a parent ending), and the one-writer lease.
 from __future__ import annotations
 
 import contextlib
-import getpass
+import copy
 import logging
 import os
 import shutil
@@ -33,25 +33,28 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any
 
 import msgspec
 
+from graphrun.actors import process
 from graphrun.actors.base import CancelToken, start_actor_around
 from graphrun.actors.messages import Execute
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import (
     RESULT_TYPES,
+    CacheChecked,
     ChildCancelled,
     Event,
     HumanInputReceived,
     HumanInputRequested,
     NodeFailed,
+    NodeRetrying,
     RunCancelled,
     RunFailed,
     RunInterrupted,
@@ -59,14 +62,18 @@ from graphrun.eventstore.events import (
     RunStarted,
     TimeoutFired,
 )
-from graphrun.eventstore.fold import RunState, apply, fold
+from graphrun.eventstore.fold import TERMINAL, RunState, apply, fold
 from graphrun.eventstore.ids import Clock, new_run_id
 from graphrun.eventstore.store import Store
 from graphrun.runtime.engine import decider
-from graphrun.runtime.engine.ports import ChildRuns, RunPorts
+from graphrun.runtime.engine.lifecycle import cancel_run, whoami
 from graphrun.runtime.errors import GraphValidationError, WaitingForHuman
-from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph, load_text
+from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph, graph_of
 from graphrun.runtime.graph.model import Graph
+from graphrun.runtime.nodes.cache import cache_key
+from graphrun.runtime.nodes.cache import find as find_cached
+from graphrun.runtime.nodes.ports import ChildRuns, RunOptions, RunPorts
+from graphrun.runtime.nodes.retry import pending_retry, since_last_retry
 
 _replace = msgspec.structs.replace
 log = logging.getLogger("graphrun.run")
@@ -76,28 +83,6 @@ _LEASE_RENEW_EVERY = 10.0
 #: How often a driver looks for a cancel request from another process (``graphrun
 #: cancel``), between steps and while effects are in flight: one indexed read.
 _CANCEL_POLL_EVERY = 0.25
-
-
-@dataclass
-class RunOptions:
-    """How a run is driven (none of this changes what the decider decides)."""
-
-    answers: dict[str, list[str]] = field(default_factory=dict)  # node id -> answers, in order
-    as_user: str | None = None
-    interactive: bool = False
-    agents_dir: Path | None = None
-    config_dir: Path | None = None
-    llm_replay: list[Any] | None = None  # recorded LlmCalled events to serve (--llm-replay)
-    listener: Callable[[list[Event], RunState], None] | None = None
-    # Recorded effect outcomes to reuse instead of performing (replay --live, fork).
-    effect_source: Any = None
-    # The agent variables the run was started with (None: not resolved here).
-    variables: dict[str, str] | None = None
-    # Node types -> actor factories, filled in by graphrun.runtime.engine.effects.
-    extra: dict[str, Any] = field(default_factory=dict)
-    # The allowed_signers file recorded answers are checked against (--signers; else
-    # found next to the graph, then in the config directory).
-    signers: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -178,23 +163,6 @@ class _Context:
         """Queue what was recorded so far for the next commit, now (a recording
         that ends inside this effect: what it holds is kept)."""
         self._driver.absorb_effects()
-
-
-def graph_of(state: RunState) -> LoadedGraph:
-    """The graph a run was started with (from its log, not from disk)."""
-    path = Path(state.graph_path or "graph.yaml")
-    return load_text(
-        state.graph_source, path=path, agent_dir=Path(state.agent_dir) if state.agent_dir else None
-    )
-
-
-def whoami(as_user: str | None = None) -> str:
-    if as_user:
-        return as_user
-    try:
-        return getpass.getuser()
-    except Exception:  # no user name in this environment
-        return f"uid:{os.getuid()}" if hasattr(os, "getuid") else "unknown"
 
 
 def seed_state(
@@ -558,6 +526,7 @@ class Driver:
             store=self.store,
             scratch=lambda: self.tmp_dir,
             children=self.children,
+            launcher=_ChildDriving(self),
         )
 
     @property
@@ -583,6 +552,10 @@ class Driver:
             self.store.require_intact(self.run_id)
             # Nor one holding an answer the governing graph does not allow.
             self._require_answers_allowed(events)
+            # A graphrun killed outright may have left a script or tool running on
+            # this host (if its lifeline died with it): end it before the node is
+            # performed again, never beside it.
+            process.end_orphans()
             self._speculate(
                 (
                     RunResumed(
@@ -686,8 +659,6 @@ class Driver:
             if token is not None:
                 token.cancel(reason)
             else:
-                from graphrun.runtime.engine.lifecycle import cancel_run
-
                 with contextlib.suppress(GraphrunError):
                     if self.store.has_run(child) and not fold(self.store.read(child)).terminal:
                         cancel_run(self.store, child, reason=reason)
@@ -703,7 +674,8 @@ class Driver:
             self.node_cancel.cancel(self.cancel.reason or "cancelled")
         if self.interrupted is not None:
             self.node_cancel.cancel(self.interrupted[1])
-        ctx = _Context(self, node_id, visit, cancel=self.node_cancel, prior=self.state.effects)
+        prior = since_last_retry(self.state.effects)
+        ctx = _Context(self, node_id, visit, cancel=self.node_cancel, prior=prior)
         source = self.options.effect_source
         if source is not None:
             # A recorded outcome (replay, regression) instead of the effect; the log
@@ -719,6 +691,10 @@ class Driver:
                 if served.error is not None:
                     self._effect_failed(node_id, visit, served.error)
                 return None
+        if not self._wait_out_retry(self.state.effects, self.node_cancel, deadline):
+            return None  # cancelled, interrupted or out of time while waiting
+        if source is None and self._served_from_cache(step, visit):
+            return None
         try:
             effect = self._effect(step.node_type)
             inline = getattr(effect, "inline", None)
@@ -756,7 +732,7 @@ class Driver:
         if self.timed_out is None and not produced and not self.state.terminal:
             self._effect_failed(node_id, visit, f"{step.node_type} node produced no result")
         elif produced and not self.state.terminal:
-            from graphrun.runtime.observe.usage import driver_budget_breach
+            from graphrun.runtime.engine.usage import driver_budget_breach
 
             breach = driver_budget_breach(self)
             if breach is not None:
@@ -854,7 +830,7 @@ class Driver:
                 )
             )
         elif not self.state.terminal:
-            from graphrun.runtime.observe.usage import driver_budget_breach
+            from graphrun.runtime.engine.usage import driver_budget_breach
 
             breach = driver_budget_breach(self)
             if breach is not None:
@@ -887,16 +863,84 @@ class Driver:
         call) holds no thread while it waits; any other runs on a worker thread."""
         if self.interrupted is not None:
             token.cancel(self.interrupted[1])
-        prior = self.state.branch_effects.get(task.branch, ())
+        effects = self.state.branch_effects.get(task.branch, ())
+        prior = since_last_retry(effects)
         ctx = _Context(
             self, task.node_id, task.visit, branch=task.branch, cancel=token, prior=prior
         )
         effect = self._effect(task.node_type)
+        retry = pending_retry(effects) if self.options.effect_source is None else None
+        if retry is not None:
+            # A branch trying again waits out its delay on its worker, not the loop's.
+            future = self._workers.submit(self._after_delay, retry, token, effect, task.task, ctx)
+            return future, ctx
         submit = getattr(effect, "submit", None)
         future = submit(task.task, ctx) if submit is not None else None
         if future is None:
             future = self._workers.submit(effect.perform, task.task, ctx)
         return future, ctx
+
+    def _after_delay(
+        self, retry: NodeRetrying, token: CancelToken, effect: Any, task: Any, ctx: _Context
+    ) -> Any:
+        """A branch's next attempt, once its retry delay has passed (or never, when
+        the branch is cancelled meanwhile)."""
+        left = retry.ts + retry.delay - self.clock.now()
+        if left > 0 and token.wait(left):
+            raise GraphrunError(token.reason or "cancelled")
+        return effect.perform(task, ctx)
+
+    def _served_from_cache(self, step: decider.Perform, visit: int) -> bool:
+        """A node with ``cache:``: serve an earlier run's recorded effect for the same
+        request (a hit), or mark this one as performed here (a miss)."""
+        policy = getattr(self.graph.nodes.get(step.node_id), "cache", None)
+        if policy is None:
+            return False
+        key = cache_key(step.node_type, step.task, list(policy.key), self.state.state)
+        found = find_cached(
+            self.store,
+            self.graph.name,
+            key,
+            ttl=policy.ttl,
+            now=self.clock.now(),
+            own_run=self.run_id,
+        )
+        if found is None:
+            self.record_effects([CacheChecked(node_id=step.node_id, visit=visit, key=key)])
+            return False
+        marker, copied = found
+        hit = CacheChecked(
+            node_id=step.node_id,
+            visit=visit,
+            key=key,
+            from_run=marker.run_id,
+            from_seq=marker.seq,
+        )
+        self.record_effects([hit, *(_replace(e, visit=visit, branch="") for e in copied)])
+        self.absorb_effects()
+        return True
+
+    def _wait_out_retry(
+        self, effects: tuple[Any, ...], token: CancelToken, deadline: float | None
+    ) -> bool:
+        """Wait what is left of a pending retry's delay (from its recorded time), in
+        slices that watch for cancel requests and the run's timeout; a replay does
+        not wait. Whether the attempt may start."""
+        retry = pending_retry(effects)
+        if retry is None or self.options.effect_source is not None:
+            return True
+        until = retry.ts + retry.delay
+        while True:
+            left = until - self.clock.now()
+            if left <= 0:
+                return True
+            if token.wait(min(left, _CANCEL_POLL_EVERY)):
+                return False
+            self._while_in_flight()
+            if self.cancel.cancelled or self.interrupted is not None:
+                return False
+            if deadline is not None and self.clock.monotonic() > deadline:
+                return False
 
     def _settle(
         self, task: decider.Perform, token: CancelToken, ctx: _Context, future: Any
@@ -1193,6 +1237,84 @@ def _make_supervisor() -> type:
 
 RunSupervisor: Any = _make_supervisor()
 
+
+def for_run(options: RunOptions, store: Store, run_id: str) -> RunOptions:
+    """A copy of ``options`` carrying the variables ``run_id`` was started with
+    (None for a run recorded before variables were: its scripts and tools then get
+    the declared defaults)."""
+    values = recorded_config(store, run_id).get("variables")
+    out = copy.copy(options)
+    out.variables = dict(values) if isinstance(values, dict) else None
+    return out
+
+
+class _ChildDriving:
+    """The :class:`~graphrun.runtime.nodes.ports.ChildLauncher` of one run: an agent
+    node's child runs are started in the parent's store and driven by a driver of
+    their own, registered with the parent so that ending the parent reaches them."""
+
+    def __init__(self, parent: Driver) -> None:
+        self.parent = parent
+
+    def check(self, loaded: LoadedGraph) -> None:
+        options = self.parent.options
+        check_graph(loaded, agents_dir=options.agents_dir, config_dir=options.config_dir)
+
+    def start(
+        self, loaded: LoadedGraph, *, prompt: str, node_id: str, run_id: str, variables: Any
+    ) -> None:
+        start_run(
+            self.parent.store,
+            loaded,
+            prompt=prompt,
+            started_by=self.parent.options.as_user,
+            parent_run_id=self.parent.run_id,
+            parent_node_id=node_id,
+            run_id=run_id,
+            config={"variables": variables},
+        )
+
+    def drive(
+        self, child_id: str, knowledge: dict[str, Any] | None, token: CancelToken
+    ) -> RunOutcome:
+        parent = self.parent
+        # The child's own variables, as recorded when it began (never the parent's).
+        options = for_run(_child_options(parent.options, knowledge), parent.store, child_id)
+        child = Driver(parent.store, child_id, options, cancel=token)
+        parent.children.attach(child_id, token, child)
+        try:
+            return drive(child)
+        finally:
+            parent.children.detach(child_id)
+
+
+def _child_options(options: RunOptions, knowledge: dict[str, Any] | None) -> RunOptions:
+    """Child runs share the parent's configuration, answers and identity, not its
+    listener (their narration is indented) nor its knowledge bases."""
+    child = copy.copy(options)
+    child.extra = dict(options.extra)
+    if knowledge is not None:
+        child.extra["knowledge_bases"] = knowledge
+    if options.listener is not None:
+        child.listener = options.child_listener() if options.child_listener else None
+    child.effect_source = None
+    return child
+
+
+def resume_ancestors(store: Store, run_id: str, options: RunOptions, outcome: RunOutcome) -> Any:
+    """After a child run ends (e.g. once a person answered it), continue the parents
+    that were waiting on it; returns the outermost outcome."""
+    current = outcome
+    row = store.run(run_id)
+    while current.status in TERMINAL and row.parent_run_id:
+        parent_id = row.parent_run_id
+        if fold(store.read(parent_id)).terminal:
+            break
+        current = drive(Driver(store, parent_id, for_run(options, store, parent_id)))
+        row = store.run(parent_id)
+    return current
+
+
 __all__ = [
     "Driver",
     "RunOptions",
@@ -1200,8 +1322,10 @@ __all__ = [
     "RunSupervisor",
     "check_graph",
     "drive",
+    "for_run",
     "graph_of",
     "recorded_config",
+    "resume_ancestors",
     "run_config",
     "seed_state",
     "start_run",

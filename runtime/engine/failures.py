@@ -29,13 +29,11 @@ def handled(node: NodeBase | None, routed_to: str | None) -> bool:
     """Whether a node's failure that routed to ``routed_to`` was handled: a route the
     graph declares for failures took it (``fallback``; an ``on_error`` route once
     nodes have one). A failure that flowed into ``next`` was not."""
-    if node is None:
+    if node is None or routed_to is None:
         return False
-    for field in ("fallback", "on_error"):
-        route = getattr(node, field, None)
-        if isinstance(route, str) and route and route == routed_to:
-            return True
-    return False
+    if getattr(node, "fallback", None) == routed_to:
+        return True
+    return any(e.to == routed_to for e in getattr(node, "on_error", None) or ())
 
 
 def _unhandled(graph: Graph, failure: tuple[str, int, str, str | None]) -> bool:

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import getpass
+import os
 import time
 from collections.abc import Callable
 
-import msgspec
-
 from graphrun.eventstore.errors import GraphrunError, LeaseHeldError
-from graphrun.eventstore.events import ChildCancelled, Event, RunCancelled, RunStarted
+from graphrun.eventstore.events import ChildCancelled, RunCancelled
 from graphrun.eventstore.fold import TERMINAL, fold
-from graphrun.eventstore.ids import new_run_id
 from graphrun.eventstore.store import Lease, Store
-from graphrun.runtime.engine.driver import whoami
-from graphrun.runtime.errors import AnswerError, RunError, UsageError
+from graphrun.runtime.errors import AnswerError, RunError
 
 #: How long ``graphrun cancel`` waits for the process driving a run to cancel it.
 CANCEL_WAIT_SECONDS = 30.0
 _TERMINAL = TERMINAL
+
+
+def whoami(as_user: str | None = None) -> str:
+    if as_user:
+        return as_user
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment
+        return f"uid:{os.getuid()}" if hasattr(os, "getuid") else "unknown"
 
 
 def cancel_run(store: Store, run_id: str, *, reason: str, by: str | None = None) -> list[str]:
@@ -124,50 +131,15 @@ def cancel(
         time.sleep(0.1)
 
 
-def fork_run(store: Store, run_id: str, at_seq: int, *, by: str | None = None) -> str:
-    """A new run whose log is ``run_id``'s events ``1..at_seq``; returns its id.
-
-    The copy keeps the events' times; its ``RunStarted`` records ``forked_from`` and
-    ``forked_at``. Driving the new run continues it from there with today's code
-    (live, or with other answers). Refused where the prefix cannot be continued:
-    between decisions recorded together, inside an agent node whose child run is
-    still going, or after the run ended.
-    """
-    from graphrun.eventstore.fold import RunState
-    from graphrun.runtime.replay.divergence import replay_events
-
-    store.require_intact(run_id)  # a fork copies only a log that verifies
-    last = store.run(run_id).last_seq
-    if not 1 <= at_seq <= last:
-        raise UsageError(f"--at {at_seq} is outside run {run_id} (it has events 1..{last})")
-    events = store.read(run_id, upto=at_seq)
-    first = events[0]
-    assert isinstance(first, RunStarted)
-    state: RunState = fold(events)
-    if state.terminal:
-        raise UsageError(
-            f"run {run_id} has already {state.status} at seq {at_seq}: there is nothing to "
-            "continue",
-            hint="fork at an earlier seq (`graphrun events RUN` lists them)",
-        )
-    running = [c for c, status in state.children.items() if status == "running"]
-    if running and state.current is not None:
-        raise UsageError(
-            f"seq {at_seq} is inside agent node '{state.current}' while its child run "
-            f"{running[0]} is running; a fork cannot share that child",
-            hint="fork before the node's ChildRunStarted or after its ChildRunFinished",
-        )
-    replayed = replay_events(events)
-    if replayed.ends_mid_step:
-        raise UsageError(
-            f"seq {at_seq} splits the decisions of one step of run {run_id} "
-            f"({replayed.notes[0] if replayed.notes else 'more follow'})",
-            hint=f"fork where a step begins or ends (`graphrun events {run_id}` lists them)",
-        )
-    new_id = new_run_id()
-    copied: list[Event] = [
-        msgspec.structs.replace(first, forked_from=run_id, forked_at=at_seq, seq=0, ts=first.ts)
-    ]
-    copied += [msgspec.structs.replace(e, seq=0) for e in events[1:]]
-    store.append(new_id, copied, sync=True)
-    return new_id
+def run_tree(store: Store, run_id: str) -> list[str]:
+    """A run and its descendants, parents first."""
+    out = [run_id]
+    seen = {run_id}
+    i = 0
+    while i < len(out):
+        for row in sorted(store.runs(parent=out[i]), key=lambda r: r.started_at):
+            if row.run_id not in seen:  # a crafted log may link a run to itself
+                seen.add(row.run_id)
+                out.append(row.run_id)
+        i += 1
+    return out

@@ -135,8 +135,7 @@ def _options(settings: dict[str, Any]) -> Any:
 
 def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any:
     """Drive a claimed run to its end or to a wait; returns the outermost outcome."""
-    from graphrun.runtime.engine.driver import Driver, RunOutcome, drive, graph_of
-    from graphrun.runtime.nodes.agent import resume_ancestors
+    from graphrun.runtime.engine.driver import Driver, RunOutcome, drive, graph_of, resume_ancestors
 
     run_id = claim["run_id"]
     options = _options(claim.get("settings") or {})
@@ -151,7 +150,7 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any
         options.extra["knowledge_bases"] = prepare_knowledge_bases(
             loaded, interactive=False, config_dir=options.config_dir
         )
-    from graphrun.runtime.graph.variables import for_run
+    from graphrun.runtime.engine.driver import for_run
 
     options = for_run(options, store, target)  # the variables it was started with
     outcome = drive(Driver(store, target, options, resumed_by=worker_name))

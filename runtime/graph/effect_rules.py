@@ -130,8 +130,7 @@ def rag_sources_unchanged(c: Check) -> list[Diagnostic]:
     for nid, node in c.nodes():
         if not isinstance(node, RagNode) or not node.documents:
             continue
-        from graphrun.actors.rag.retrieval import kb_file, sources_changed
-        from graphrun.runtime.nodes.rag import kb_config
+        from graphrun.actors.rag.retrieval import kb_config, kb_file, sources_changed
 
         if not kb_file(c.loaded.agent_dir, nid).exists():
             continue

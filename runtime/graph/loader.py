@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from graphrun.eventstore.fold import RunState
 from graphrun.runtime.errors import GraphLoadError
 from graphrun.runtime.graph.model import NODE_TYPES, Graph, NodeBase
 
@@ -227,6 +228,9 @@ class _Builder:
                     if key_node.tag == f"{_YAML}null":
                         self.problem(key_node, path, "mapping keys must be plain scalars")
                     continue
+                if isinstance(key, bool):
+                    # A key is its text: YAML 1.1 reads `on:` / `yes:` as booleans.
+                    key = key_node.value
                 key = str(key) if not isinstance(key, str) else key
                 child = _child(path, key)
                 if key in out:
@@ -585,3 +589,11 @@ def load_graph(target: str | Path) -> LoadedGraph:
     except (OSError, UnicodeDecodeError) as exc:
         raise GraphLoadError(f"cannot read {path}: {exc}") from None
     return load_text(text, path=path, agent_dir=path.parent)
+
+
+def graph_of(state: RunState) -> LoadedGraph:
+    """The graph a run was started with (from its log, not from disk)."""
+    path = Path(state.graph_path or "graph.yaml")
+    return load_text(
+        state.graph_source, path=path, agent_dir=Path(state.agent_dir) if state.agent_dir else None
+    )

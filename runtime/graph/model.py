@@ -7,9 +7,11 @@ on ``type``. ``graph.schema.json`` is generated from these Structs
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import msgspec
+
+from graphrun.runtime.graph.routing import retry_rules, route_reads, route_rules
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -37,6 +39,42 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cancel_by: Literal["anyone", "approvers"] = "anyone"
 
 
+class Route(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One conditional edge of a ``routes:`` list: ``when`` it matches, go ``to``."""
+
+    when: str
+    to: str
+
+
+class ErrorRoute(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One entry of ``on_error:``: a failure whose message ``match``es (a regular
+    expression, searched) goes ``to``; ``default: true`` matches any failure."""
+
+    to: str
+    match: str | None = None
+    default: bool = False
+
+
+class RetryPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``retry:`` of an effectful node: how often, and after how long, a failed effect
+    is tried again. Each attempt, its error and the delay are recorded."""
+
+    max_attempts: int = 3
+    backoff: Literal["exponential", "fixed"] = "exponential"
+    initial: float = 1.0
+    max: float = 60.0
+    jitter: bool = True
+    on: list[str] = []
+
+
+class CachePolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``cache:`` of an llm, script or tool node: an earlier run's recorded effect for
+    the same request is served instead of performing it again."""
+
+    key: list[str] = []
+    ttl: float | None = None
+
+
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
     """Fields every node has."""
 
@@ -51,13 +89,47 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
     def type(self) -> str:
         return str(type(self).__struct_config__.tag)
 
+    # What a node kind declares about itself, for the code that iterates over kinds
+    # (validator, schema, pictures, the decider): a kind defined in its own module
+    # under runtime/nodes/ overrides these, and nothing else needs to name it.
+    #: ``{field or None: description}`` for graph.schema.json.
+    DESCRIPTIONS: ClassVar[dict[str | None, str]] = {}
+    #: Routes through ``next`` (the validator warns when it is missing).
+    NEEDS_NEXT: ClassVar[bool] = False
+    #: May run as a map's branch (an item at a time, concurrently).
+    MAP_BRANCH: ClassVar[bool] = True
+
     @property
     def targets(self) -> tuple[str, ...]:
         """The static successors: ``next`` as a tuple (empty when absent)."""
         return next_targets(self.next)
 
+    def route_edges(self) -> list[tuple[str, str, str]]:
+        """``(field path, target, label)`` of the node's routes beyond ``next`` and
+        ``fallback``: a ``routes:`` list and ``on_error:`` (edges, reachability, cycles
+        and pictures include them). A kind with routes of its own overrides it."""
+        edges: list[tuple[str, str, str]] = []
+        routes = getattr(self, "routes", None)
+        if isinstance(routes, list):
+            edges += [(f"routes[{i}].to", r.to, r.when) for i, r in enumerate(routes)]
+        for i, err in enumerate(getattr(self, "on_error", None) or ()):
+            label = "on_error" if err.default else f"on_error /{err.match}/"
+            edges.append((f"on_error[{i}].to", err.to, label))
+        return edges
+
+    def reads(self) -> set[str]:
+        """The state keys the kind's own fields read (templates, expressions)."""
+        return route_reads(self)
+
+    def rules(self, node_id: str, check: Any) -> list[Any]:
+        """The kind's own validation rules: ``Diagnostic``s made with ``check.diag``."""
+        return route_rules(self, node_id, check) + retry_rules(self, node_id, check)
+
 
 class AgentNode(NodeBase, tag="agent", kw_only=True):
+    routes: list[Route] = []
+    on_error: list[ErrorRoute] = []
+    retry: RetryPolicy | None = None
     agent: str
     prompt: str
     timeout: float = 300.0
@@ -65,6 +137,10 @@ class AgentNode(NodeBase, tag="agent", kw_only=True):
 
 
 class ScriptNode(NodeBase, tag="script", kw_only=True):
+    routes: list[Route] = []
+    on_error: list[ErrorRoute] = []
+    retry: RetryPolicy | None = None
+    cache: CachePolicy | None = None
     script: str
     timeout: float = 30.0
     fallback: str | None = None
@@ -91,6 +167,7 @@ class ApprovalNode(NodeBase, tag="approval", kw_only=True):
 
 
 class InputNode(NodeBase, tag="input", kw_only=True):
+    routes: list[Route] = []
     question: str
     default: str | None = None
     validation: str | None = None
@@ -101,6 +178,10 @@ class InputNode(NodeBase, tag="input", kw_only=True):
 
 
 class LlmNode(NodeBase, tag="llm", kw_only=True):
+    routes: list[Route] = []
+    on_error: list[ErrorRoute] = []
+    retry: RetryPolicy | None = None
+    cache: CachePolicy | None = None
     prompt: str
     instructions: str | None = None
     tools: list[str] | None = None
@@ -121,6 +202,9 @@ class LlmNode(NodeBase, tag="llm", kw_only=True):
 
 
 class RagNode(NodeBase, tag="rag", kw_only=True):
+    routes: list[Route] = []
+    on_error: list[ErrorRoute] = []
+    retry: RetryPolicy | None = None
     documents: list[str] = []
     query: str = "{{initial_prompt}}"
     top_k: int | None = None
@@ -184,6 +268,17 @@ NODE_TYPES: dict[str, type[NodeBase]] = {
 }
 
 
+def register_node_type(cls: type[NodeBase]) -> type[NodeBase]:
+    """Make a node kind's Struct known to the loader and the schema (its module under
+    runtime/nodes/ calls this when the kind registry imports it)."""
+    tag = str(cls.__struct_config__.tag)
+    known = NODE_TYPES.get(tag)
+    if known is not None and known is not cls:
+        raise ValueError(f"node type '{tag}' is already {known.__name__}")
+    NODE_TYPES[tag] = cls
+    return cls
+
+
 def next_targets(value: str | list[str] | None) -> tuple[str, ...]:
     """``next`` as a tuple of targets."""
     if value is None:
@@ -242,4 +337,5 @@ def static_edges(node: NodeBase) -> list[tuple[str, str]]:
     fallback = getattr(node, "fallback", None)
     if fallback:
         edges.append(("fallback", fallback))
+    edges.extend((field, target) for field, target, _label in node.route_edges())
     return edges

@@ -85,7 +85,7 @@ def read_set(node: NodeBase) -> set[str]:
             fields = [node.output]
         case MapNode():
             fields = [node.over]
-    roots: set[str] = set()
+    roots: set[str] = node.reads()
     for value in fields:
         roots |= _roots(value)
     updates: set[str] = set()

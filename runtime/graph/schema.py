@@ -34,7 +34,7 @@ def _close_objects(node: Any) -> None:
 #: brief (docs/graph-yaml.md has the whole of it); a test checks that every property
 #: of the generated schema has one.
 _NODE_COMMON: dict[str, str] = {
-    "type": "The node type: agent, script, approval, input, llm, rag, end or map.",
+    "type": "The node type: {types}.",
     "id": "The node's id. Optional: it defaults to the key under `nodes:`; when given it "
     "must equal that key.",
     "description": "Free-form prose about the node, for people; not used at run time.",
@@ -44,6 +44,15 @@ _NODE_COMMON: dict[str, str] = {
     '(lenient: a missing key renders as ""). A value that is exactly one '
     "`{{expression}}` keeps its JSON type. Scoped here only: {{output}} (agent, llm, rag, "
     "map), {{choice}} (approval), {{input}} (input).",
+    "routes": "graphrun: conditional edges, a list of `{when, to}` tried in order after the "
+    "node's state_updates; the first whose `when` holds wins (`when: default` always does); "
+    "none: `next`.",
+    "on_error": "graphrun: failure routes, a list of `{match, to}` or `{default: true, to}`; "
+    "the first whose pattern is found in the error message wins (not with `fallback`).",
+    "retry": "graphrun: try a failed effect again (`{max_attempts, backoff, initial, max, "
+    "jitter, on}`); the failure routes only once the attempts are used up.",
+    "cache": "graphrun: `{key, ttl}`; serve the recorded effect of an earlier run of this "
+    "graph that made the same request.",
     "fallback": "Where to route when the node fails (tolerant fail). Without it a "
     "failure continues to `next`, with the error in state as `_error`.",
     "timeout": "The node's wall-clock cap, in seconds.",
@@ -217,6 +226,37 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "next": "Ignored: an end node ends the run.",
         "state_updates": "Last state changes (lenient; no scoped variables).",
     },
+    "RetryPolicy": {
+        None: "graphrun: how a failed effect is tried again; each attempt, its error and "
+        "the delay are recorded.",
+        "max_attempts": "Attempts in all, the first included (3).",
+        "backoff": "`exponential` (initial, then doubling) or `fixed` (initial each time).",
+        "initial": "Seconds before the second attempt (1).",
+        "max": "The longest delay, in seconds (60).",
+        "jitter": "Wait between half and all of the delay (true), from a value fixed by the "
+        "run, node, visit and attempt, so a replay decides the same.",
+        "on": "Regular expressions: retry only errors whose message matches one (empty: any).",
+    },
+    "CachePolicy": {
+        None: "graphrun: an earlier run's recorded effect for the same request is served "
+        "instead of performing it again (the log is the cache).",
+        "key": "State paths whose values join the request in the cache key (a script's "
+        "whole state is replaced by them).",
+        "ttl": "Seconds an entry stays usable (none: forever).",
+    },
+    "ErrorRoute": {
+        None: "One entry of `on_error:`; the first entry that matches the failure wins.",
+        "match": "A regular expression searched for in the error message.",
+        "default": "true: matches any failure (the last entry, usually).",
+        "to": "The node the run goes to when this entry matches; the error is in the "
+        "state as `_error`.",
+    },
+    "Route": {
+        None: "One conditional edge of a `routes:` list; the first route that matches wins.",
+        "when": "A condition over the state (an expression with the paths templates use), "
+        "a value to compare a decision's `expr` with, or `default` (always matches).",
+        "to": "The node the run goes to when this route matches.",
+    },
     "MapNode": {
         None: "Runs the `branch` node once per item of a list, concurrently, and collects "
         "the results in input order.",
@@ -241,16 +281,27 @@ def _describe(defs: dict[str, Any]) -> None:
     """Put the descriptions of :data:`_DESCRIPTIONS` into the schema's definitions."""
     from graphrun.runtime.graph.model import NODE_TYPES
 
-    node_defs = {cls.__name__ for cls in NODE_TYPES.values()}
+    node_defs = {cls.__name__: cls for cls in NODE_TYPES.values()}
     for name, definition in defs.items():
-        table = _DESCRIPTIONS.get(name, {})
+        kind = node_defs.get(name)
+        table = _DESCRIPTIONS.get(name) or (kind.DESCRIPTIONS if kind is not None else {})
         if None in table:
             definition["description"] = table[None]
         common = _NODE_COMMON if name in node_defs else {}
         for prop, sub in definition.get("properties", {}).items():
             text = table.get(prop) or common.get(prop)
+            if text is not None and prop == "type" and name in node_defs:
+                text = text.format(types=_types())
             if text is not None:
                 sub["description"] = text
+
+
+def _types() -> str:
+    """The node types, as a sentence lists them."""
+    from graphrun.runtime.graph.model import NODE_TYPES
+
+    names = list(NODE_TYPES)
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def generate() -> dict[str, Any]:
@@ -259,6 +310,10 @@ def generate() -> dict[str, Any]:
     from graphrun.runtime.graph.model import NODE_TYPES, Graph
 
     schema = msgspec.json.schema(Graph)
+    # Node kinds defined in their own modules (not in the Node union) join the defs.
+    (_extra, more) = msgspec.json.schema_components(list(NODE_TYPES.values()))
+    for name, definition in more.items():
+        schema["$defs"].setdefault(name, definition)
     _close_objects(schema)
     defs = schema["$defs"]
     # `id` of a node, `type` as a const (editors complete it), and a flat if/then
@@ -275,7 +330,12 @@ def generate() -> dict[str, Any]:
     graph["properties"]["nodes"]["additionalProperties"] = {
         "type": "object",
         "required": ["type"],
-        "properties": {"type": {"enum": list(NODE_TYPES), "description": _NODE_COMMON["type"]}},
+        "properties": {
+            "type": {
+                "enum": list(NODE_TYPES),
+                "description": _NODE_COMMON["type"].format(types=_types()),
+            }
+        },
         "allOf": [
             {
                 "if": {"properties": {"type": {"const": tag}}},

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphrun.actors.paths import outside_hint, outside_problem, real_path
+from graphrun.actors.rag.loaders import document_problem
+from graphrun.runtime.agents import is_agent_path
 from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph
 from graphrun.runtime.graph.model import (
     AgentNode,
@@ -67,7 +70,11 @@ def _npath(node_id: str, *fields: str) -> str:
 
     path = _child("$.nodes", node_id)
     for f in fields:
-        path = _child(path, f)
+        # ``routes[0]`` / ``next[1]``: a field, then list indices.
+        name, _, rest = f.partition("[")
+        path = _child(path, name)
+        for index in rest.rstrip("]").split("][") if rest else ():
+            path = _child(path, int(index)) if index.isdigit() else _child(path, index)
     return path
 
 
@@ -278,7 +285,12 @@ def next_where_required(c: Check) -> list[Diagnostic]:
     branches = {n.branch for _, n in c.nodes() if isinstance(n, MapNode)}
     out = []
     for nid, node in c.nodes():
-        needs_next = isinstance(node, AgentNode | RagNode | InputNode | LlmNode | MapNode)
+        needs_next = type(node).NEEDS_NEXT or isinstance(
+            node, AgentNode | RagNode | InputNode | LlmNode | MapNode
+        )
+        routes = getattr(node, "routes", None)
+        if isinstance(routes, list) and any(r.when == "default" for r in routes):
+            needs_next = False  # a `when: default` route always leads on
         if needs_next and not node.next and nid in reachable and nid not in branches:
             out.append(
                 c.diag(
@@ -311,19 +323,30 @@ def unhandled_failure_flow(c: Check) -> list[Diagnostic]:
             continue
         if nid in branches or not node.targets or handled(node, node.fallback):
             continue
+        if any(e.default for e in getattr(node, "on_error", None) or ()):
+            continue
         where = ", ".join(f"'{t}'" for t in node.targets)
         out.append(
             c.diag(
                 "warning",
                 "unhandled-failure",
                 f"node '{nid}': a failure of this {node.type} node routes on to {where} "
-                f"unhandled (no fallback); it {ends}",
+                f"unhandled (no fallback or on_error default); it {ends}",
                 _npath(nid),
                 node=nid,
-                hint="add `fallback: <node>` to handle it, or set "
+                hint="add `fallback: <node>` (or an `on_error` route) to handle it, or set "
                 "settings.on_unhandled_failure: continue (Loki's plain completed)",
             )
         )
+    return out
+
+
+@rule
+def node_kind_rules(c: Check) -> list[Diagnostic]:
+    """The rules a node kind declares in its own module (``NodeBase.rules``)."""
+    out: list[Diagnostic] = []
+    for nid, node in c.nodes():
+        out.extend(node.rules(nid, c))
     return out
 
 
@@ -509,15 +532,10 @@ def script_files(c: Check) -> list[Diagnostic]:
         where = _npath(nid, "script")
         path = script_path(agent_dir, node.script)
         ext = Path(node.script).suffix
-        if not path.is_relative_to(agent_dir):
+        outside = outside_problem(agent_dir, node.script, what=f"script '{node.script}'")
+        if outside is not None:
             out.append(
-                c.diag(
-                    "error",
-                    "script-outside",
-                    f"script '{node.script}' is outside the agent directory",
-                    where,
-                    node=nid,
-                )
+                c.diag("error", "script-outside", outside, where, node=nid, hint=outside_hint())
             )
         elif ext not in SCRIPT_RUNTIMES:
             out.append(
@@ -570,11 +588,26 @@ def agents_exist(c: Check) -> list[Diagnostic]:
         if not isinstance(node, AgentNode):
             continue
         where = _npath(nid, "agent")
+        path_like = is_agent_path(node.agent)
+        if path_like:  # a path from the graph's folder: the rule the run applies
+            outside = outside_problem(c.loaded.agent_dir, node.agent, what=f"agent '{node.agent}'")
+            if outside is not None:
+                out.append(
+                    c.diag(
+                        "error",
+                        "agent-outside",
+                        outside,
+                        where,
+                        node=nid,
+                        hint="name an agent in the agents directory, or " + outside_hint(),
+                    )
+                )
+                continue
         if c.agents_dir is None:
             continue
         adir = c.agents_dir / node.agent
-        if "/" in node.agent or node.agent.startswith("."):  # a path: from the graph's folder
-            adir = c.loaded.agent_dir / node.agent
+        if path_like:
+            adir = Path(real_path(c.loaded.agent_dir, node.agent))
         if not adir.is_dir():
             known = (
                 sorted(p.name for p in c.agents_dir.iterdir() if p.is_dir())
@@ -621,6 +654,24 @@ def rag_documents(c: Check) -> list[Diagnostic]:
                     hint="at least one knowledge source is required",
                 )
             )
+        for index, entry in enumerate(node.documents):
+            problem = document_problem(entry, c.loaded.agent_dir) if entry else None
+            if problem is not None:
+                out.append(
+                    c.diag(
+                        "error",
+                        "document-outside",
+                        f"rag node '{nid}': {problem}",
+                        _npath(nid, "documents") + f"[{index}]",
+                        node=nid,
+                        hint=outside_hint(),
+                    )
+                )
+        kb_file = outside_problem(
+            c.loaded.agent_dir, f"{nid}.yaml", what=f"the knowledge base file of rag node '{nid}'"
+        )
+        if kb_file is not None:
+            out.append(c.diag("error", "kb-outside", kb_file, _npath(nid), node=nid))
         if not node.state_updates:
             out.append(
                 c.diag(

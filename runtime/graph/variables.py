@@ -32,7 +32,6 @@ __all__ = [
     "Declared",
     "VariablesMissing",
     "declarations",
-    "for_run",
     "parse_presets",
     "prompt_variable",
     "resolve",
@@ -204,17 +203,3 @@ def with_variables(loaded: LoadedGraph, values: Mapping[str, str]) -> LoadedGrap
     import dataclasses
 
     return dataclasses.replace(loaded, seed_state={**loaded.seed_state, **values})
-
-
-def for_run(options: Any, store: Any, run_id: str) -> Any:
-    """A copy of ``options`` carrying the variables ``run_id`` was started with
-    (None for a run recorded before variables were: its scripts and tools then get
-    the declared defaults)."""
-    import copy
-
-    from graphrun.runtime.engine.driver import recorded_config
-
-    values = recorded_config(store, run_id).get("variables")
-    out = copy.copy(options)
-    out.variables = dict(values) if isinstance(values, dict) else None
-    return out

@@ -4,21 +4,29 @@ Each ``runtime/nodes/<kind>.py`` holds what the engine needs to know about its
 kind (a :class:`~graphrun.runtime.nodes.kind.NodeKind`): how a visit asks for its
 effect, how it decides once the effect is in, its result as a map branch, and the
 actor that performs its effect (llm, rag and agent effects need the run's
-configuration: their actors live next to their kind). Adding a node kind is its
-Struct in ``runtime/graph/model.py``, its module here, its effect under
-``actors/`` and one line in :data:`KINDS`.
+configuration: their actors live next to their kind).
+
+Adding a node kind is one module here (its Struct, with its descriptions, rules,
+reads and routes as :class:`~graphrun.runtime.graph.model.NodeBase` hooks, and a
+``KIND``), plus its effect under ``actors/`` where it has one: every module of this
+package that defines ``KIND`` (or ``KINDS``) is found and registered when
+``graphrun.runtime`` is imported, its Struct included (the loader and the schema
+then know its ``type``).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import TYPE_CHECKING, Any
 
 from graphrun.runtime.errors import GraphrunError
+from graphrun.runtime.graph.model import register_node_type
 from graphrun.runtime.nodes import agent, end, human, llm, rag, script
 from graphrun.runtime.nodes.kind import NodeKind
 
 if TYPE_CHECKING:
-    from graphrun.runtime.engine.ports import RunPorts
+    from graphrun.runtime.nodes.ports import RunPorts
 
 #: Every node kind with an effect or a completion of its own, by ``type``. ``map`` is
 #: control flow (the decider runs its items as a super-step).
@@ -34,6 +42,21 @@ KINDS: dict[str, NodeKind] = {
         rag.KIND,
     )
 }
+
+
+def _discover() -> None:
+    """Every other module of this package that defines ``KIND`` or ``KINDS``."""
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found = getattr(module, "KINDS", None) or (getattr(module, "KIND", None),)
+        for kind in found:
+            if isinstance(kind, NodeKind) and kind.type not in KINDS:
+                KINDS[kind.type] = kind
+    for kind in KINDS.values():
+        register_node_type(kind.struct)
+
+
+_discover()
 
 
 def kind_of(node_type: str) -> NodeKind:

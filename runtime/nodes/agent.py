@@ -21,17 +21,28 @@ from graphrun.eventstore.events import (
     ChildRunStarted,
     LlmResult,
 )
-from graphrun.eventstore.fold import TERMINAL, RunState, fold
+from graphrun.eventstore.fold import RunState, fold
 from graphrun.eventstore.ids import new_run_id
-from graphrun.runtime.engine.plan import Append, Perform, Step, completed, fail, last
 from graphrun.runtime.errors import GraphrunError, WaitingForHuman
+from graphrun.runtime.graph.expressions import ExpressionError
+from graphrun.runtime.graph.loader import graph_of
 from graphrun.runtime.graph.model import AgentNode, Graph
+from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.kind import NodeKind
+from graphrun.runtime.nodes.plan import (
+    Append,
+    Perform,
+    Step,
+    completed,
+    fail,
+    last,
+    tolerated,
+)
 
 if TYPE_CHECKING:
     from graphrun.eventstore.events import Event
-    from graphrun.runtime.engine.ports import RunPorts
+    from graphrun.runtime.nodes.ports import RunPorts
 
 
 class ChildWaiting(WaitingForHuman):
@@ -52,9 +63,8 @@ class AgentActor:
 
     def perform(self, task: Any, ctx: Any) -> None:
         from graphrun.runtime.agents import load_agent, resolve_agent_dir
-        from graphrun.runtime.engine.driver import Driver, check_graph, drive, graph_of, start_run
-        from graphrun.runtime.graph.variables import for_run, with_variables
         from graphrun.runtime.graph.variables import resolve as resolve_variables
+        from graphrun.runtime.graph.variables import with_variables
 
         parent = self.ports
         store = parent.store
@@ -76,7 +86,7 @@ class AgentActor:
             ref = resolve_agent_dir(task.agent, options.agents_dir, graph_dir=parent.agent_dir)
             loaded = load_agent(ref.path, config_dir=options.config_dir)
             if loaded.graph.settings.validate_before_run:
-                check_graph(loaded, agents_dir=options.agents_dir, config_dir=options.config_dir)
+                parent.launcher.check(loaded)
             # Its own variables: not the parent's presets, and no prompt (Loki).
             variables = resolve_variables(loaded)
             loaded = with_variables(loaded, variables)
@@ -98,22 +108,15 @@ class AgentActor:
                 checkpoint = getattr(ctx, "checkpoint", None)
                 if checkpoint is not None:
                     checkpoint()
-            start_run(
-                store,
+            parent.launcher.start(
                 loaded,
                 prompt=task.prompt,
-                started_by=options.as_user,
-                parent_run_id=parent.run_id,
-                parent_node_id=task.node_id,
+                node_id=task.node_id,
                 run_id=child_id,
-                config={"variables": variables},
+                variables=variables,
             )
         token = CancelToken()
         unhook = ctx.cancel.on_cancel(lambda: token.cancel(ctx.cancel.reason or "cancelled"))
-        # The child's own variables, as recorded when it began (never the parent's).
-        child_options = for_run(_child_options(options, knowledge), store, child_id)
-        child = Driver(store, child_id, child_options, cancel=token)
-        parent.children.attach(child_id, token, child)
         timer_reason = f"agent node '{task.node_id}' timed out after {task.timeout:g}s"
         import threading
 
@@ -121,11 +124,10 @@ class AgentActor:
         timer.daemon = True
         timer.start()
         try:
-            outcome = drive(child)
+            outcome = parent.launcher.drive(child_id, knowledge, token)
         finally:
             timer.cancel()
             unhook()
-            parent.children.detach(child_id)
         duration = round((time.monotonic() - started) * 1000, 3)
         if outcome.status == "waiting":
             raise ChildWaiting(
@@ -212,58 +214,11 @@ def _knowledge(loaded: Any, options: Any) -> dict[str, Any] | None:
 
 
 def _child_model(store: Any, child_id: str) -> str | None:
-    from graphrun.runtime.engine.driver import graph_of
-
     try:
         graph = graph_of(fold(store.read(child_id, upto=1))).graph
     except GraphrunError:
         return None
     return graph.model
-
-
-def _child_options(options: Any, knowledge: dict[str, Any] | None) -> Any:
-    """Child runs share the parent's configuration, answers and identity, not its
-    listener (their narration is indented) nor its knowledge bases."""
-    import copy
-
-    from graphrun.runtime.narrate import Narrator
-
-    child = copy.copy(options)
-    child.extra = dict(options.extra)
-    if knowledge is not None:
-        child.extra["knowledge_bases"] = knowledge
-    if options.listener is not None:
-        child.listener = _Indented(Narrator())
-    child.effect_source = None
-    return child
-
-
-class _Indented:
-    def __init__(self, narrator: Any) -> None:
-        self.narrator = narrator
-        original = narrator.line
-        narrator.line = lambda text: original("  " + text)
-
-    def __call__(self, events: Any, state: Any) -> None:
-        self.narrator(events, state)
-
-
-def resume_ancestors(store: Any, run_id: str, options: Any, outcome: Any) -> Any:
-    """After a child run ends (e.g. once a person answered it), continue the parents
-    that were waiting on it; returns the outermost outcome."""
-    from graphrun.runtime.engine.driver import Driver, drive
-
-    current = outcome
-    row = store.run(run_id)
-    while current.status in TERMINAL and row.parent_run_id:
-        parent_id = row.parent_run_id
-        if fold(store.read(parent_id)).terminal:
-            break
-        from graphrun.runtime.graph.variables import for_run
-
-        current = drive(Driver(store, parent_id, for_run(options, store, parent_id)))
-        row = store.run(parent_id)
-    return current
 
 
 # --- the kind -----------------------------------------------------------------------
@@ -288,7 +243,11 @@ def complete(
     # run shows the failures); the parent goes on, as with any completed child.
     if done.status not in _COMPLETED:
         why = done.error or done.status
-        return fail(node_id, visit, f"child agent '{node.agent}' run {done.child_run_id} {why}")
+        message = f"child agent '{node.agent}' run {done.child_run_id} {why}"
+        target = error_route(node, message)
+        if target is not None:
+            return tolerated(node_id, visit, node, state.state, target, message)
+        return fail(node_id, visit, message)
     output: Any = done.output or ""
     merged: dict[str, Any] = {}
     if node.output_schema is not None:
@@ -304,10 +263,14 @@ def complete(
             return fail(node_id, visit, error)
         if isinstance(output, dict):
             merged = dict(output)
-    if node.next is None:
-        return fail(node_id, visit, "agent node has no next to route to")
     updates = {**merged, **render_updates(node.state_updates, {**s, **merged}, {"output": output})}
-    return Append((completed(node_id, visit, node.next, updates=updates),))
+    try:
+        routed = pick_route(node, {**s, **updates}, node.next)
+    except ExpressionError as exc:
+        return fail(node_id, visit, str(exc))
+    if routed is None:
+        return fail(node_id, visit, "agent node has no next to route to")
+    return Append((completed(node_id, visit, routed, updates=updates),))
 
 
 def primary(node: AgentNode, effects: tuple[Event, ...], done: Any) -> Any:

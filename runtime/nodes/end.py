@@ -6,10 +6,10 @@ from typing import Any
 
 from graphrun.eventstore.events import Event, NodeCompleted, RunCompleted, RunFailed
 from graphrun.eventstore.fold import RunState
-from graphrun.runtime.engine.plan import Append, Step
 from graphrun.runtime.graph.model import EndNode, Graph
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.kind import NodeKind
+from graphrun.runtime.nodes.plan import Append, Step
 
 
 def complete(graph: Graph, node: EndNode, node_id: str, state: RunState, _: Any) -> Step:

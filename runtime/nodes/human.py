@@ -7,14 +7,16 @@ from typing import TYPE_CHECKING, Any
 from graphrun.actors.messages import HumanTask
 from graphrun.eventstore.events import HumanInputReceived, HumanInputRequested, NodeCompleted
 from graphrun.eventstore.fold import RunState
-from graphrun.runtime.engine.plan import Append, Perform, Step, fail
 from graphrun.runtime.errors import WaitingForHuman
+from graphrun.runtime.graph.expressions import ExpressionError
 from graphrun.runtime.graph.model import ApprovalNode, Graph, InputNode
+from graphrun.runtime.graph.routing import pick_route
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.kind import NodeKind
+from graphrun.runtime.nodes.plan import Append, Perform, Step, fail
 
 if TYPE_CHECKING:
-    from graphrun.runtime.engine.ports import RunPorts
+    from graphrun.runtime.nodes.ports import RunPorts
 
 
 def human_task(
@@ -117,13 +119,16 @@ def complete_input(
                 visit,
                 f"input failed validation '{node.validation}' (got {len(text)} characters)",
             )
-    if not node.targets:
-        return fail(node_id, visit, "input node has no next to route to")
     updates = render_updates(node.state_updates, s, {"input": text})
     # An input node routes to the first entry of a `next` list only (Loki).
-    return Append(
-        (NodeCompleted(node_id=node_id, visit=visit, routed_to=node.targets[0], updates=updates),)
-    )
+    default = node.targets[0] if node.targets else None
+    try:
+        routed = pick_route(node, {**s, **updates}, default) if node.routes else default
+    except ExpressionError as exc:
+        return fail(node_id, visit, str(exc))
+    if routed is None:
+        return fail(node_id, visit, "input node has no next to route to")
+    return Append((NodeCompleted(node_id=node_id, visit=visit, routed_to=routed, updates=updates),))
 
 
 def _waiting(task: Any) -> BaseException:

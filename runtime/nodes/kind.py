@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from graphrun.eventstore.events import Event
     from graphrun.eventstore.fold import RunState
-    from graphrun.runtime.engine.plan import Step
-    from graphrun.runtime.engine.ports import RunPorts
     from graphrun.runtime.graph.model import Graph, NodeBase
+    from graphrun.runtime.nodes.plan import Step
+    from graphrun.runtime.nodes.ports import RunPorts
 
 #: ``request(graph, node, node_id, state) -> Step``: the visit's effect to perform
 #: (a ``Perform``), or decisions to record first (an ``Append``).

@@ -8,14 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 from graphrun.eventstore.events import LlmResult
 from graphrun.eventstore.fold import RunState
-from graphrun.runtime.engine.plan import ERROR_KEY, Append, Perform, Step, completed, fail, last
+from graphrun.runtime.graph.expressions import ExpressionError
 from graphrun.runtime.graph.model import Graph, LlmNode
+from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.kind import NodeKind
+from graphrun.runtime.nodes.plan import ERROR_KEY, Append, Perform, Step, completed, fail, last
 
 if TYPE_CHECKING:
     from graphrun.eventstore.events import Event
-    from graphrun.runtime.engine.ports import RunPorts
+    from graphrun.runtime.nodes.ports import RunPorts
 
 
 @functools.cache
@@ -98,17 +100,21 @@ def complete(graph: Graph, node: LlmNode, node_id: str, state: RunState, done: L
         if error is None and isinstance(output, dict):
             merged = dict(output)
     if error is None:
-        if node.next is None:
-            return fail(node_id, visit, "llm node has no next to route to")
         updates = merged
         if node.state_updates:  # (a map's thousand items mostly have none)
             updates = {
                 **merged,
                 **render_updates(node.state_updates, {**s, **merged}, {"output": output}),
             }
-        return Append((completed(node_id, visit, node.next, updates=updates),))
+        try:
+            routed = pick_route(node, {**s, **updates}, node.next) if node.routes else node.next
+        except ExpressionError as exc:
+            return fail(node_id, visit, str(exc))
+        if routed is None:
+            return fail(node_id, visit, "llm node has no next to route to")
+        return Append((completed(node_id, visit, routed, updates=updates),))
     message = f"LLM node failed: {error}"
-    routed = node.fallback or node.next
+    routed = error_route(node, message) or node.fallback or node.next
     if routed is None:
         return fail(node_id, visit, message)
     failure = {ERROR_KEY: {"node": node_id, "message": message}}

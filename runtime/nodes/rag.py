@@ -17,16 +17,26 @@ from typing import TYPE_CHECKING, Any
 from graphrun.actors.messages import RagTask
 from graphrun.eventstore.events import RetrievalDone
 from graphrun.eventstore.fold import RunState
-from graphrun.runtime.engine.plan import Append, Perform, Step, completed, fail, last
 from graphrun.runtime.errors import GraphrunError
+from graphrun.runtime.graph.expressions import ExpressionError
 from graphrun.runtime.graph.loader import LoadedGraph
 from graphrun.runtime.graph.model import Graph, RagNode
+from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.kind import NodeKind
+from graphrun.runtime.nodes.plan import (
+    Append,
+    Perform,
+    Step,
+    completed,
+    fail,
+    last,
+    tolerated,
+)
 
 if TYPE_CHECKING:
     from graphrun.eventstore.events import Event
-    from graphrun.runtime.engine.ports import RunPorts
+    from graphrun.runtime.nodes.ports import RunPorts
 
 
 def rag_defaults(config_dir: Path | None) -> dict[str, Any]:
@@ -48,18 +58,10 @@ def rag_defaults(config_dir: Path | None) -> dict[str, Any]:
 
 
 def kb_config(node: RagNode | dict[str, Any]) -> Any:
-    from graphrun.actors.rag.retrieval import KbConfig
+    """A knowledge base's settings from a rag node (see ``actors.rag.retrieval``)."""
+    from graphrun.actors.rag.retrieval import kb_config as of_node
 
-    get = node.get if isinstance(node, dict) else lambda k, d=None: getattr(node, k, d)
-    return KbConfig(
-        documents=list(get("documents") or []),
-        embedding_model=get("embedding_model"),
-        chunk_size=get("chunk_size"),
-        chunk_overlap=get("chunk_overlap"),
-        reranker_model=get("reranker_model"),
-        batch_size=get("batch_size"),
-        top_k=get("top_k"),
-    )
+    return of_node(node)
 
 
 def _ask(prompt: str, default: str | None) -> str:
@@ -173,11 +175,18 @@ def complete(
 ) -> Step:
     visit = state.current_visit
     if done.error is not None:
+        target = error_route(node, done.error)
+        if target is not None:
+            return tolerated(node_id, visit, node, state.state, target, done.error)
         return fail(node_id, visit, done.error)
-    if node.next is None:
-        return fail(node_id, visit, "rag node has no next to route to")
     updates = render_updates(node.state_updates, state.state, {"output": done.result or {}})
-    return Append((completed(node_id, visit, node.next, updates=updates),))
+    try:
+        routed = pick_route(node, {**state.state, **updates}, node.next)
+    except ExpressionError as exc:
+        return fail(node_id, visit, str(exc))
+    if routed is None:
+        return fail(node_id, visit, "rag node has no next to route to")
+    return Append((completed(node_id, visit, routed, updates=updates),))
 
 
 def primary(node: RagNode, effects: tuple[Event, ...], done: Any) -> Any:

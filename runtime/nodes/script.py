@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING, Any
 from graphrun.actors.messages import ScriptTask
 from graphrun.eventstore.events import ScriptFinished
 from graphrun.eventstore.fold import RunState
-from graphrun.runtime.engine.plan import (
+from graphrun.runtime.graph.expressions import ExpressionError
+from graphrun.runtime.graph.model import Graph, ScriptNode
+from graphrun.runtime.graph.routing import error_route, pick_route
+from graphrun.runtime.graph.templates import render_updates
+from graphrun.runtime.nodes.kind import NodeKind
+from graphrun.runtime.nodes.plan import (
     ERROR_KEY,
     Append,
     Perform,
@@ -17,12 +22,9 @@ from graphrun.runtime.engine.plan import (
     fail,
     state_json,
 )
-from graphrun.runtime.graph.model import Graph, ScriptNode
-from graphrun.runtime.graph.templates import render_updates
-from graphrun.runtime.nodes.kind import NodeKind
 
 if TYPE_CHECKING:
-    from graphrun.runtime.engine.ports import RunPorts
+    from graphrun.runtime.nodes.ports import RunPorts
 
 
 def request(graph: Graph, node: ScriptNode, node_id: str, state: RunState) -> Step:
@@ -49,7 +51,10 @@ def complete(
     if error is None and output is not None:
         merged = {**s, **{k: v for k, v in output.items() if k != "_next"}}
         updates = render_updates(node.state_updates, merged)
-        routed = next_override or node.next
+        try:
+            routed = next_override or pick_route(node, {**merged, **updates}, node.next)
+        except ExpressionError as exc:
+            return fail(node_id, visit, str(exc))
         if routed is None:
             return fail(
                 node_id,
@@ -58,7 +63,7 @@ def complete(
             )
         return Append((completed(node_id, visit, routed, updates=updates, merge_effect=True),))
     assert error is not None
-    routed = node.fallback or node.next
+    routed = error_route(node, error) or node.fallback or node.next
     if routed is None:
         return fail(node_id, visit, error)
     failure = {ERROR_KEY: {"node": node_id, "message": error}}

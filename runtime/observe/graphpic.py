@@ -56,6 +56,7 @@ class Picture:
     nodes: list[PicNode] = field(default_factory=list)
     edges: list[PicEdge] = field(default_factory=list)
     run_id: str | None = None
+    current: str | None = None  # the node a run is at (or waits at) now, drawn apart
 
 
 def _targets(value: Any) -> list[str]:
@@ -119,6 +120,9 @@ def build_picture(
             fallback = getattr(node, "fallback", None)
             if fallback:
                 pic.edges.append(PicEdge(node_id, fallback, "fallback"))
+            route_edges = getattr(node, "route_edges", None)
+            for _field, target, label in route_edges() if route_edges else ():
+                pic.edges.append(PicEdge(node_id, target, label))
         if kind == "map":
             branch = getattr(node, "branch", None)
             if isinstance(branch, str):
@@ -255,7 +259,9 @@ def to_dot(pic: Picture) -> str:
         attrs = [f"shape={_DOT_SHAPES.get(n.type, 'box')}"]
         if with_visits:
             label += f"\n×{n.visits}" if n.visits else "\nnot visited"
-            if n.visits:
+            if n.id == pic.current:
+                attrs.append('fillcolor="#ffe08a", color="#b36b00", penwidth=3')
+            elif n.visits:
                 attrs.append('fillcolor="#d8f0d8", color="#2a7a2a", penwidth=2')
             else:
                 attrs.append('fillcolor="#f4f4f4", color="#bbbbbb", fontcolor="#999999"')

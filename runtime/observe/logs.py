@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from graphrun.eventstore.events import ChildRunStarted, LlmCalled, RunStarted
+from graphrun.runtime.engine.usage import Usage, call_usage, format_usage
 from graphrun.runtime.observe.report import request_messages
-from graphrun.runtime.observe.usage import Usage, call_usage, format_usage
 
 
 def llm_log(

@@ -29,8 +29,8 @@ from graphrun.eventstore.events import (
     RunStarted,
     ToolCalled,
 )
+from graphrun.runtime.engine.usage import call_tokens
 from graphrun.runtime.errors import UsageError
-from graphrun.runtime.observe.usage import call_tokens
 
 _MISSING = (
     "OpenTelemetry export needs the otel extra",

@@ -43,7 +43,7 @@ from graphrun.eventstore.events import (
 )
 from graphrun.eventstore.fold import RunState, apply
 from graphrun.eventstore.projections import graph_version
-from graphrun.runtime.observe.usage import (
+from graphrun.runtime.engine.usage import (
     BUILTIN_PRICES,
     Usage,
     call_usage,
@@ -290,6 +290,11 @@ document.getElementById('expand-all').addEventListener('click', function () {
   this.textContent = open ? 'collapse all' : 'expand all';
 });
 """
+
+
+#: The report's one script (expand/collapse all): a page that embeds a report can
+#: allow exactly this script by its hash.
+SCRIPT = _JS
 
 
 def _e(value: Any) -> str:

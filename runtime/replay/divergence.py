@@ -270,6 +270,14 @@ def check_request(
                     now=now_value,
                 )
         return None
+    own = getattr(task, "check_recorded", None)
+    if own is not None:
+        # A kind's task that says itself how its request compares with the recording.
+        differs = own(outcome)
+        if differs is None:
+            return None
+        field, was, now, message = differs
+        return Divergence(seq, task.node_id, "request", message, field=field, recorded=was, now=now)
     checks = _RECORDED_REQUEST.get(type(task))
     if checks is None:
         return None

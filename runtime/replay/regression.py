@@ -105,12 +105,13 @@ def rerun_live(
     }
     if options is None:
         from graphrun.runtime.graph.config import agents_dir, config_dir
-        from graphrun.runtime.narrate import Narrator
+        from graphrun.runtime.narrate import Narrator, child_narrator
 
         cfg = config_dir()
         options = RunOptions(
             interactive=is_interactive(),
             listener=Narrator(),
+            child_listener=child_narrator,
             config_dir=cfg,
             agents_dir=agents_dir(config=cfg),
         )

@@ -25,10 +25,12 @@ from graphrun.eventstore.events import (
     EFFECT_TYPES,
     RESULT_TYPES,
     ApprovalSigned,
+    CacheChecked,
     ChildCancelled,
     Event,
     HeadSigned,
     NodeFailed,
+    NodeRetrying,
     RunCancelled,
     RunInterrupted,
     RunResumed,
@@ -96,13 +98,23 @@ class RecordedSource:
     # cancel), which a replay cannot reproduce.
     limit: int = 0
     boundaries: list[int] = field(default_factory=list)
+    # The effect events of each attempt of a visit that was tried again (``retry:``).
+    attempts: dict[Slot, list[list[Event]]] = field(default_factory=dict)
+    attempt_taken: dict[Slot, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         comparable = 0
         stop: int | None = None
         for event in self.events[1:]:
+            if isinstance(event, NodeRetrying):
+                slot = slot_of(event)
+                tried = self.attempts.setdefault(slot, [list(self.slots.get(slot, []))])
+                tried.append([])
             if isinstance(event, EFFECT_TYPES):
-                self.slots.setdefault(slot_of(event), []).append(event)
+                slot = slot_of(event)
+                self.slots.setdefault(slot, []).append(event)
+                if slot in self.attempts:
+                    self.attempts[slot][-1].append(event)
             elif isinstance(event, NodeFailed):
                 self.failures.setdefault(slot_of(event), event.error)
             if isinstance(event, TimeoutFired | RunCancelled) and stop is None:
@@ -120,7 +132,14 @@ class RecordedSource:
     def take(self, step: Any, visit: int, ctx: Any) -> Served | None:
         task = step.task
         slot = (step.node_id, visit, getattr(step, "branch", ""))
-        outcome = self.slots.get(slot, [])
+        attempts = self.attempts.get(slot)
+        if attempts is not None:
+            # A visit tried again (``retry:``): each request takes the next attempt.
+            index = self.attempt_taken.get(slot, 0)
+            self.attempt_taken[slot] = index + 1
+            outcome = attempts[min(index, len(attempts) - 1)]
+        else:
+            outcome = self.slots.get(slot, [])
         if self.check is not None and outcome:
             problem = self.check(step, outcome, ctx.state())
             if problem is not None:
@@ -164,6 +183,7 @@ IGNORED = (
     TimeoutFired,
     ApprovalSigned,
     HeadSigned,
+    CacheChecked,
 )
 
 

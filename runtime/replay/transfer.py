@@ -61,7 +61,8 @@ from graphrun.eventstore.events import (
     HumanInputReceived,
     RunStarted,
 )
-from graphrun.eventstore.store import SqliteStore, Store
+from graphrun.eventstore.store import SqliteStore
+from graphrun.runtime.engine.lifecycle import run_tree
 from graphrun.runtime.errors import GraphrunError
 
 FORMAT = "graphrun-export"
@@ -82,20 +83,6 @@ class _Line(msgspec.Struct):
 
 class ExportFileError(GraphrunError):
     """An export file cannot be read."""
-
-
-def run_tree(store: Store, run_id: str) -> list[str]:
-    """A run and its descendants, parents first."""
-    out = [run_id]
-    seen = {run_id}
-    i = 0
-    while i < len(out):
-        for row in sorted(store.runs(parent=out[i]), key=lambda r: r.started_at):
-            if row.run_id not in seen:  # a crafted log may link a run to itself
-                seen.add(row.run_id)
-                out.append(row.run_id)
-        i += 1
-    return out
 
 
 def write_export(
@@ -400,7 +387,7 @@ def read_export(
             # The typed decoder straight from the raw bytes (no dict in between).
             event = codec.decode(record.event)
             digest = record.hash
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        except codec.DECODE_ERRORS as exc:
             raise ExportFileError(f"{where}: not a valid event line ({exc})") from None
         run_id = _check_run_id(event.run_id, where)
         if listed is not None and run_id not in listed:

@@ -51,12 +51,14 @@ def campaign(mode: str, count: int, workdir: Path) -> dict[str, Any]:
 @pytest.mark.parametrize(("mode", "variable", "default"), [
     ("graphs", "GRAPHRUN_FUZZ_GRAPHS", 500),
     ("cli", "GRAPHRUN_FUZZ_CLI", 300),
+    # Commands per damaged column besides runs and show (every column x every damage).
+    ("stored", "GRAPHRUN_FUZZ_STORED", 3),
 ])  # fmt: skip
 def test_fuzz(mode: str, variable: str, default: int, tmp_path: Path) -> None:
     count = int(os.environ.get(variable, default))
     report = campaign(mode, count, tmp_path / mode)
     assert report["failure"] is None, report["failure"]
-    assert report["cases"] >= min(count, 100)
+    assert report["cases"] >= (150 if mode == "stored" else min(count, 100))
     assert 70 not in report["codes"]
     assert report["peak_kib"] < PEAK_MIB * 1024, report
 
@@ -70,6 +72,8 @@ RAW = [
     [b"approve", b"\x7f\x80", b"x", b"--as", b"y"],
     [b"audit", b"x", b"--verify", b"--anchor", b"\xff"],
     [b"events", b"%" * 300],
+    [b"run", b"agent", b"--set", b'k="\\ud800"'],
+    [b"run", b"agent", b"--answer", b'ask="\\udfff"'],
 ]
 
 

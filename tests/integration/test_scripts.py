@@ -301,7 +301,7 @@ def test_output_timeout_and_leftovers(tmp_path: Path) -> None:
 
 def test_a_script_that_cannot_run_is_a_recorded_failure(tmp_path: Path) -> None:
     """Without validation before the run, the runner itself words why a script
-    cannot run: outside the agent directory, an unknown extension, unreadable."""
+    cannot run: outside the agent folder, an unknown extension, unreadable."""
     from graphrun.actors.base import ListContext
     from graphrun.actors.messages import ScriptTask
     from graphrun.actors.script import run_script
@@ -315,7 +315,7 @@ def test_a_script_that_cannot_run_is_a_recorded_failure(tmp_path: Path) -> None:
     for script in ("../outside.sh", "notes.txt", "folder.sh"):
         run_script(ScriptTask("s", 1, script, 30.0, "{}"), ctx)
     assert [e.error for e in ctx.events] == [
-        "script '../outside.sh' is outside the agent directory",
+        f"script '../outside.sh' is outside the agent folder ({tmp_path.resolve()}/outside.sh)",
         "unsupported script extension '.txt' (use .sh, .py or .ts)",
         "cannot read script folder.sh: Is a directory",
     ]

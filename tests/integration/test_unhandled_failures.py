@@ -152,7 +152,7 @@ def test_validate_warns_about_a_failure_that_flows_into_next(graphrun, agent):
     assert res.code == 0, res.stderr
     assert (
         "node 'file_them': a failure of this script node routes on to 'done' unhandled "
-        "(no fallback)" in res.stderr
+        "(no fallback or on_error default)" in res.stderr
     )
     quiet = graphrun(
         "validate", str(_script_agent(agent, "settings:\n  on_unhandled_failure: continue"))

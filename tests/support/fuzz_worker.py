@@ -6,6 +6,14 @@ memory is measured on its own)::
 
     python -m tests.support.fuzz_worker graphs N WORKDIR
     python -m tests.support.fuzz_worker cli N WORKDIR
+    python -m tests.support.fuzz_worker stored N WORKDIR
+
+``stored`` damages every stored column (each event's body and hash and key, every
+column of ``run_heads``, ``leases`` and ``cancel_requests``) in every way a damaged
+or hand-edited file can (bytes that are not UTF-8, a BLOB, a number, NULL, text that
+is not JSON, JSON of the wrong shape), then gives every command the damaged run:
+``runs`` still lists the others (exit 0), and nothing exits 70. ``N`` bounds how
+many commands each damage meets besides ``runs`` and ``show``.
 
 Every case must end with an exit code other than 70 (internal error) and without a
 traceback, within ``CASE_SECONDS``. The worker prints one JSON line: the number of
@@ -194,10 +202,15 @@ graph_texts = st.one_of(
     mutated_graphs(), structured_graphs(), st.text(max_size=200), st.sampled_from(FRAGMENTS)
 )
 
-COMMANDS = [
-    "run", "resume", "approve", "answer", "cancel", "validate", "replay", "test", "runs",
-    "show", "events", "audit", "diff", "fork", "export", "import", "schema", "rag",
-]  # fmt: skip
+
+def _all_commands() -> list[str]:
+    from graphrun.cli import COMMANDS as known
+
+    # Workers and submit need PostgreSQL; given an SQLite --db they refuse at once.
+    return list(known)
+
+
+COMMANDS = _all_commands()
 FLAGS = [
     "--set", "--answer", "--as", "--llm-replay", "--agents-dir", "--config-dir",
     "--loki-dir", "--json", "--node", "--at", "--verify", "--anchor", "-o", "--status",
@@ -231,6 +244,12 @@ arg_texts = st.one_of(
             "\ud800",
             "\x00",
             "",
+            # JSON escapes of half a surrogate pair: valid arguments, but not text
+            # once --set / --answer parse them as JSON.
+            '"\\ud800"',
+            '["\\udfff", 1]',
+            '{"\\ud83d": "x"}',
+            '"a\\udc00b"',
         ]
     ),
     st.integers(1, 3000).map(lambda n: "[" * n + "]" * n),
@@ -329,6 +348,185 @@ def check(argv: list[str], codes: Counter[int]) -> None:
     assert not bad, f"exit {code} for {argv!r}: {stderr[-2000:]}"
 
 
+# -- damaged stored data ------------------------------------------------------------
+
+#: Every stored column a damaged or edited file can change: (table, column, the key
+#: column, whether NULL is allowed). ``events.id`` moves an event to another seq.
+STORED_COLUMNS = [
+    ("events", "body", "id", False),
+    ("events", "hash", "id", False),
+    ("events", "id", "id", False),
+    *[
+        ("run_heads", c, "run_no", c not in ("run_id", "graph_name", "status", "started_at"))
+        for c in (
+            "run_id", "run_no", "graph_name", "status", "parent_run_id", "started_at",
+            "started_by", "agent_dir", "waiting_node", "output", "error",
+        )
+    ],
+    *[("leases", c, "run_id", False)
+      for c in ("run_id", "owner", "pid", "host", "started", "expires_at")],
+    *[("cancel_requests", c, "run_id", False)
+      for c in ("run_id", "requested_by", "reason", "requested_at")],
+]  # fmt: skip
+
+#: A run with a parallel step (two script branches).
+PARALLEL = """\
+name: par
+version: "1.0"
+start: fan
+nodes:
+  fan: {type: script, script: scripts/s.py, next: [a, b]}
+  a: {type: script, script: scripts/s.py, state_updates: {}, next: join}
+  b: {type: script, script: scripts/s.py, state_updates: {}, next: join}
+  join: {type: end, output: "done"}
+"""
+
+#: Ways a stored value goes bad (SQL expressions; ``{old}`` is the value there).
+DAMAGES = {
+    "not-utf8": "CAST(X'DF' || CAST({old} AS BLOB) AS TEXT)",
+    "utf8-inside": "CAST(replace(CAST({old} AS BLOB), X'22', X'22C3') AS TEXT)",
+    "blob": "X'00FF10'",
+    "integer": "7",
+    "real": "2.5",
+    "text": "'garbage'",
+    "null": "NULL",
+    "json-shape": """'{"type":"RunStarted","seq":"one","run_id":[1]}'""",
+    "truncated": "substr({old}, 1, length({old}) / 2)",
+    "huge-number": "'99999999999999999999999999'",
+}
+
+#: Commands given the damaged run R (and W, a run that waits, and F, a file).
+RUN_COMMANDS = [
+    ["show", "R"], ["show", "R", "--json"], ["show", "R", "--at", "2"],
+    ["events", "R"], ["events", "R", "--json"], ["audit", "R"], ["audit", "R", "--verify"],
+    ["audit", "R", "--json"], ["export", "R", "-o", "F"], ["replay", "R"], ["resume", "R"],
+    ["logs", "R"], ["logs", "R", "--usage"], ["report", "R", "-o", "F.html"],
+    ["graph", "agent", "--run", "R"], ["diff", "R", "W"], ["fork", "R", "--at", "1"],
+    ["cancel", "R"], ["approve", "R", "approve", "--as", "alice"],
+    ["answer", "W", "x", "--as", "bob"], ["approve", "W", "approve", "--as", "alice"],
+    ["tail", "R"], ["otel", "R", "--endpoint", "http://127.0.0.1:9/v1/traces"],
+    ["runs", "--status", "waiting"], ["runs", "--usage"], ["runs", "--status", "interrupted"],
+    ["import", "F"],
+]  # fmt: skip
+
+
+def stored_cases(per_case: int) -> list[tuple[tuple[str, str, str, bool], str, list[list[str]]]]:
+    """Every (column, damage) pair, each with ``runs``, ``runs --json``, ``show``
+    and ``per_case`` more commands, rotating so that every command meets every
+    column."""
+    cases = []
+    turn = 0
+    for column in STORED_COLUMNS:
+        for damage in DAMAGES:
+            if damage == "null" and not column[3]:
+                continue
+            extra = [RUN_COMMANDS[(turn + i) % len(RUN_COMMANDS)] for i in range(per_case)]
+            turn += per_case
+            cases.append((column, damage, [["runs"], ["runs", "--json"], ["show", "R"], *extra]))
+    return cases
+
+
+def damage(db: Path, column: tuple[str, str, str, bool], how: str, run_id: str) -> bool:
+    """Damage ``column`` of the run's rows (its first event, for ``events``); False
+    when SQLite refuses the edit (a constraint), so there is nothing to test."""
+    import sqlite3
+
+    table, name, _key, _null = column
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        (run_no,) = conn.execute(
+            "SELECT run_no FROM run_heads WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        where = {
+            "events": f"id = {(run_no << 32) | 1}",
+            "run_heads": f"run_no = {run_no}",
+        }.get(table, f"run_id = '{run_id}'")
+        value = DAMAGES[how].replace("{old}", name)
+        if table == "events" and name == "id":
+            value = {"integer": str((run_no << 32) | 4000), "real": "2.5"}.get(how, "NULL")
+        try:
+            changed = conn.execute(f"UPDATE {table} SET {name} = {value} WHERE {where}").rowcount
+        except sqlite3.Error:
+            return False
+        return bool(changed)
+    finally:
+        conn.close()
+
+
+def fuzz_stored(workdir: Path, per_case: int, codes: Counter[int], done_cases: list[int]) -> None:
+    """Build a database with a completed, a waiting, a parallel and an imported
+    run, then damage each column of the completed, parallel or imported run in
+    turn (on a copy)."""
+    import sqlite3
+    import time
+
+    from graphrun.eventstore.store import SqliteStore
+
+    answers = ["--answer", "ask=bob", "--answer", "gate=approve", "--as", "alice"]
+    # An imported run: made in another file, exported, imported.
+    os.environ["GRAPHRUN_DB"] = str(workdir / "other.db")
+    call(["run", "agent", *answers])
+    with SqliteStore(workdir / "other.db") as store:
+        (other,) = [r.run_id for r in store.runs()]
+    call(["export", other, "-o", str(workdir / "other.jsonl")])
+    pristine = workdir / "pristine.db"
+    os.environ["GRAPHRUN_DB"] = str(pristine)
+    call(["run", "agent", *answers])
+    call(["run", "waiting", "--answer", "ask=carol"])
+    parallel = workdir / "parallel"
+    (parallel / "scripts").mkdir(parents=True, exist_ok=True)
+    (parallel / "graph.yaml").write_text(PARALLEL, encoding="utf-8")
+    (parallel / "scripts" / "s.py").write_text("print('{}')\n", encoding="utf-8")
+    call(["run", "parallel"])
+    with SqliteStore(pristine) as store:
+        runs = {r.graph_name: r.run_id for r in store.runs() if r.status != "waiting"}
+        (waiting,) = [r.run_id for r in store.runs(status="waiting")]
+    done, fanned = runs["fuzz"], runs["par"]
+    assert call(["import", str(workdir / "other.jsonl")])[0] == 0
+    # Each damage hits one of: a completed run, a parallel run, an imported run.
+    targets = [done, fanned, other]
+    call(["export", done, "-o", str(workdir / "done.jsonl")])
+    conn = sqlite3.connect(pristine, isolation_level=None)
+    now = time.time()
+    for target in targets:
+        conn.execute(
+            "INSERT INTO leases VALUES (?, 'h:1:x', 1, 'elsewhere', 0, ?)", (target, now - 60)
+        )
+        conn.execute("INSERT INTO cancel_requests VALUES (?, 'bob', 'stop', ?)", (target, now))
+    conn.close()
+    for number, (column, how, commands) in enumerate(stored_cases(per_case)):
+        done = targets[number % len(targets)]
+        db = workdir / f"case-{number}.db"
+        with sqlite3.connect(pristine) as source, sqlite3.connect(db) as copy:
+            source.backup(copy)  # committed pages, WAL included
+        if not damage(db, column, how, done):
+            _remove(db)
+            continue
+        done_cases.append(number)
+        os.environ["GRAPHRUN_DB"] = str(db)
+        for command in commands:
+            names = {"R": done, "W": waiting, "F": str(workdir / "done.jsonl"),
+                     "F.html": str(workdir / "r.html")}  # fmt: skip
+            argv = [names.get(a, a) for a in command]
+            if command == ["export", "R", "-o", "F"]:
+                argv[-1] = str(workdir / "out.jsonl")
+            where = f"{column[0]}.{column[1]} {how}"
+            code, stderr = call(argv)
+            codes[code] += 1
+            if os.environ.get("GRAPHRUN_FUZZ_VERBOSE"):
+                print(where, code, argv[:2], repr(stderr[-200:]), file=sys.stderr)
+            bad = code == 70 or "Traceback" in stderr or "internal error" in stderr
+            assert not bad, f"{where}: exit {code} for {argv!r}: {stderr[-2000:]}"
+            if argv[0] == "runs":
+                assert code == 0, f"{where}: `graphrun {' '.join(argv)}` exit {code}: {stderr}"
+        _remove(db)
+
+
+def _remove(db: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+
+
 def main() -> int:
     mode, count, workdir = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     workdir.mkdir(parents=True, exist_ok=True)
@@ -354,6 +552,24 @@ def main() -> int:
     for name, text in (("agent", BASE), ("waiting", BASE)):
         (workdir / name).mkdir(exist_ok=True)
         (workdir / name / "graph.yaml").write_text(text, encoding="utf-8")
+
+    if mode == "stored":
+        failure = None
+        done_cases: list[int] = []
+        try:
+            fuzz_stored(workdir, count, codes, done_cases)
+        except AssertionError as exc:
+            failure = str(exc)
+        cases = len(done_cases)
+        import resource
+
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(
+            json.dumps(
+                {"cases": cases, "codes": dict(codes), "failure": failure, "peak_kib": peak_kib}
+            )
+        )
+        return 0
 
     if mode == "graphs":
 

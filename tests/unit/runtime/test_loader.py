@@ -184,6 +184,10 @@ def test_wrong_types_every_error_at_once() -> None:
 
 
 def test_node_types_and_shapes() -> None:
+    from graphrun.runtime.graph.model import NODE_TYPES
+
+    TYPES = ", ".join(NODE_TYPES)
+    assert TYPES.startswith("agent, script, approval, input, llm, rag, end, map")
     assert errors_of("""
         name: g
         version: "1.0"
@@ -195,11 +199,9 @@ def test_node_types_and_shapes() -> None:
           d: {type: 7}
     """) == [
         "graph.yaml:5 ($.nodes.a.type): node 'a' has unknown type 'ennd' (did you mean 'end'?)",
-        "graph.yaml:6 ($.nodes.b.type): node 'b' has no 'type' (the types are: agent, script, "
-        "approval, input, llm, rag, end, map)",
+        f"graph.yaml:6 ($.nodes.b.type): node 'b' has no 'type' (the types are: {TYPES})",
         "graph.yaml:7 ($.nodes.c): node 'c' must be a mapping of fields",
-        "graph.yaml:8 ($.nodes.d.type): node 'd' has unknown type '7' (the types are: agent, "
-        "script, approval, input, llm, rag, end, map)",
+        f"graph.yaml:8 ($.nodes.d.type): node 'd' has unknown type '7' (the types are: {TYPES})",
     ]
 
 

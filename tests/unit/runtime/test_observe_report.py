@@ -16,15 +16,15 @@ from graphrun.eventstore.events import (
     RunStarted,
     ScriptFinished,
 )
-from graphrun.runtime.observe.logs import log_markdown
-from graphrun.runtime.observe.report import render_report, request_messages, view_run
-from graphrun.runtime.observe.usage import (
+from graphrun.runtime.engine.usage import (
     Usage,
     budget_breach,
     call_tokens,
     load_prices,
     run_usage,
 )
+from graphrun.runtime.observe.logs import log_markdown
+from graphrun.runtime.observe.report import render_report, request_messages, view_run
 
 
 # Events as they will be once parallel branches record which branch they ran in.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from graphrun.runtime.graph.model import NODE_TYPES
 from graphrun.runtime.graph.schema import generate, schema_errors
 
 
@@ -59,5 +60,5 @@ def test_docs_graph_yaml_names_every_field_of_every_node_type() -> None:
         if f"`{prop}`" not in docs
     ]
     assert missing == []
-    for tag in ("llm", "script", "approval", "input", "agent", "rag", "end"):
+    for tag in NODE_TYPES:
         assert f"\n## {tag}\n" in docs

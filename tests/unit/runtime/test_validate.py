@@ -255,7 +255,10 @@ def test_scripts_missing_bad_extension_and_outside(tmp_path: Path) -> None:
         "error: graph.yaml:11 ($.nodes.b.script): script 'scripts/ok.js' has unsupported "
         "extension '.js' (script extensions are exactly .sh, .py and .ts)",
         "error: graph.yaml:15 ($.nodes.c.script): script '../outside.py' is outside the agent "
-        "directory",
+        f"folder ({agent.resolve().parent / 'outside.py'}) (keep it inside the folder, "
+        "or let graphs read there: "
+        "GRAPHRUN_ALLOWED_ROOTS=DIR (or GRAPHRUN_ALLOW_OUTSIDE_PATHS=1), set by the user who "
+        "runs the graph)",
         "error: graph.yaml:19 ($.nodes.d.script): script 'scripts/noext' has unsupported "
         "extension '(none)' (script extensions are exactly .sh, .py and .ts)",
     ]
@@ -280,7 +283,10 @@ def test_script_symlink_escaping_the_agent_dir(tmp_path: Path) -> None:
     )
     assert found == [
         "error: graph.yaml:5 ($.nodes.a.script): script 'scripts/link.py' is outside the agent "
-        "directory"
+        f"folder ({tmp_path.resolve() / 'secret.py'}) (keep it inside the folder, "
+        "or let graphs read there: "
+        "GRAPHRUN_ALLOWED_ROOTS=DIR (or GRAPHRUN_ALLOW_OUTSIDE_PATHS=1), set by the user who "
+        "runs the graph)"
     ]
 
 

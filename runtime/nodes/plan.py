@@ -85,6 +85,21 @@ def completed(
     )
 
 
+def tolerated(
+    node_id: str, visit: int, node: Any, state: dict[str, Any], target: str, message: str
+) -> Append:
+    """A failure routed to ``target`` (``on_error``, ``fallback``): the error is in the
+    state as ``_error``, and ``state_updates`` see it (``{{output}}`` is the message)."""
+    from graphrun.runtime.graph.templates import render_updates
+
+    failure = {ERROR_KEY: {"node": node_id, "message": message}}
+    updates = {
+        **failure,
+        **render_updates(node.state_updates, {**state, **failure}, {"output": message}),
+    }
+    return Append((completed(node_id, visit, target, updates=updates, failed=True, error=message),))
+
+
 def state_json(state: dict[str, Any]) -> str:
     """The canonical JSON a script receives (sorted keys: same state, same bytes)."""
     return json.dumps(state, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
@@ -109,4 +124,5 @@ __all__ = [
     "fail",
     "last",
     "state_json",
+    "tolerated",
 ]
