@@ -22,18 +22,11 @@ import msgspec
 from graphrun.eventstore.events import Event, NodeCompleted, NodeFailed, RunCompleted, RunFailed
 from graphrun.eventstore.fold import RunState
 from graphrun.eventstore.projections import unhandled_summary
-from graphrun.runtime.graph.model import Graph, NodeBase
+from graphrun.runtime.graph.model import Graph
+from graphrun.runtime.graph.routing import failure_handled
 
-
-def handled(node: NodeBase | None, routed_to: str | None) -> bool:
-    """Whether a node's failure that routed to ``routed_to`` was handled: a route the
-    graph declares for failures took it (``fallback``; an ``on_error`` route once
-    nodes have one). A failure that flowed into ``next`` was not."""
-    if node is None or routed_to is None:
-        return False
-    if getattr(node, "fallback", None) == routed_to:
-        return True
-    return any(e.to == routed_to for e in getattr(node, "on_error", None) or ())
+#: The one predicate of what "handled" means (``runtime/graph/routing.py``).
+handled = failure_handled
 
 
 def _unhandled(graph: Graph, failure: tuple[str, int, str, str | None]) -> bool:

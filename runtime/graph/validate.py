@@ -309,7 +309,7 @@ def unhandled_failure_flow(c: Check) -> list[Diagnostic]:
     """An llm or script node without ``fallback`` routes its failure on to ``next``
     (Loki's rule); the run then ends ``completed_with_errors`` (or fails, with
     ``settings.on_unhandled_failure: fail``). Say so where it can happen."""
-    from graphrun.runtime.engine.failures import handled
+    from graphrun.runtime.graph.routing import failure_handled as handled
 
     policy = c.graph.settings.on_unhandled_failure
     if policy == "continue" or c.graph.start not in c.graph.nodes:
