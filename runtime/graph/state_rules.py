@@ -30,11 +30,13 @@ from graphrun.runtime.graph.model import (
     MapNode,
     NodeBase,
     RagNode,
-    ScriptNode,
     static_edges,
 )
 from graphrun.runtime.graph.templates import expressions, parse_path
 from graphrun.runtime.graph.validate import Check, _npath, advice, register_rule
+
+#: Node types whose JSON result merges into the state whatever keys it has.
+_MERGES_ANY_KEY = ("script", "tool")
 
 #: Keys every run has.
 BUILTIN_KEYS = ("initial_prompt", "_error")
@@ -77,11 +79,11 @@ def _strict_fields(node: NodeBase) -> list[tuple[str, object]]:
 
 
 def _after_scripts(c: Check) -> set[str]:
-    """The nodes a script node can run before (on static edges), scripts' successors
-    onward: their templates may read keys a script's JSON output set."""
+    """The nodes a script (or tool) node can run before (on static edges), their
+    successors onward: their templates may read keys its JSON result set."""
     succ: dict[str, list[str]] = {nid: [t for _, t in static_edges(n)] for nid, n in c.nodes()}
     seen: set[str] = set()
-    todo = [t for nid, n in c.nodes() if isinstance(n, ScriptNode) for t in succ[nid]]
+    todo = [t for nid, n in c.nodes() if n.type in _MERGES_ANY_KEY for t in succ[nid]]
     while todo:
         nid = todo.pop()
         if nid in seen or nid not in succ:
