@@ -156,6 +156,14 @@ def replay_cmd(
     help="Query today's knowledge bases again instead of serving recorded retrievals "
     "(offline with a local embedding model), so a changed knowledge base fails a test.",
 )
+@click.option(
+    "--config-dir",
+    "--loki-dir",
+    "config_dir",
+    metavar="DIR",
+    help="Config directory the agents' graphs are loaded with (clients, tools, the "
+    "default model). Without one a model Loki's config would choose is the recorded one.",
+)
 @json_option
 def test_cmd(
     paths: tuple[str, ...],
@@ -164,6 +172,7 @@ def test_cmd(
     dry_run: bool,
     answers: tuple[str, ...],
     rerun_retrieval: bool,
+    config_dir: str | None,
     as_json: bool,
 ) -> None:
     """Replay every recorded run (exported files) in PATHs (default: replays/).
@@ -177,6 +186,10 @@ def test_cmd(
         raise click.UsageError("--dry-run goes with --update")
     if answers and not update:
         raise click.UsageError("--answer goes with --update")
+    if config_dir:  # what every later lookup of the config directory reads
+        import os
+
+        os.environ["GRAPHRUN_CONFIG_DIR"] = config_dir
     if update:
         from graphrun.actors.human.prompt import is_interactive
         from graphrun.cli.run import _answers

@@ -217,7 +217,8 @@ def common_run_options(fn: Any) -> Any:
                 metavar="DIR",
                 help="Config directory, e.g. an existing Loki config dir with agents/, "
                 "functions/ and config.yaml (default: $GRAPHRUN_CONFIG_DIR, "
-                "$LOKI_CONFIG_DIR, else the user config dir).",
+                "$COYOTE_CONFIG_DIR, $LOKI_CONFIG_DIR, else the first of graphrun's, "
+                "Coyote's and Loki's user config dirs that exists).",
             ),
             click.option(
                 "--llm-replay",

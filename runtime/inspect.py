@@ -262,7 +262,16 @@ def describe_run(
         "tree_usage": tree.as_dict(),
         "node_usage": {node: u.as_dict() for node, u in per_node.items()},
         "children": children,
+        "todos": _todos(events),
     }
+
+
+def _todos(events: Any) -> dict[str, Any] | None:
+    """The run's todo list (Loki's ``todo__*``), when it kept one."""
+    from graphrun.runtime.nodes.builtins.todo import todo_list
+
+    todos = todo_list(events)
+    return None if todos is None else {"goal": todos.goal, "todos": todos.todos}
 
 
 def _config_dir() -> Any:
@@ -320,6 +329,12 @@ def format_description(info: dict[str, Any], depth: int = 0) -> str:
     usage = info.get("usage") or {}
     if usage.get("calls") or (info.get("tree_usage") or {}).get("calls"):
         lines.extend(_usage_lines(info, pad))
+    if info.get("todos") is not None:
+        from graphrun.runtime.nodes.builtins.todo import TodoList
+
+        lines.append(f"{pad}todos:")
+        rendered = TodoList(info["todos"]["goal"], info["todos"]["todos"]).render()
+        lines.extend(f"{pad}  {line}" for line in rendered.splitlines())
     lines.append(f"{pad}state:")
     text = json.dumps(info["state"], indent=2, ensure_ascii=False, sort_keys=True, default=str)
     lines.extend(f"{pad}  {line}" for line in text.splitlines())

@@ -194,7 +194,8 @@ class LlmNode(NodeBase, tag="llm", kw_only=True):
     output_schema: dict[str, Any] | None = None
     timeout: float | None = None
     reasoning_effort: str | None = None
-    # Loki's skills (accepted, not implemented: validation warns once).
+    # Loki's skills: skills_enabled/enabled_skills offer skill__* (runtime/nodes/builtins);
+    # the instructions fields are accepted, not implemented (validation warns once).
     skills_enabled: bool | None = None
     enabled_skills: list[str] | None = None
     inject_skill_instructions: bool | None = None
@@ -307,7 +308,8 @@ class Graph(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     reducers: dict[str, Reducer] = {}
     variables: list[Variable] = []
     reasoning_effort: str | None = None
-    # Loki's skills (accepted, not implemented: validation warns once).
+    # Loki's skills: skills_enabled/enabled_skills offer skill__* (runtime/nodes/builtins);
+    # the instructions fields are accepted, not implemented (validation warns once).
     skills_enabled: bool | None = None
     enabled_skills: list[str] | None = None
     inject_skill_instructions: bool | None = None

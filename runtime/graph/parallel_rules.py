@@ -318,8 +318,6 @@ def map_contract(c: Check) -> list[Diagnostic]:
 
 #: Loki fields graphrun accepts but does not act on (warned once each).
 _NOT_IMPLEMENTED = {
-    "skills_enabled": "skills",
-    "enabled_skills": "skills",
     "inject_skill_instructions": "skills",
     "skill_instructions": "skills",
     "extractor_model": "graph-based RAG",
@@ -351,19 +349,27 @@ def accepted_not_implemented(c: Check) -> list[Diagnostic]:
             )
     for nid, node in c.nodes():
         texts = [getattr(node, f, None) for f in ("prompt", "instructions")]
+        from graphrun.runtime.graph.builtins import node_tools
+
+        offered = set(node_tools(c.graph, node))
+        missing: list[str] = []
         for text in texts:
-            if isinstance(text, str) and (m := _LOKI_TOOLS.search(text)):
-                out.append(
-                    c.diag(
-                        "warning",
-                        "loki-builtin-tool",
-                        f"node '{nid}' names Loki's built-in tool '{m.group(0)}', which "
-                        "graphrun does not offer (an llm node's `tools:` list is strict)",
-                        _npath(nid),
-                        node=nid,
-                    )
+            if isinstance(text, str):
+                for m in _LOKI_TOOLS.finditer(text):
+                    if m.group(0) not in offered and m.group(0) not in missing:
+                        missing.append(m.group(0))
+        if missing:
+            names = ", ".join(f"'{name}'" for name in missing)
+            out.append(
+                c.diag(
+                    "warning",
+                    "loki-builtin-tool",
+                    f"node '{nid}' names Loki's built-in tools {names}, which its `tools:` "
+                    "list does not offer (an llm node's `tools:` list is strict)",
+                    _npath(nid),
+                    node=nid,
                 )
-                break
+            )
     return out
 
 

@@ -89,9 +89,9 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "order wins).",
         "variables": "Agent variables (Loki's shape): each reaches scripts and tools as "
         "LLM_AGENT_VAR_<NAME>; a variable without a default must be given.",
-        "skills_enabled": "Loki's skills switch (accepted; graphrun has no skills, "
-        "validate warns).",
-        "enabled_skills": "Loki's skill allow-list (accepted; not implemented).",
+        "skills_enabled": "Loki's skills switch: llm nodes are offered skill__list, "
+        "skill__load and skill__unload.",
+        "enabled_skills": "Loki's skill allow-list: the skills skill__load may load.",
         "inject_skill_instructions": "Loki's skill hint switch (accepted; not implemented).",
         "skill_instructions": "Loki's skill hint text (accepted; not implemented).",
     },
@@ -191,8 +191,9 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "parsed (or extracted) as JSON, an object's keys merge into state.",
         "state_updates": "Map of state key -> template; {{output}} is the reply text (or "
         "the parsed value with output_schema).",
-        "skills_enabled": "Loki's skills (accepted; not implemented).",
-        "enabled_skills": "Loki's skills (accepted; not implemented).",
+        "skills_enabled": "Loki's skills: offers the node skill__list, skill__load, "
+        "skill__unload (default: the graph's).",
+        "enabled_skills": "Loki's skills: the skills skill__load may load (default: the graph's).",
         "inject_skill_instructions": "Loki's skills (accepted; not implemented).",
         "skill_instructions": "Loki's skills (accepted; not implemented).",
     },

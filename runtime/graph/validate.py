@@ -246,17 +246,23 @@ def unreachable_nodes(c: Check) -> list[Diagnostic]:
     if c.graph.start not in c.graph.nodes:
         return []
     reachable = _reachable(c)
+    missing = [nid for nid in c.graph.nodes if nid not in reachable]
+    if not missing:
+        return []
+    # One warning per graph: a graph routed by scripts (_next) has many such nodes.
+    if len(missing) == 1:
+        what = f"node '{missing[0]}' is"
+    else:
+        what = "nodes " + ", ".join(f"'{nid}'" for nid in missing) + " are"
     return [
         c.diag(
             "warning",
             "unreachable",
-            f"node '{nid}' is unreachable from '{c.graph.start}' via static edges",
-            _npath(nid),
-            node=nid,
+            f"{what} unreachable from '{c.graph.start}' via static edges",
+            _npath(missing[0]),
+            node=missing[0],
             hint="fine if a script routes there with _next",
         )
-        for nid in c.graph.nodes
-        if nid not in reachable
     ]
 
 

@@ -488,3 +488,31 @@ def test_validation_error_names_the_first_error_and_counts_the_rest(tmp_path: Pa
         "graph.yaml:3 ($.start): start node 'x' does not exist (+1 more errors)"
     )
     assert info.value.exit_code == 2
+
+
+def test_nodes_reachable_only_through_next_get_one_warning(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "ok.py").write_text("def run(state):\n    return {}\n")
+    found = check(
+        tmp_path,
+        """
+        name: g
+        version: "1.0"
+        start: a
+        nodes:
+          a:
+            type: script
+            script: scripts/ok.py
+            next: done
+          left:
+            type: end
+          right:
+            type: end
+          done:
+            type: end
+    """,
+    )
+    assert found == [
+        "warning: graph.yaml:9 ($.nodes.left): nodes 'left', 'right' are unreachable from 'a' "
+        "via static edges (fine if a script routes there with _next)"
+    ]
