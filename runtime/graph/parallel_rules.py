@@ -89,8 +89,14 @@ def read_set(node: NodeBase) -> set[str]:
     for value in fields:
         roots |= _roots(value)
     updates: set[str] = set()
-    for value in node.state_updates.values():
-        updates |= _roots(value)
+    for key, value in node.state_updates.items():
+        roots = _roots(value)
+        if isinstance(node, ScriptNode):
+            # `meta: "{{meta}}"` declares that the script writes `meta`: its own
+            # output is merged before its state_updates render, so that is no read
+            # of the snapshot.
+            roots.discard(key)
+        updates |= roots
     updates.discard(scoped)
     return roots | updates
 
@@ -155,8 +161,9 @@ def fan_out_groups(c: Check) -> list[Diagnostic]:
                         f"'{fan}') but declares no `state_updates`",
                         _npath(member),
                         node=member,
-                        hint="add `state_updates: {}` (or the keys it sets) so the "
-                        "writes of the step can be checked",
+                        hint="declare the keys its JSON output sets, e.g. "
+                        '`state_updates: {meta: "{{meta}}"}` (or `state_updates: {}` when it '
+                        "sets none), so the writes of the step can be checked",
                     )
                 )
         writers: dict[str, list[str]] = {}

@@ -107,6 +107,9 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "max_concurrency": "How many nodes of one super-step run at once (default 8).",
         "max_tokens": "Budget: the most LLM tokens the run may use.",
         "max_cost": "Budget: the most the run's LLM calls may cost, in USD.",
+        "on_unhandled_failure": "A node that fails with no fallback routes on to `next` "
+        "(Loki's rule); the run then ends `completed_with_errors` (default, exit 4), "
+        "`continue`: plain `completed`, or `fail`: the first such failure fails the run.",
         "signed_decisions": "graphrun extension: `required` refuses human answers that are "
         "not signed by an allowed signer (graphrun approve --sign KEY); default optional.",
         "cancel_by": "graphrun extension: `approvers` lets only the graph's approvers cancel "

@@ -509,7 +509,10 @@ def replay_events(
     """
     from graphrun.eventstore.fold import fold
     from graphrun.runtime.engine.driver import Driver, RunOptions, graph_of
+    from graphrun.runtime.replay.upgrade import upgraded_view
 
+    # A run moved onto new graphs replays against the one it ends on.
+    events = upgraded_view(events)
     first = events[0] if events else None
     if not isinstance(first, RunStarted):
         raise ReplayError("a recorded run starts with RunStarted; this log does not")

@@ -441,8 +441,11 @@ def test_approval_next_is_ignored_for_reachability(tmp_path: Path) -> None:
     """,
     )
     assert found == [
+        "warning: graph.yaml:11 ($.nodes.review.next): approval 'review': `next` is ignored "
+        "(an approval routes by its answer: routes and on_other) (route each option under "
+        "routes, free-form answers with on_other)",
         "warning: graph.yaml:12 ($.nodes.extra): node 'extra' is unreachable from 'review' via "
-        "static edges (fine if a script routes there with _next)"
+        "static edges (fine if a script routes there with _next)",
     ]
 
 
