@@ -404,8 +404,26 @@ def end_orphans(*, host: str | None = None) -> list[int]:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
                 killed.append(proc)
-    psutil.wait_procs(killed, timeout=2.0)  # gone before anything is performed again
+    _wait_dead(killed, timeout=2.0)  # dead before anything is performed again
     return [proc.pid for proc in killed]
+
+
+def _wait_dead(processes: list[Any], *, timeout: float) -> None:
+    """Wait until each process is gone or a zombie (dead; reaping it is its new
+    parent's business, which may be slow where PID 1 is no real init)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    left = list(processes)
+    while left and time.monotonic() < deadline:
+        still = []
+        for proc in left:
+            with contextlib.suppress(psutil.Error):
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    still.append(proc)
+        left = still
+        if left:
+            time.sleep(0.01)
 
 
 def _marked_processes() -> Iterator[tuple[Any, str]]:

@@ -33,7 +33,8 @@ nodes:
 # would run beside it), notes its pid and its child's, then works.
 WORK_SH = """\
 for pid in $(awk -v now="$ATTEMPT" '$3 != now {print $2}' "$MARKS" 2>/dev/null); do
-  if kill -0 "$pid" 2>/dev/null; then echo "beside $pid $ATTEMPT" >> "$MARKS"; fi
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)  # a zombie is dead
+  if [ -n "$state" ] && [ "$state" != Z ]; then echo "beside $pid $ATTEMPT" >> "$MARKS"; fi
 done
 echo "start $$ $ATTEMPT" >> "$MARKS"
 sleep 300 &

@@ -38,7 +38,8 @@ WORK_SH = """
     marks="$MARKERS/work"
     if [ -s "$marks" ]; then
       for pid in $(awk '{print $2}' "$marks"); do
-        if kill -0 "$pid" 2>/dev/null; then echo "beside $pid" >> "$marks"; fi
+        state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)  # a zombie is dead
+        if [ -n "$state" ] && [ "$state" != Z ]; then echo "beside $pid" >> "$marks"; fi
       done
       echo "again $$" >> "$marks"
       echo '{"n": 2}'
