@@ -207,7 +207,8 @@ def _all_commands() -> list[str]:
     from graphrun.cli import COMMANDS as known
 
     # Workers and submit need PostgreSQL; given an SQLite --db they refuse at once.
-    return list(known)
+    # `serve` runs a web server until stopped: not a command line to fuzz here.
+    return [name for name in known if name != "serve"]
 
 
 COMMANDS = _all_commands()
