@@ -275,9 +275,10 @@ _pool_log = _PoolLog()
 
 
 def _route_pool_logging() -> None:
-    """Route psycopg_pool's logger through graphrun's (once per process): its
-    records no longer reach Python's last-resort handler, raw, on stderr."""
-    pool_logger = logging.getLogger("psycopg.pool")
+    """Route psycopg's loggers (psycopg_pool's is ``psycopg.pool``) through
+    graphrun's, once per process: their records no longer reach Python's
+    last-resort handler, raw, on stderr."""
+    pool_logger = logging.getLogger("psycopg")
     if _pool_log not in pool_logger.handlers:
         pool_logger.addHandler(_pool_log)
         pool_logger.propagate = False
@@ -525,6 +526,18 @@ class PostgresStore:
         with self._lock_guard:
             if run_id in self._locked:
                 return True
+            got = self._locking("SELECT pg_try_advisory_lock(%s)", run_id)
+            if got:
+                self._locked.add(run_id)
+            return got
+
+    def _relock(self, run_id: str) -> bool:
+        """Take the lock of a run this worker holds again (false: not taken). A run
+        handed back meanwhile is not locked: its hand-back dropped it from the held
+        runs before giving up the lock, and the check is under the same guard."""
+        with self._lock_guard:
+            if run_id not in self._held or run_id in self._locked:
+                return False
             got = self._locking("SELECT pg_try_advisory_lock(%s)", run_id)
             if got:
                 self._locked.add(run_id)
@@ -1258,7 +1271,7 @@ class PostgresStore:
         relock = [r for r in held if r not in self._locked]
         # A lock another holds now (a hung worker's, whose expired lease this one
         # took) is tried again at the next beat; the lease row says who holds the run.
-        relocked = [r for r in relock if self._try_lock(r)]
+        relocked = [r for r in relock if self._relock(r)]
         with self._conn() as conn:
             kept = {
                 r[0]

@@ -92,7 +92,8 @@ def test_a_worker_whose_connection_goes_frees_its_runs_at_once(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid::bigint = "
             "(SELECT lock_key & 4294967295 FROM leases WHERE run_id = 'r1')"
         ).fetchone()[0]
-    pg_server.psql(f"SELECT pg_terminate_backend({int(backend)})")
+    # (with a timeout, the call waits until the session has ended)
+    pg_server.psql(f"SELECT pg_terminate_backend({int(backend)}, 10000)")
     clock.t += 1  # far from the lease's 30 s
     assert not c.is_live("r1") and c.is_live("r2")
     taken = c.claim(seconds=30)

@@ -97,6 +97,44 @@ def test_parallel_bench_runs_every_contender_in_its_own_process(tmp_path: Path) 
     assert report["replay_events"] > 40  # the 20-item map's log, replayed through the CLI
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("name", "targets"),
+    [
+        (
+            "store_bench.py",
+            (
+                "SQLite: runs (first page), 3,000 runs vs 300",
+                "SQLite: runs --status waiting, 3,000 runs vs 300",
+                "SQLite: show RUN, 3,000 runs vs 300",
+                "SQLite: show of a 3,000-event run vs 300, per event",
+                "PostgreSQL",
+            ),
+        ),
+        ("takeover_bench.py", ("same host: runs completed after kill -9", "another host")),
+        ("dbos_bench.py", ("SQLite", "PostgreSQL")),
+    ],
+)
+def test_store_takeover_and_dbos_benches_run(
+    tmp_path: Path, name: str, targets: tuple[str, ...]
+) -> None:
+    env = dict(os.environ, GRAPHRUN_BENCH_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / name), "--smoke"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=190,
+    )
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    lines = check_lines(proc.stdout)
+    names = " | ".join(lines)
+    for target in targets:
+        assert target in names, proc.stdout
+    assert (proc.returncode == 1) == any(line.startswith("MISS") for line in lines)
+
+
 @pytest.mark.timeout(120)
 def test_console_bench_runs_and_prints_every_ratio(tmp_path: Path) -> None:
     proc = run_bench("console_bench.py", tmp_path)
