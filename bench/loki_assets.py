@@ -11,6 +11,10 @@ user's project). Each time the model is offered tools it calls one —
 ``fs_write``/``execute_command`` (writing ``written.txt``) when it has them, else
 ``fs_ls``/``fs_read``/``fs_cat``, else its first tool — then answers (with a
 JSON value matching the schema when the node has an ``output_schema``).
+Loki's built-ins are used as its prompts ask: ``skill__list`` then ``skill__load``
+of the first skill listed; an orchestrator lists the agents it may spawn, spawns
+(code-reviewer: file-reviewer; others: explore and coder, else the first listed)
+and collects each (the row says which agents were collected, and how they ended).
 Approval nodes are answered with their first option, input nodes with a line
 (Loki would ask at the terminal). step-runner gets the plan repository its
 README asks for (``plans/steps/01-first-step.md``).
@@ -20,6 +24,10 @@ neither graphrun's tool-failure message nor empty), the tools that only failed,
 and the side effect observed (``written.txt`` written, or a tool's output).
 Agents that need the internet (web search, Jira, ...) still run: only their
 tools' results differ.
+
+``--record DIR`` keeps the configuration and the projects in DIR and exports each
+run to ``DIR/recordings/<agent>.run.jsonl`` (``graphrun test DIR/recordings``
+then replays them, with or without the configuration directory).
 
 ``--offline-mcp`` serves every server of ``functions/mcp.json``, and every server
 an agent names that mcp.json lacks (said in the row), with the test MCP server
@@ -32,6 +40,7 @@ Exit 0 when every agent completed and a tool of it really ran.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -46,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support.fake_llm import FakeLlm, RecordedRequest, Reply, text, tool_calls  # noqa: E402
 
+BUILTINS = ("user__", "todo__", "agent__", "skill__")
 PREFERRED = ("fs_write", "execute_command", "fs_ls", "fs_read", "fs_cat", "get_current_time")
 
 
@@ -185,7 +195,84 @@ def _ok(name: str, result: str) -> bool:
     return bool(result) and result != "DONE" and not result.startswith(f"tool '{name}'")
 
 
-def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> dict[str, Any]:
+def _called(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], Any]]:
+    """Every tool call of the conversation so far: (name, arguments, parsed result)."""
+    results = {m.get("tool_call_id"): m.get("content") for m in messages if m.get("role") == "tool"}
+    out = []
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            raw = results.get(call["id"])
+            try:
+                value = json.loads(raw) if isinstance(raw, str) else raw
+            except ValueError:
+                value = raw
+            try:
+                arguments = json.loads(call["function"].get("arguments") or "{}")
+            except ValueError:
+                arguments = {}
+            out.append((call["function"]["name"], arguments, value))
+    return out
+
+
+def _builtin_step(messages: list[dict[str, Any]], tools: dict[str, Any]) -> Reply | None:
+    """Loki's built-ins, as its prompts ask: list the skills and load the first one;
+    an orchestrator lists the agents it may spawn, spawns (code-reviewer: file-reviewer;
+    others: explore and coder, else the first listed), then collects each. None when
+    there is nothing (more) of that to do."""
+    called = _called(messages)
+    names = [name for name, _, _ in called]
+    if "skill__list" in tools and "skill__list" not in names:
+        return tool_calls(("skill__list", {}))
+    if "skill__load" in tools and "skill__load" not in names:
+        listed = next((v for n, _, v in called if n == "skill__list"), None)
+        skills = listed.get("skills") if isinstance(listed, dict) else None
+        if skills:
+            return tool_calls(("skill__load", {"name": skills[0]["name"]}))
+    if "agent__spawn" not in tools:
+        return None
+    if "agent__list_available" not in names:
+        return tool_calls(("agent__list_available", {}))
+    if "agent__spawn" not in names:
+        listed = next(v for n, _, v in called if n == "agent__list_available")
+        available = [a["name"] for a in (listed or {}).get("agents") or []]
+        system = str(messages[0].get("content") or "").lower() if messages else ""
+        wanted = ["file-reviewer"] if "code review orchestrator" in system else ["explore", "coder"]
+        chosen = [a for a in wanted if a in available] or available[:1]
+        if not chosen:
+            return None
+        return tool_calls(
+            *[
+                (
+                    "agent__spawn",
+                    {"agent": a, "prompt": "Please do one small thing with your tools."},
+                )
+                for a in chosen
+            ]
+        )
+    spawned = [
+        v["id"] for n, _, v in called if n == "agent__spawn" and isinstance(v, dict) and "id" in v
+    ]
+    collected = {a.get("id") for n, a, _ in called if n == "agent__collect"}
+    pending = [i for i in spawned if i not in collected]
+    if pending:
+        return tool_calls(*[("agent__collect", {"id": i}) for i in pending])
+    return None
+
+
+def _export(graphrun: list[str], env: dict[str, str], scratch: Path, target: Path) -> None:
+    """Export the agent's run (the newest top-level one, with its child runs) to ``target``."""
+    listed = subprocess.run(
+        [*graphrun, "runs", "--json"], capture_output=True, text=True, env=env, cwd=scratch
+    )
+    rows = [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
+    top = next(r["run_id"] for r in rows if not r.get("parent_run_id"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([*graphrun, "export", top, "-o", str(target)], check=True, env=env, cwd=scratch)
+
+
+def run_agent(
+    graphrun: list[str], config: Path, agent: str, scratch: Path, record: Path | None = None
+) -> dict[str, Any]:
     calls: list[tuple[str, str]] = []  # (tool, result) of every tool the model called
     offered: list[bool] = []  # per LLM request: were tools offered?
     if agent in PROJECTS:
@@ -193,21 +280,30 @@ def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> d
 
     def answer(request: RecordedRequest) -> Reply:
         messages = request.body.get("messages") or []
+        tools = {t["function"]["name"]: t["function"] for t in request.body.get("tools") or []}
         if messages and messages[-1].get("role") == "tool":
             asked = next(m for m in reversed(messages) if m.get("role") == "assistant")
             names = {c["id"]: c["function"]["name"] for c in asked.get("tool_calls") or []}
             for m in messages[messages.index(asked) + 1 :]:
                 calls.append((names.get(m.get("tool_call_id"), "?"), str(m.get("content"))))
+        builtin = _builtin_step(messages, tools)
+        if builtin is not None:
+            return builtin
+        own = [n for n, _, _ in _called(messages) if not n.startswith(BUILTINS)]
+        if messages and messages[-1].get("role") == "tool" and own:
             return text(_final(messages))
-        tools = {t["function"]["name"]: t["function"] for t in request.body.get("tools") or []}
         offered.append(bool(tools))
         if not tools:
             return text(_final(messages))
         name = next((n for n in PREFERRED if n in tools), None)
-        plain = [n for n in tools if not n.startswith(("mcp_", "user__", "todo__"))]
-        if name is None and not plain:  # only MCP servers: search one, as Loki's prompts do
+        plain = [n for n in tools if not n.startswith(("mcp_", *BUILTINS))]
+        if (
+            name is None and not plain and any(n.startswith("mcp_search_") for n in tools)
+        ):  # only MCP servers: search one, as Loki's prompts do
             name = next(n for n in tools if n.startswith("mcp_search_"))
             return tool_calls((name, {"query": "add two numbers"}))
+        if name is None and not plain:
+            return text(_final(messages))
         name = name or plain[0]
         return tool_calls((name, _arguments(tools[name], scratch)))
 
@@ -232,6 +328,16 @@ def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> d
             cwd=scratch,
             stdin=subprocess.DEVNULL,
         )
+    if record is not None and proc.returncode == 0:
+        _export(graphrun, env, scratch, record / f"{agent}.run.jsonl")
+    delegated = []
+    for name, result in calls:
+        if name == "agent__collect":
+            try:
+                collected = json.loads(result)
+            except ValueError:
+                continue
+            delegated.append(f"{collected.get('agent')}:{collected.get('exit_status')}")
     ran = sorted({name for name, result in calls if _ok(name, result)})
     failed = sorted({name for name, result in calls if not _ok(name, result)} - set(ran))
     written = (scratch / "written.txt").is_file()
@@ -253,6 +359,7 @@ def run_agent(graphrun: list[str], config: Path, agent: str, scratch: Path) -> d
         "tools_ran": ran,
         "tools_failed": failed,
         "effect": effect,
+        "delegated": sorted(delegated),
         "seen": seen.replace("\n", " "),
         "error": last if proc.returncode else "",
         "narration": proc.stderr,
@@ -273,11 +380,24 @@ def main() -> int:
         action="store_true",
         help="serve every mcp.json server with tests/support/mcp_server.py (no internet)",
     )
+    parser.add_argument(
+        "--record",
+        type=Path,
+        metavar="DIR",
+        help="keep the config and projects in DIR and export each run to "
+        "DIR/recordings/<agent>.run.jsonl (then: graphrun test DIR/recordings)",
+    )
     options = parser.parse_args()
     graphrun = [sys.executable, "-m", "graphrun.cli"]
     rows = []
     added: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="graphrun-loki-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if options.record is not None:
+            options.record.mkdir(parents=True, exist_ok=True)
+            tmp = str(options.record.resolve())
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="graphrun-loki-"))
+        record = Path(tmp) / "recordings" if options.record is not None else None
         config = Path(tmp) / "config"
         shutil.copytree(options.assets, config, symlinks=True)
         (config / "config.yaml").write_text(
@@ -305,7 +425,7 @@ def main() -> int:
         for agent in options.agent or agents:
             scratch = Path(tmp) / "work" / agent
             scratch.mkdir(parents=True)
-            row = run_agent(graphrun, config, agent, scratch)
+            row = run_agent(graphrun, config, agent, scratch, record)
             missing = sorted(set(_mcp_servers(config / "agents" / agent)) & set(added))
             row["note"] = f"not in mcp.json, stubbed: {', '.join(missing)}" if missing else ""
             rows.append(row)
@@ -323,6 +443,7 @@ def main() -> int:
                 f"{status} {row['agent']:<18} exit={row['exit']} ran={ran}{failed} "
                 f"effect={row['effect']}: {row['error'] or row['seen']}"
                 + (f" [{row['note']}]" if row.get("note") else "")
+                + (f" delegated={','.join(row['delegated'])}" if row["delegated"] else "")
             )
         good = sum(1 for r in rows if r["exit"] == 0 and r["effect"])
         print(f"{good}/{len(rows)} agents completed a turn with a tool that really ran")

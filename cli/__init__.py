@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "audit": ("inspect", "audit_cmd", "Who decided what, and when; verify the hash chain."),
     "diff": ("inspect", "diff_cmd", "Where two runs part ways."),
     "fork": ("run", "fork_cmd", "Start a new run from a prefix of a recorded run."),
+    "upgrade": ("upgrade", "upgrade_cmd", "Move runs in flight onto a fixed graph, checked."),
     "export": ("transfer", "export_cmd", "Write a run (and its child runs) to a JSON-lines file."),
     "import": ("transfer", "import_cmd", "Load runs from an exported JSON-lines file."),
     "schema": ("replay", "schema_cmd", "Print the JSON Schema of graph.yaml."),
@@ -80,7 +81,8 @@ def cli() -> None:
     graph against it, and audit who decided what.
 
     Exit codes: 0 completed, 1 run failed (or replay diverged), 2 invalid graph or
-    bad input, 3 the run waits for a person.
+    bad input, 3 the run waits for a person, 4 completed with unhandled failures,
+    130/143 interrupted (Ctrl-C/SIGTERM).
     """
 
 

@@ -15,8 +15,20 @@ from graphrun.eventstore.errors import GraphrunError
 @click.command("runs")
 @click.option(
     "--status",
-    type=click.Choice(["running", "interrupted", "waiting", "completed", "failed", "cancelled"]),
-    help="Only runs with this status (interrupted: running, but no process drives it).",
+    type=click.Choice(
+        [
+            "running",
+            "interrupted",
+            "waiting",
+            "queued",
+            "completed",
+            "completed_with_errors",
+            "failed",
+            "cancelled",
+        ]
+    ),
+    help="Only runs with this status (interrupted: running, but no process drives it; "
+    "queued: submitted, no worker has claimed it yet).",
 )
 @click.option(
     "--limit",
@@ -54,8 +66,10 @@ def runs_cmd(
     parent; a fork by when it was made).
 
     A waiting run shows the node it waits at and for whom: the node's
-    approvers, else anyone (WAITS FOR). With --usage: each run's LLM tokens and
-    cost, and TREE, the tokens of the run with all its child runs.
+    approvers, else anyone (WAITS FOR). VERSION: the graph the run runs on (the
+    start of its hash; `graphrun upgrade` moves a run onto another). With --usage:
+    each run's LLM tokens and cost, and TREE, the tokens of the run with all its
+    child runs.
 
     A run whose stored data is damaged is left out and named in one warning line
     on stderr (`graphrun audit RUN --verify` says where), and so is a run whose
@@ -79,15 +93,20 @@ def runs_cmd(
     with contextlib.suppress(GraphrunError):
         store.release_stale_leases()
     damaged: list[CorruptStoreError] = []
-    if status == "interrupted":
+    if status in ("interrupted", "queued"):
         # Stopped by Ctrl-C/SIGTERM (RunInterrupted recorded), or killed outright:
-        # "running" in the log, with no process driving it.
+        # "running" in the log, with no process driving it; or submitted and not
+        # claimed yet (queued).
         crashed = [
             r
             for r in store.runs(status="running", limit=offset + limit, damaged=damaged)
-            if display_status(store, r) == "interrupted"
+            if display_status(store, r) == status
         ]
-        stopped = store.runs(status="interrupted", limit=offset + limit, damaged=damaged)
+        stopped = (
+            store.runs(status=status, limit=offset + limit, damaged=damaged)
+            if status == "interrupted"
+            else []
+        )
         rows = sorted([*stopped, *crashed], key=lambda r: r.started_at, reverse=True)
         rows = rows[offset : offset + limit]
     else:
@@ -103,10 +122,13 @@ def runs_cmd(
     made: dict[str, float] = {}
     waits: dict[str, Any] = {}
     extra: dict[str, Any] = {}
+    versions: dict[str, str] = {}
     readable = []
     for row in rows:
         try:
             made[row.run_id] = _made_at(store, row)
+            if not as_json:
+                versions[row.run_id] = _graph_version(store, row)
             if row.waiting_node:
                 waits[row.run_id] = _waiting_request(store, row)
             if as_json:
@@ -147,6 +169,7 @@ def runs_cmd(
             (
                 "  " * depth + row.run_id,
                 row.graph_name,
+                versions[row.run_id],
                 status_text,
                 when(row.started_at),
                 row.last_seq,
@@ -161,7 +184,17 @@ def runs_cmd(
 
     for row in by_parent.get(None, []):
         add(row, 0)
-    headers = ["RUN", "GRAPH", "STATUS", "STARTED (UTC)", "EVENTS", "NODE", "WAITS FOR", "BY"]
+    headers = [
+        "RUN",
+        "GRAPH",
+        "VERSION",
+        "STATUS",
+        "STARTED (UTC)",
+        "EVENTS",
+        "NODE",
+        "WAITS FOR",
+        "BY",
+    ]
     if with_usage:
         headers += ["TOKENS", "COST", "TREE TOKENS"]
     click.echo(table(out, headers))
@@ -191,12 +224,36 @@ def _made_at(store: Any, row: Any) -> float:
     return float(own[0].ts) if own else float(row.updated_at)
 
 
+#: Runs up to this many events long are read whole for their graph version; a
+#: longer one reads its first event and its log's tail only (an upgrade is found
+#: there unless the run went on for long after it), as `runs` must stay fast.
+_SCAN_FOR_VERSION = 5000
+
+
+def _graph_version(store: Any, row: Any) -> str:
+    """The graph a run runs on, as people read it (``upgrade`` moves runs)."""
+    from graphrun.eventstore.events import GraphUpgraded, RunStarted
+    from graphrun.eventstore.projections import graph_version
+
+    if row.last_seq <= _SCAN_FOR_VERSION:
+        events = store.read(row.run_id)
+        tail = events[1:]
+    else:
+        events = store.read(row.run_id, upto=1)
+        tail = store.read(row.run_id, after=max(0, row.last_seq - 256))
+    upgrades = [e for e in tail if isinstance(e, GraphUpgraded)]
+    if upgrades:
+        return graph_version(upgrades[-1].new_hash)
+    start = events[0] if events and isinstance(events[0], RunStarted) else None
+    return graph_version(start.graph_hash) if start else ""
+
+
 def _usage_cells(store: Any, row: Any, prices: Any) -> tuple[Any, ...]:
-    from graphrun.runtime.engine.usage import run_usage, tree_usage
+    from graphrun.runtime.engine.usage import format_cost, run_usage, tree_usage
 
     own, _ = run_usage(store.read(row.run_id), prices)
     tree = tree_usage(store, row.run_id, prices)
-    cost = f"${own.cost:.4f}" if own.cost_known else "?"
+    cost = format_cost(own.cost) if own.cost_known else "?"
     return (own.total_tokens, cost if own.calls else "", tree.total_tokens)
 
 

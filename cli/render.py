@@ -36,6 +36,30 @@ def answer_command(outcome: Any, db: str | None) -> str:
     return f"graphrun answer {run} <text> {as_who}{db_part}"
 
 
+#: Exit codes of a run's final status (`run`, `resume`, `approve`, `tail`, …).
+EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 1, "waiting": 3, "completed_with_errors": 4}
+
+
+def exit_code(status: str) -> int:
+    """The exit code of a run that stopped with ``status`` (1 for anything unknown)."""
+    return EXIT_CODES.get(status, 1)
+
+
+def render_unhandled(run_id: str, unhandled: Any, output: str) -> None:
+    """Say on stderr which failures no fallback handled, and whether the output just
+    printed is a failure's text rather than a result."""
+    from graphrun.eventstore.projections import unhandled_summary
+
+    click.echo(
+        f"▸ run {run_id} completed with errors: {unhandled_summary(unhandled)} "
+        "(no fallback took them; they routed on to `next`)",
+        err=True,
+    )
+    texts = [str(f.get("error") or "") for f in unhandled]
+    if any(t and t in output for t in texts):
+        click.echo("▸ the output above contains a failure's text: it is not a result", err=True)
+
+
 def outcome_dict(outcome: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "run_id": outcome.run_id,
@@ -43,6 +67,9 @@ def outcome_dict(outcome: Any) -> dict[str, Any]:
         "output": outcome.output,
         "error": outcome.error,
     }
+    unhandled = list(getattr(outcome, "unhandled", ()) or ())
+    if unhandled:
+        data["unhandled_failures"] = unhandled
     if outcome.waiting is not None:
         w = outcome.waiting
         data["waiting"] = {
@@ -69,8 +96,7 @@ def render_outcome(outcome: Any, *, as_json: bool, db: str | None) -> int:
     A run left waiting because the answer offered to it was refused (not an
     approver) or abandoned (Ctrl-C at the prompt) exits with that error's code.
     """
-    codes = {"completed": 0, "failed": 1, "cancelled": 1, "waiting": 3}
-    code = codes.get(outcome.status, 1)
+    code = exit_code(outcome.status)
     if outcome.status == "interrupted":
         code = 143 if getattr(outcome, "signal", None) == "SIGTERM" else 130
     refused = _refusal(outcome)
@@ -84,9 +110,11 @@ def render_outcome(outcome: Any, *, as_json: bool, db: str | None) -> int:
                 data["error"] = str(refused)
         click.echo(json.dumps(data, ensure_ascii=False))
         return code
-    if outcome.status == "completed":
+    if outcome.status in ("completed", "completed_with_errors"):
         text = outcome.output or ""
         write_stdout(text if text.endswith("\n") else text + "\n")
+        if outcome.status == "completed_with_errors":
+            render_unhandled(outcome.run_id, getattr(outcome, "unhandled", ()), text)
     elif outcome.status == "interrupted":
         click.echo(
             f"▸ run {outcome.run_id} {outcome.error or 'interrupted'}; "

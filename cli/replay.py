@@ -143,10 +143,26 @@ def replay_cmd(
 )
 @click.option("--dry-run", is_flag=True, help="With --update: only say what would be re-recorded.")
 @click.option(
+    "--answer",
+    "answers",
+    multiple=True,
+    metavar="NODE=VALUE",
+    help="With --update: the answer to a question whose text and options changed "
+    "(repeatable; a question whose options did not change keeps its recorded answer).",
+)
+@click.option(
     "--rerun-retrieval",
     is_flag=True,
     help="Query today's knowledge bases again instead of serving recorded retrievals "
     "(offline with a local embedding model), so a changed knowledge base fails a test.",
+)
+@click.option(
+    "--config-dir",
+    "--loki-dir",
+    "config_dir",
+    metavar="DIR",
+    help="Config directory the agents' graphs are loaded with (clients, tools, the "
+    "default model). Without one a model Loki's config would choose is the recorded one.",
 )
 @json_option
 def test_cmd(
@@ -154,7 +170,9 @@ def test_cmd(
     quiet: bool,
     update: bool,
     dry_run: bool,
+    answers: tuple[str, ...],
     rerun_retrieval: bool,
+    config_dir: str | None,
     as_json: bool,
 ) -> None:
     """Replay every recorded run (exported files) in PATHs (default: replays/).
@@ -166,10 +184,25 @@ def test_cmd(
     """
     if dry_run and not update:
         raise click.UsageError("--dry-run goes with --update")
+    if answers and not update:
+        raise click.UsageError("--answer goes with --update")
+    if config_dir:  # what every later lookup of the config directory reads
+        import os
+
+        os.environ["GRAPHRUN_CONFIG_DIR"] = config_dir
     if update:
+        from graphrun.actors.human.prompt import is_interactive
+        from graphrun.cli.run import _answers
         from graphrun.runtime.replay.update import update_suite
 
-        raise SystemExit(update_suite(list(paths) or ["replays"], dry_run=dry_run))
+        raise SystemExit(
+            update_suite(
+                list(paths) or ["replays"],
+                dry_run=dry_run,
+                answers=_answers(answers),
+                interactive=is_interactive(),
+            )
+        )
     from graphrun.runtime.replay.testing import run_suite
 
     raise SystemExit(

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from graphrun.cli.options import db_option, json_option, open_store, resolve_run
+from graphrun.cli.render import exit_code
 
 
 def _write(text: str, output: str | None) -> None:
@@ -124,12 +125,14 @@ def report_cmd(
         from graphrun.runtime.errors import UsageError
 
         raise UsageError(f"--watch {watch:g}: the interval must be more than 0 seconds")
+    from graphrun.eventstore.fold import TERMINAL
+
     while True:
         text = build_report(
             store, run_id, prices=prices, divergences=divergences, reload_every=watch
         )
         _write(text, target)
-        if watch is None or store.run(run_id).status in ("completed", "failed", "cancelled"):
+        if watch is None or store.run(run_id).status in TERMINAL:
             return
         import time
 
@@ -184,14 +187,15 @@ def logs_cmd(
 def tail_cmd(run_id: str, interval: float, db: str | None) -> None:
     """Watch RUN_ID as another process drives it: its narration, until it ends or waits.
 
-    Exit codes as for `run`: 0 completed, 1 failed or cancelled, 3 waiting.
+    Exit codes as for `run`: 0 completed, 1 failed or cancelled, 3 waiting,
+    4 completed with unhandled failures.
     """
     from graphrun.runtime.observe.follow import follow
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
     status = follow(store, run_id, interval=interval)
-    raise SystemExit({"completed": 0, "waiting": 3}.get(status, 1))
+    raise SystemExit(exit_code(status))
 
 
 @click.command("otel")
@@ -209,7 +213,7 @@ def otel_cmd(run_id: str, endpoint: str | None, console: bool, db: str | None) -
 
     One trace per run tree: a span for the run, each node visit and each LLM or
     tool call; child runs are spans under their agent node. Needs the `otel`
-    extra (pip install 'graphrun[otel]').
+    extra (pip install -e '<checkout>[otel]'; make demo installs it).
     """
     from graphrun.runtime.observe.otel import export_run
 

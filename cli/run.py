@@ -217,7 +217,8 @@ def common_run_options(fn: Any) -> Any:
                 metavar="DIR",
                 help="Config directory, e.g. an existing Loki config dir with agents/, "
                 "functions/ and config.yaml (default: $GRAPHRUN_CONFIG_DIR, "
-                "$LOKI_CONFIG_DIR, else the user config dir).",
+                "$COYOTE_CONFIG_DIR, $LOKI_CONFIG_DIR, else the first of graphrun's, "
+                "Coyote's and Loki's user config dirs that exists).",
             ),
             click.option(
                 "--llm-replay",
@@ -273,7 +274,8 @@ def run_cmd(
 
     PROMPT becomes {{initial_prompt}}. The result goes to stdout, narration to
     stderr. Exit 0 completed, 1 failed, 2 invalid graph or input, 3 waiting for a
-    person (the command that answers is printed).
+    person (the command that answers is printed), 4 completed with unhandled
+    failures (named on stderr; see settings.on_unhandled_failure).
     """
     from graphrun.cli.render import print_diagnostics
     from graphrun.runtime.agents import load_agent
@@ -361,6 +363,12 @@ def resume_cmd(
     run_id = resolve_run(store, run_id)
     store.require_intact(run_id)  # never extend a log that does not verify
     state = fold(store.read(run_id))
+    if state.status == "failed":
+        raise AnswerError(
+            f"run {run_id} has already failed; there is nothing to resume",
+            hint=f"fix its graph, then `graphrun upgrade {run_id} --graph DIR` continues it "
+            "on the fixed graph (the node that failed runs again)",
+        )
     if state.terminal:
         raise AnswerError(f"run {run_id} has already {state.status}; there is nothing to resume")
     options = _options(

@@ -86,12 +86,37 @@ class RunResumed(EventBase, frozen=True, kw_only=True):
     reason: str = ""  # "resume", "answer", "approve", ...
 
 
+class GraphUpgraded(EventBase, frozen=True, kw_only=True):
+    """The run continues on a new graph (``graphrun upgrade``): its recorded history was
+    replayed against the new graph and reproduced. From here on the run's graph is
+    ``graph_source``. A failed run comes back to life: ``retry_node`` (the node that
+    failed) is entered again."""
+
+    old_hash: str
+    new_hash: str
+    graph_source: str
+    graph_path: str = ""
+    agent_dir: str = ""
+    files: dict[str, str] = {}
+    by: str = ""
+    host: str = ""
+    #: The status the run had when it was upgraded (waiting, interrupted, failed).
+    was: str = ""
+    retry_node: str | None = None
+    #: The first seq this upgrade supersedes (a failed run's failed visit and its
+    #: failure, which the new graph never made); 0: none.
+    superseded: int = 0
+
+
 class RunCompleted(EventBase, frozen=True, kw_only=True):
     """The run reached an end node; ``output`` is the final result."""
 
     node_id: str
     output: str
     duration_ms: float = 0.0
+    #: The failures no ``fallback`` handled on the way (``{"node", "visit", "error"}``
+    #: each): the run ends ``completed_with_errors``. Empty: plain ``completed``.
+    unhandled_failures: list[dict[str, Any]] = []
 
 
 class RunFailed(EventBase, frozen=True, kw_only=True):
@@ -286,7 +311,7 @@ class ChildRunFinished(EventBase, frozen=True, kw_only=True):
     node_id: str
     visit: int
     child_run_id: str
-    status: str  # "completed", "failed", "cancelled"
+    status: str  # "completed", "completed_with_errors", "failed", "cancelled"
     output: str | None = None
     error: str | None = None
     duration_ms: float = 0.0
@@ -455,6 +480,7 @@ Event = (
     | TimeoutFired
     | VisitCapExceeded
     | ChildCancelled
+    | GraphUpgraded
     | NodeRetrying
     | ToolFinished
     | CacheChecked

@@ -20,6 +20,7 @@ from graphrun.eventstore.events import (
     ChildRunFinished,
     ChildRunStarted,
     Event,
+    GraphUpgraded,
     HumanInputReceived,
     HumanInputRequested,
     LlmCalled,
@@ -117,7 +118,8 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything the decider needs to know about a run, and nothing it doesn't."""
 
     run_id: str = ""
-    status: str = "new"  # new, running, waiting, interrupted, completed, failed, cancelled
+    # new, running, waiting, interrupted, completed, completed_with_errors, failed, cancelled
+    status: str = "new"
     last_seq: int = 0
     started_ts: float = 0.0
     last_ts: float = 0.0
@@ -151,10 +153,26 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     branches: dict[str, Branch] = {}
     branch_effects: Mapping[str, tuple[Any, ...]] = _NO_BRANCH_EFFECTS
     interrupted: bool = False
+    # Tolerated failures so far (a node failed and routed on): (node, visit, error,
+    # routed to), in log order; the decider judges which of them were handled.
+    failures: tuple[tuple[str, int, str, str | None], ...] = ()
+    # The unhandled failures the run completed with (``completed_with_errors``).
+    unhandled: tuple[dict[str, Any], ...] = ()
 
     @property
     def terminal(self) -> bool:
-        return self.status in ("completed", "failed", "cancelled")
+        return self.status in TERMINAL
+
+
+#: Statuses after which a run never changes again.
+TERMINAL = ("completed", "completed_with_errors", "failed", "cancelled")
+
+
+def _failure(state: RunState, event: NodeCompleted) -> tuple[tuple[str, int, str, str | None], ...]:
+    """``state.failures`` with ``event``'s tolerated failure added (if it is one)."""
+    if not event.failed:
+        return state.failures
+    return (*state.failures, (event.node_id, event.visit, event.error or "", event.routed_to))
 
 
 def effect_output(effects: Iterable[Any]) -> dict[str, Any] | None:
@@ -239,6 +257,7 @@ def apply(state: RunState, event: Event) -> RunState:
                 targets=_targets(event),
                 last_node=event.node_id,
                 branch_effects=_NO_BRANCH_EFFECTS,
+                failures=_failure(state, event),
                 **base,
             )
         case NodeFailed():
@@ -275,14 +294,39 @@ def apply(state: RunState, event: Event) -> RunState:
                 last_node=f"super-step {event.step}",
                 **base,
             )
+        case GraphUpgraded():
+            changes: dict[str, Any] = {
+                "graph_source": event.graph_source,
+                "graph_hash": event.new_hash,
+                "graph_path": event.graph_path or state.graph_path,
+                "agent_dir": event.agent_dir or state.agent_dir,
+            }
+            if state.status == "failed":
+                # Back to life: the node that failed is entered again, as the same
+                # visit (the failed one is superseded, see GraphUpgraded).
+                changes.update(status="running", error=None, current=None, interrupted=False)
+                retry = event.retry_node
+                if retry:
+                    visits = dict(state.visits)
+                    visits[retry] = max(0, visits.get(retry, 1) - 1)
+                    changes.update(routed_to=retry, targets=(retry,), visits=visits)
+            return _replace(state, **changes, **base)
         case RunResumed():
             status = state.status if state.terminal or state.waiting else "running"
             return _replace(state, status=status, interrupted=False, **base)
         case RunInterrupted():
             status = state.status if state.terminal or state.waiting else "interrupted"
             return _replace(state, status=status, interrupted=True, **base)
-        case RunCompleted(output=output):
-            return _replace(state, status="completed", output=output, current=None, **base)
+        case RunCompleted(output=output, unhandled_failures=unhandled):
+            status = "completed_with_errors" if unhandled else "completed"
+            return _replace(
+                state,
+                status=status,
+                output=output,
+                current=None,
+                unhandled=tuple(unhandled),
+                **base,
+            )
         case RunFailed(error=error):
             return _replace(state, status="failed", error=error, **base)
         case RunCancelled(reason=reason):
@@ -313,6 +357,8 @@ def _apply_branch(state: RunState, event: Event, base: dict[str, Any]) -> RunSta
             if slot is None:
                 return _replace(state, **base)
             branches = {**state.branches, bid: _replace(slot, done=event)}
+            if isinstance(event, NodeCompleted) and event.failed:
+                return _replace(state, branches=branches, failures=_failure(state, event), **base)
             return _replace(state, branches=branches, **base)
         case HumanInputRequested():
             return _replace(state, status="waiting", waiting=event, **base)

@@ -17,6 +17,7 @@ from graphrun.eventstore.events import (
     ChildRunFinished,
     ChildRunStarted,
     Event,
+    GraphUpgraded,
     HumanInputReceived,
     HumanInputRequested,
     NodeEntered,
@@ -124,6 +125,7 @@ HEAD_EVENT_TYPES = frozenset(
         RunFailed,
         RunCancelled,
         RunInterrupted,
+        GraphUpgraded,
     }
 )
 
@@ -151,22 +153,52 @@ def apply_run_row(row: RunRow | None, event: Event, event_hash: str) -> RunRow:
             return _replace(row, current_node=node_id)
         case HumanInputRequested(node_id=node_id):
             return _replace(row, status="waiting", waiting_node=node_id)
-        case HumanInputReceived() | RunResumed():
+        case RunResumed():
+            # A process that takes over a waiting run without an answer leaves it waiting.
+            if row.status in ("running", "interrupted"):
+                return _replace(row, status="running", waiting_node=None)
+            return row
+        case HumanInputReceived():
             if row.status in ("waiting", "running", "interrupted"):
                 return _replace(row, status="running", waiting_node=None)
             return row
-        case RunCompleted(output=output):
+        case RunCompleted(output=output, unhandled_failures=unhandled):
+            if unhandled:
+                return _replace(
+                    row,
+                    status="completed_with_errors",
+                    output=output,
+                    error=unhandled_summary(unhandled),
+                    waiting_node=None,
+                )
             return _replace(row, status="completed", output=output, waiting_node=None)
         case RunFailed(error=error):
             return _replace(row, status="failed", error=error, waiting_node=None)
         case RunCancelled(reason=reason):
             return _replace(row, status="cancelled", error=reason, waiting_node=None)
+        case GraphUpgraded():
+            if row.status == "failed":  # a failed run comes back: its failed node again
+                return _replace(row, status="running", error=None)
+            return row
         case RunInterrupted():
             if row.status == "running":
                 return _replace(row, status="interrupted")
             return row
         case _:
             return row
+
+
+def graph_version(graph_hash: str) -> str:
+    """A graph's version as people read it: the first 12 hex digits of its hash."""
+    return graph_hash.partition(":")[2][:12] if ":" in graph_hash else graph_hash[:12]
+
+
+def unhandled_summary(unhandled: Iterable[dict[str, Any]]) -> str:
+    """One line naming a run's unhandled failures (``runs``, ``show``, stderr)."""
+    parts = [f"node '{f.get('node')}': {f.get('error')}" for f in unhandled]
+    if not parts:
+        return ""
+    return f"{len(parts)} unhandled failure{'s' if len(parts) != 1 else ''}: " + "; ".join(parts)
 
 
 def rebuild_rows(events_with_hashes: Iterable[tuple[Event, str]]) -> dict[str, RunRow]:

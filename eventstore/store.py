@@ -76,7 +76,9 @@ from graphrun.eventstore.reported import ReportedHeads
 
 LEASE_SECONDS = 30.0
 #: A run's head is recorded outside the database when it reaches one of these.
-_REPORTED_STATUSES = frozenset({"waiting", "completed", "failed", "cancelled", "interrupted"})
+_REPORTED_STATUSES = frozenset(
+    {"waiting", "completed", "completed_with_errors", "failed", "cancelled", "interrupted"}
+)
 #: How long a command waits for another process's write lock before giving up.
 BUSY_SECONDS = 10.0
 

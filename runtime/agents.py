@@ -19,6 +19,7 @@ accepted and warned about once per process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import locale
 import os
@@ -34,6 +35,7 @@ import yaml
 
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.runtime.errors import GraphLoadError, GraphValidationError
+from graphrun.runtime.graph.builtins import settings_from_config
 from graphrun.runtime.graph.loader import LoadedGraph, load_graph, load_text
 
 #: config.yaml fields graphrun reads; others are accepted and warned about once.
@@ -52,9 +54,24 @@ KNOWN_FIELDS = {
     "version",
     "agent_session",
     "max_iterations",
+    # Loki's built-in functions (graphrun.runtime.nodes.builtins)
+    "can_spawn_agents",
+    "spawnable_agents",
+    "max_concurrent_agents",
+    "max_agent_depth",
+    "inject_spawn_instructions",
+    "inject_todo_instructions",
+    "skills_enabled",
+    "enabled_skills",
+    "auto_continue",
 }
 #: Loki fields graphrun reads but does not act on (warned about once when set).
 _UNSUPPORTED = {"agent_session": "graphrun runs have no chat sessions"}
+#: Loki fields graphrun acts on only in part (warned about once when set).
+_PARTIAL = {
+    "auto_continue": "it offers the todo__* functions, but graphrun does not prompt the "
+    "agent again while todos are open"
+}
 _warned: set[str] = set()
 
 DEFAULT_MAX_ITERATIONS = 50
@@ -113,7 +130,8 @@ def resolve_agent_dir(
             raise GraphLoadError(f"agent '{name}' ({path}) has neither graph.yaml nor config.yaml")
     raise GraphLoadError(
         f"no agent '{name}' in {agents_dir}",
-        hint="set --agents-dir or GRAPHRUN_AGENTS_DIR",
+        hint="set --agents-dir or GRAPHRUN_AGENTS_DIR, or --loki-dir DIR for a Loki/Coyote "
+        "configuration directory",
     )
 
 
@@ -228,7 +246,10 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
 
 def _warn_fields(name: str, config: dict[str, Any]) -> None:
     for key, value in config.items():
-        if key in _UNSUPPORTED:
+        if key in _PARTIAL:
+            if value not in (None, "", False, [], {}):
+                _warn_once(f"{name}:{key}", f"agent '{name}': '{key}': {_PARTIAL[key]}")
+        elif key in _UNSUPPORTED:
             if value not in (None, "", False, [], {}):
                 _warn_once(
                     f"{name}:{key}",
@@ -315,12 +336,18 @@ def _config_lines(
     return out
 
 
-def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph:
+def loop_agent_graph(
+    agent_dir: Path, *, config_dir: Path | None, recorded: Any = None
+) -> LoadedGraph:
     """The graph an LLM-loop agent (config.yaml) runs as.
 
     The instructions are rendered here (Loki's special variables and the agent's
     ``variables``), so the graph text that ``RunStarted`` records is exactly what
     the model was told. Diagnostics point at config.yaml.
+
+    ``recorded`` (a recording's graph, when one is replayed) stands in for what the
+    configuration directory would give when it is not here: the default model and
+    the global tools' names.
     """
     path = agent_dir / "config.yaml"
     config, config_lines = _read_config(path)
@@ -332,20 +359,36 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
         template = dynamic_instructions(agent_dir, config_dir=config_dir)
     else:
         template = str(config.get("instructions") or "")
-    context: dict[str, Any] = builtin_variables(
-        agent_dir,
-        global_tools,
-        config_dir,
-        mcp_servers,
-        with_tools="__tools__" in template,
-    )
+    offline = recorded is not None and (config_dir is None or not Path(config_dir).is_dir())
+    try:
+        context: dict[str, Any] = builtin_variables(
+            agent_dir,
+            global_tools,
+            config_dir,
+            mcp_servers,
+            with_tools="__tools__" in template,
+        )
+    except GraphrunError:
+        if not offline:
+            raise
+        # Replayed without the configuration: the tools' text is in the recorded state.
+        context = builtin_variables(agent_dir, global_tools, config_dir, with_tools=False)
+        context["__tools__"] = ""
     context.update(agent_variables(name, config))
     # The variables stay templates in the graph and their values go into the run's
     # initial state (recorded in RunStarted): the graph text is the same on every
     # load and machine, so recorded runs replay against it; what the model was told
     # is still in the log. Any other {{...}} renders empty, as Loki renders it.
     instructions = _keep_variables(template, {**_declared_names(name, config), **context})
-    tools = _tool_names(agent_dir, global_tools, mcp_servers, config_dir)
+    try:
+        tools = _tool_names(agent_dir, global_tools, mcp_servers, config_dir)
+    except GraphrunError:
+        node = recorded.nodes.get("agent") if recorded is not None else None
+        if not offline or node is None:
+            raise
+        tools = [name for name in node.tools if not _is_builtin(name)]
+    tools += _builtin_names(config, template)
+    instructions += settings_from_config(config).injected()
     graph: dict[str, Any] = {
         "name": name,
         "description": config.get("description") or f"LLM-loop agent {name}",
@@ -372,7 +415,7 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
         if config.get(key) is not None:
             graph[key] = config[key]
     if "model" not in graph:
-        model = default_model(name, config_dir)
+        model = default_model(name, config_dir) or (recorded.model if recorded else None)
         if model:
             graph["model"] = model
     if config.get("conversation_starters"):
@@ -394,6 +437,28 @@ def loop_agent_graph(agent_dir: Path, *, config_dir: Path | None) -> LoadedGraph
         lines=_config_lines(loaded.lines, config_lines, config),
         seed_state=dict(context),
     )
+
+
+def _is_builtin(name: str) -> bool:
+    from graphrun.actors.tools.builtin_specs import is_builtin
+
+    return is_builtin(name)
+
+
+def _builtin_names(config: dict[str, Any], template: str) -> list[str]:
+    """Loki's built-in functions the agent is offered: by its settings (spawning, todos,
+    skills when it sets ``skills_enabled``/``enabled_skills``); the user functions, and
+    skills, when its instructions name them."""
+    settings = settings_from_config(config)
+    mentions = set(re.findall(r"\b(user|skill)__[a-z_]+\b", template))
+    wants_skills = (
+        config.get("skills_enabled") is True
+        or bool(config.get("enabled_skills"))
+        or "skill" in mentions
+    )
+    if not wants_skills:
+        settings = dataclasses.replace(settings, skills_enabled=False)
+    return settings.names(user="user" in mentions)
 
 
 def _declared_names(name: str, config: dict[str, Any]) -> dict[str, str]:
@@ -443,7 +508,9 @@ def default_model(agent: str, config_dir: Path | None) -> str | None:
         return None  # validation reports a broken config.yaml where a model is needed
 
 
-def _with_default_model(loaded: LoadedGraph, config_dir: Path | None) -> LoadedGraph:
+def _with_default_model(
+    loaded: LoadedGraph, config_dir: Path | None, fallback_model: str | None = None
+) -> LoadedGraph:
     """Loki's default-model chain for a graph agent: llm nodes without a model, in a
     graph without one, use :func:`default_model`. The model is written into the graph
     text (at its end, so no line moves), so the run records it and replays it."""
@@ -456,7 +523,7 @@ def _with_default_model(loaded: LoadedGraph, config_dir: Path | None) -> LoadedG
     if re.search(r"^model\s*:", loaded.source, re.MULTILINE):
         return loaded  # an explicit empty model: validation says so
     agent = loaded.agent_dir.name if loaded.path.name == "graph.yaml" else graph.name
-    model = default_model(agent, config_dir)
+    model = default_model(agent, config_dir) or fallback_model
     if not model:
         return loaded
     text = loaded.source
@@ -477,13 +544,19 @@ def _env_var(agent: str) -> str:
     return f"{env_name(agent)}_MODEL"
 
 
-def load_agent(target: Path, *, config_dir: Path | None) -> LoadedGraph:
-    """A graph agent's graph, or the graph an LLM-loop agent runs as."""
+def load_agent(target: Path, *, config_dir: Path | None, recorded: Any = None) -> LoadedGraph:
+    """A graph agent's graph, or the graph an LLM-loop agent runs as.
+
+    ``recorded`` is the graph a recording holds, when one is replayed: what the
+    configuration directory would give and it is not here for (Loki's default
+    model, global tools' names) is taken from it, so a missing configuration is
+    not a changed graph."""
     if target.is_dir() and (target / "config.yaml").exists():
         if (target / "graph.yaml").exists():
             raise GraphLoadError(
                 f"{target} has both graph.yaml and config.yaml",
                 hint="an agent is either a graph agent or an LLM-loop agent: remove one",
             )
-        return loop_agent_graph(target, config_dir=config_dir)
-    return _with_default_model(load_graph(target), config_dir)
+        return loop_agent_graph(target, config_dir=config_dir, recorded=recorded)
+    fallback = recorded.model if recorded is not None else None
+    return _with_default_model(load_graph(target), config_dir, fallback)

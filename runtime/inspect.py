@@ -12,6 +12,7 @@ from graphrun.eventstore.events import (
     ChildRunFinished,
     ChildRunStarted,
     Event,
+    GraphUpgraded,
     HumanInputReceived,
     HumanInputRequested,
     LlmCalled,
@@ -28,7 +29,7 @@ from graphrun.eventstore.events import (
     ToolCalled,
 )
 from graphrun.eventstore.fold import fold
-from graphrun.eventstore.projections import decisions
+from graphrun.eventstore.projections import decisions, graph_version
 from graphrun.eventstore.store import SqliteStore
 from graphrun.runtime.errors import UsageError
 
@@ -88,7 +89,16 @@ def summarize_event(event: Event) -> str:
             return f"{event.agent} -> run {event.child_run_id}"
         case ChildRunFinished():
             return f"run {event.child_run_id} {event.status}"
+        case GraphUpgraded():
+            retry = f", {event.retry_node} again" if event.retry_node else ""
+            return (
+                f"graph {graph_version(event.old_hash)} -> {graph_version(event.new_hash)} "
+                f"by {event.by} ({event.was}{retry})"
+            )
         case RunCompleted():
+            if event.unhandled_failures:
+                n = len(event.unhandled_failures)
+                return f"{_short(event.output)} (with {n} unhandled failure{'s' * (n != 1)})"
             return _short(event.output)
         case RunFailed():
             return _short(event.error)
@@ -115,9 +125,15 @@ def waiting_dict(request: HumanInputRequested | None) -> dict[str, Any] | None:
 
 def display_status(store: Any, row: Any) -> str:
     """A run's status as people read it: a ``running`` run no process drives is
-    ``interrupted``, or ``waiting (child)`` when a child run waits for a person."""
+    ``queued`` (submitted, no worker has claimed it yet), ``waiting (child)`` when a
+    child run waits for a person, else ``interrupted``."""
     if row.status != "running" or store.is_live(row.run_id):
         return str(row.status)
+    queued = getattr(store, "queued", None)  # the PostgreSQL store's run queue
+    if queued is not None:
+        entry = queued(row.run_id)
+        if entry is not None and entry["run_id"] == row.run_id and entry["state"] == "queued":
+            return "queued"
     waiting_child = any(c.status == "waiting" for c in store.runs(parent=row.run_id, limit=100))
     return "waiting (child)" if waiting_child else "interrupted"
 
@@ -148,6 +164,8 @@ def run_summary(
             "forked_from": getattr(first, "forked_from", None),
             "forked_at": getattr(first, "forked_at", None),
             "waiting": waiting_dict(state.waiting) if state.status == "waiting" else None,
+            "unhandled_failures": list(state.unhandled),
+            "graph_hash": state.graph_hash,
             "usage": own.as_dict(),
             "tree_usage": tree_usage(store, row.run_id, prices).as_dict(),
         }
@@ -238,11 +256,22 @@ def describe_run(
         "state": state.state,
         "output": state.output,
         "error": state.error,
+        "unhandled_failures": list(state.unhandled),
+        "graph_hash": state.graph_hash,
         "usage": own.as_dict(),
         "tree_usage": tree.as_dict(),
         "node_usage": {node: u.as_dict() for node, u in per_node.items()},
         "children": children,
+        "todos": _todos(events),
     }
+
+
+def _todos(events: Any) -> dict[str, Any] | None:
+    """The run's todo list (Loki's ``todo__*``), when it kept one."""
+    from graphrun.runtime.nodes.builtins.todo import todo_list
+
+    todos = todo_list(events)
+    return None if todos is None else {"goal": todos.goal, "todos": todos.todos}
 
 
 def _config_dir() -> Any:
@@ -254,7 +283,9 @@ def _config_dir() -> Any:
 def format_description(info: dict[str, Any], depth: int = 0) -> str:
     pad = "  " * depth
     lines = [
-        f"{pad}run {info['run_id']}  graph {info['graph']}  status {info['status']}"
+        f"{pad}run {info['run_id']}  graph {info['graph']}"
+        + (f" (version {graph_version(info['graph_hash'])})" if info.get("graph_hash") else "")
+        + f"  status {info['status']}"
         + (
             f"  (at seq {info['at_seq']} of {info['last_seq']})"
             if info["at_seq"] != info["last_seq"]
@@ -289,11 +320,21 @@ def format_description(info: dict[str, Any], depth: int = 0) -> str:
         lines.append(f"{pad}waiting at: {info['waiting_node']}")
     if info["error"]:
         lines.append(f"{pad}error: {info['error']}")
+    if info.get("unhandled_failures"):
+        from graphrun.eventstore.projections import unhandled_summary
+
+        lines.append(f"{pad}completed with errors: {unhandled_summary(info['unhandled_failures'])}")
     if info["output"] is not None:
         lines.append(f"{pad}output: {_short(info['output'], 200)}")
     usage = info.get("usage") or {}
     if usage.get("calls") or (info.get("tree_usage") or {}).get("calls"):
         lines.extend(_usage_lines(info, pad))
+    if info.get("todos") is not None:
+        from graphrun.runtime.nodes.builtins.todo import TodoList
+
+        lines.append(f"{pad}todos:")
+        rendered = TodoList(info["todos"]["goal"], info["todos"]["todos"]).render()
+        lines.extend(f"{pad}  {line}" for line in rendered.splitlines())
     lines.append(f"{pad}state:")
     text = json.dumps(info["state"], indent=2, ensure_ascii=False, sort_keys=True, default=str)
     lines.extend(f"{pad}  {line}" for line in text.splitlines())
@@ -304,7 +345,9 @@ def format_description(info: dict[str, Any], depth: int = 0) -> str:
 
 
 def _usage_text(u: dict[str, Any]) -> str:
-    cost = f"${u['cost_usd']:.5f}" if u.get("cost_usd") is not None else "cost unknown"
+    from graphrun.runtime.observe.usage import format_cost
+
+    cost = format_cost(u["cost_usd"]) if u.get("cost_usd") is not None else "cost unknown"
     calls = u["calls"]
     return (
         f"{u['total_tokens']} tokens ({u['input_tokens']} in, {u['output_tokens']} out), "

@@ -94,11 +94,21 @@ class Narrator:
         # On a terminal, a node whose effect takes time shows a spinner and its elapsed time.
         self.pending: Any = None
         self._pending_lock = threading.Lock()  # effects narrate from their own threads
+        # A map's items or a fan-out's branches: counted, and on a terminal shown on
+        # one live line (done / running / failed, elapsed) instead of a line each.
+        self.live = self.color
+        self.group: _Group | None = None
 
     def line(self, text: str) -> None:
         self.stop_pending()
         if self.color:
             text = f"\x1b[2m{text}\x1b[0m"
+        group = self.group
+        if group is not None and group.display is not None:
+            from rich.text import Text
+
+            group.display.console.print(Text.from_ansi(text))  # above the live line
+            return
         print(text, file=self.stream, flush=True)
 
     def __call__(self, events: Iterable[Event], state: RunState) -> None:
@@ -118,6 +128,17 @@ class Narrator:
         if event.branch:
             self._branch(event)
             return
+        if self.group is not None and isinstance(
+            event,
+            NodeCompleted
+            | NodeFailed
+            | BranchesMerged
+            | RunCompleted
+            | RunFailed
+            | RunCancelled
+            | RunInterrupted,
+        ):
+            self.end_group()
         match event:
             case RunStarted():
                 self.started_ts = event.ts
@@ -147,6 +168,8 @@ class Narrator:
                 self.line(f"▸ {event.node_id} ({event.node_type})")
                 if self.color and event.node_type in _PENDING_TYPES:
                     self.start_pending(f"{event.node_id} ({event.node_type})")
+                if event.node_type == "map":
+                    self.start_group(event.node_id, *_map_size(state, event.node_id))
                 if self.snapshots and log.isEnabledFor(logging.DEBUG):
                     import json
 
@@ -193,6 +216,10 @@ class Narrator:
                 self.line(f"▸ timeout fired after {event.timeout_s:g}s")
             case RunCompleted():
                 self.line(f"▸ graph done in {self._elapsed(event.ts)}")
+                if event.unhandled_failures:
+                    from graphrun.runtime.engine.failures import summary
+
+                    self.line(f"▸ graph completed with errors: {summary(event.unhandled_failures)}")
                 self.summary()
             case RunFailed():
                 self.line(f"▸ graph failed in {self._elapsed(event.ts)}: {event.error}")
@@ -204,6 +231,8 @@ class Narrator:
                 self.line(f"▸ graph {event.reason} in {self._elapsed(event.ts)}")
             case StepStarted():
                 self.line(f"▸ super-step {event.step} start: {', '.join(event.frontier)}")
+                size = len(event.frontier)
+                self.start_group(f"super-step {event.step}", size, size)
             case BranchesMerged():
                 merged = ", ".join(
                     f"{key} ({event.reducers[key]})" if key in event.reducers else key
@@ -218,22 +247,30 @@ class Narrator:
                 pass
 
     def _branch(self, event: Event) -> None:
-        """A line for a branch of a parallel super-step (or a map item), indented."""
+        """A line for a branch of a parallel super-step (or a map item), indented; on a
+        terminal, a map item's outcome only moves the live line (failures still print)."""
+        group = self.group
         match event:
             case NodeEntered():
-                self.line(f"▸   {event.node_id} ({event.node_type}) start")
+                if group is None or group.display is None:
+                    self.line(f"▸   {event.node_id} ({event.node_type}) start")
             case ScriptFinished() | RetrievalDone() | ChildRunFinished():
-                failed = getattr(event, "error", None) or getattr(event, "status", "") in (
-                    "failed",
-                    "cancelled",
+                failed = bool(
+                    getattr(event, "error", None)
+                    or getattr(event, "status", "") in ("failed", "cancelled")
                 )
-                self.line(
+                self._item_done(
+                    event,
+                    failed,
                     f"▸   {_who(event)} {'FAILED' if failed else 'done'} "
-                    f"in {_ms(event.duration_ms)}"
+                    f"in {_ms(event.duration_ms)}",
                 )
             case LlmResult():
-                self.line(
-                    f"▸   {_who(event)} {'FAILED: ' + event.error[:120] if event.error else 'done'}"
+                self._item_done(
+                    event,
+                    bool(event.error),
+                    f"▸   {_who(event)} "
+                    f"{'FAILED: ' + event.error[:120] if event.error else 'done'}",
                 )
             case ToolCalled():
                 self.line(
@@ -250,6 +287,35 @@ class Narrator:
                 self.line(f"▸   {event.node_id} waits for an answer")
             case _:
                 pass
+
+    def _item_done(self, event: Event, failed: bool, text: str) -> None:
+        """One map item (or fan-out branch) finished: count it, say it."""
+        group = self.group
+        if group is None or not event.branch.startswith(group.prefix):
+            self.line(text)
+            return
+        group.count(event.branch, failed)
+        if group.display is not None:
+            if failed:
+                self.line(text)
+            group.refresh()
+            return
+        self.line(f"{text} ({group.done}/{group.total})")
+
+    def start_group(self, name: str, total: int, cap: int) -> None:
+        """Begin counting a map's items or a super-step's branches."""
+        self.end_group()
+        self.stop_pending()
+        prefix = f"{name}[" if not name.startswith("super-step") else ""
+        group = _Group(name, prefix, total, max(1, cap))
+        self.group = group
+        if self.live and total > 1:
+            group.show(self.stream)
+
+    def end_group(self) -> None:
+        group, self.group = self.group, None
+        if group is not None:
+            group.close()
 
     def start_pending(self, what: str) -> None:
         """A transient spinner with the elapsed time, until the next line (terminal only)."""
@@ -295,6 +361,83 @@ class Narrator:
                 avg,
                 peak,
             )
+
+
+class _Group:
+    """The counts of a map's items (branch ids ``<map>[i]``) or of a super-step's
+    branches, and their live line on a terminal (``rich``)."""
+
+    def __init__(self, name: str, prefix: str, total: int, cap: int) -> None:
+        self.name = name
+        self.prefix = prefix
+        self.total = total
+        self.cap = cap
+        self.finished: dict[str, bool] = {}
+        self.display: Any = None
+        self.task: Any = None
+
+    @property
+    def done(self) -> int:
+        return len(self.finished)
+
+    @property
+    def failed(self) -> int:
+        return sum(self.finished.values())
+
+    @property
+    def running(self) -> int:
+        # Slots refill as items finish, so all of them are busy while items remain.
+        return max(0, min(self.cap, self.total - self.done))
+
+    def count(self, branch: str, failed: bool) -> None:
+        self.finished[branch] = self.finished.get(branch, False) or failed
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: {self.done}/{self.total} done, {self.running} running, "
+            f"{self.failed} failed"
+        )
+
+    def show(self, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.display = Progress(
+            TextColumn("[dim]▸ {task.description}"),
+            BarColumn(bar_width=20),
+            TimeElapsedColumn(),
+            console=Console(file=stream),
+            transient=True,
+        )
+        self.task = self.display.add_task(self.describe(), total=self.total)
+        self.display.start()
+
+    def refresh(self) -> None:
+        if self.display is not None:
+            self.display.update(self.task, completed=self.done, description=self.describe())
+
+    def close(self) -> None:
+        display, self.display = self.display, None
+        if display is not None:
+            display.stop()
+
+
+def _map_size(state: RunState, node_id: str) -> tuple[int, int]:
+    """How many items the map node ``node_id`` runs and how many at once (0 when it
+    cannot tell: the map then fails, and says why)."""
+    try:
+        from graphrun.runtime.engine.decider import map_items
+        from graphrun.runtime.engine.driver import graph_of
+        from graphrun.runtime.graph.model import MapNode
+
+        graph = graph_of(state).graph
+        node = graph.nodes.get(node_id)
+        if not isinstance(node, MapNode):
+            return 0, 1
+        items = map_items(node, node_id, state.state)
+        return len(items), node.max_concurrency or graph.settings.max_concurrency
+    except Exception:  # the narration must never break a run
+        return 0, 1
 
 
 def _start_of(state: RunState) -> tuple[str, bool]:

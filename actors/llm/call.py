@@ -489,6 +489,8 @@ class _LlmRun:
         try:
             return self.toolbox.call(name, arguments, cancel=self.scope)
         except Exception as exc:  # a broken tool is the model's problem to hear about
+            if getattr(exc, "suspends_tool_loop", False):
+                raise  # not a failure: the visit stops here (a question waits for a person)
             return ToolResult(
                 output=f"tool '{name}' failed: {exc}",
                 is_error=True,

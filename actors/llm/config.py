@@ -137,6 +137,8 @@ class ResolvedModel:
     client_name: str
     max_output_tokens: int | None = None
     reasoning_effort: str | None = None  # the model entry's default
+    #: Merged into the request body (a models table's ``patch.body``; null deletes).
+    body_patch: Mapping[str, Any] | None = None
 
     @property
     def model_id(self) -> str:
@@ -153,6 +155,19 @@ class LlmConfig:
     source: str = ""  # the config file read, if any
     #: config.yaml's ``model:`` — the last link of Loki's default-model chain.
     default_model: str | None = None
+    #: Model tables by provider (:mod:`graphrun.actors.llm.models`).
+    models: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def model_info(self, client: ClientConfig, model: str) -> Any:
+        """The models-table entry for ``model`` of ``client`` (None when none lists it)."""
+        providers = [client.name, client.kind]
+        if client.provider == "anthropic":
+            providers.append("claude")
+        for provider in providers:
+            found = self.models.get(provider, {}).get(model)
+            if found is not None:
+                return found
+        return None
 
     def known(self) -> list[str]:
         """Every client name a model id may start with, sorted."""
@@ -183,6 +198,18 @@ class LlmConfig:
         client = self.client(name)
         client.check_usable()
         entry = client.models.get(model)
+        if entry is None and (info := self.model_info(client, model)) is not None:
+            # A models table: its alias, the limit it requires, its request patch.
+            return ResolvedModel(
+                provider=client.provider,
+                model=info.real_name or info.name,
+                base_url=client.base_url,
+                api_key=client.api_key,
+                client_name=client.name,
+                max_output_tokens=info.max_output_tokens if info.require_max_tokens else None,
+                reasoning_effort=info.reasoning_effort,
+                body_patch=info.body_patch,
+            )
         return ResolvedModel(
             provider=client.provider,
             model=(entry.real_name or entry.name) if entry else model,
@@ -260,7 +287,15 @@ def load_llm_config(config_dir: Path | None, *, env: Mapping[str, str] | None = 
                     aliases[name] = claude.name
     secrets.register_values(*(c.api_key for c in clients.values()))
     secrets.register_values(*(secrets.password_of(c.base_url) for c in clients.values()))
-    return LlmConfig(clients=clients, aliases=aliases, source=source, default_model=default_model)
+    from graphrun.actors.llm.models import load_tables
+
+    return LlmConfig(
+        clients=clients,
+        aliases=aliases,
+        source=source,
+        default_model=default_model,
+        models=load_tables(config_dir),
+    )
 
 
 def _read_clients(

@@ -981,8 +981,9 @@ def _context(agent_dir: Path, config_dir: Path | None, *, agent: bool) -> _RunCo
     if agent:
         root = config_dir if config_dir is not None else agent_dir
     else:
-        # Loki's run-tool gives global tools the functions directory as their root.
-        root = config_dir / "functions" if config_dir is not None else agent_dir
+        # Loki's run-tool gives a global tool that an agent uses the agent's folder as
+        # its root: LLM_ROOT_DIR, and the .env loaded first (then the config dir's).
+        root = agent_dir.resolve()
     return _RunContext(
         agent_dir=agent_dir,
         root_dir=root,

@@ -18,7 +18,15 @@ from graphrun.eventstore.projections import RunRow
 from graphrun.runtime.observe.usage import Usage, run_usage
 
 PAGE = 50
-STATUSES = ("running", "waiting", "completed", "failed", "cancelled", "interrupted")
+STATUSES = (
+    "running",
+    "waiting",
+    "completed",
+    "completed_with_errors",
+    "failed",
+    "cancelled",
+    "interrupted",
+)
 
 
 @dataclass

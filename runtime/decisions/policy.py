@@ -117,6 +117,10 @@ def disk_graph(events: Sequence[Event], *, base: Path | None = None) -> tuple[An
             path = base / path
         if path.is_dir():
             path = path / "graph.yaml"
+        if path.name == "config.yaml":
+            # An LLM-loop agent: its graph is made from config.yaml, which names no
+            # approvers, so the recorded graph's policy is the one on disk too.
+            return None
         if path.is_file():
             try:
                 return load_graph(path).graph, os.fspath(path)

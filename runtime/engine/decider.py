@@ -42,6 +42,7 @@ from graphrun.eventstore.events import (
     VisitCapExceeded,
 )
 from graphrun.eventstore.fold import RunState, effect_output
+from graphrun.runtime.engine.failures import apply_policy
 from graphrun.runtime.engine.reducers import ABSENT, ReducerError, merge_writes, reduce, writes_of
 from graphrun.runtime.errors import TemplateError
 from graphrun.runtime.graph.model import (
@@ -84,6 +85,13 @@ _last = last
 
 def decide(graph: Graph, state: RunState) -> Step:
     """The next step of a run."""
+    step = _decide(graph, state)
+    if isinstance(step, Append):
+        return Append(apply_policy(graph, step.events, state))
+    return step
+
+
+def _decide(graph: Graph, state: RunState) -> Step:
     if state.terminal:
         return Finished(state.status)
     if state.branches:
@@ -125,7 +133,9 @@ def _reduce_sequential(graph: Graph, state: RunState, step: Append) -> Append:
             if writes:
                 try:
                     reduced = {
-                        k: reduce(graph.reducers[k], s.get(k, ABSENT), v)
+                        k: reduce(
+                            graph.reducers[k], s.get(k, ABSENT), v, key=k, writer=event.node_id
+                        )
                         for k, v in sorted(writes.items())
                     }
                 except ReducerError as exc:

@@ -62,7 +62,7 @@ from graphrun.eventstore.events import (
     RunStarted,
     TimeoutFired,
 )
-from graphrun.eventstore.fold import RunState, apply, fold
+from graphrun.eventstore.fold import TERMINAL, RunState, apply, fold
 from graphrun.eventstore.ids import Clock, new_run_id
 from graphrun.eventstore.store import Store
 from graphrun.runtime.engine import decider
@@ -97,6 +97,8 @@ class RunOutcome:
     refused: GraphrunError | None = None
     # "SIGINT" / "SIGTERM" when the drive was interrupted (status "interrupted").
     signal: str | None = None
+    # The failures no fallback handled (status "completed_with_errors").
+    unhandled: tuple[dict[str, Any], ...] = ()
 
 
 # RESULT_TYPES (eventstore.events): an effect's result is committed together with the
@@ -1071,7 +1073,7 @@ class Driver:
         error = s.error
         if s.status == "cancelled" and self.cancelled_by:
             error = f"{error} (requested by {self.cancelled_by})"
-        return RunOutcome(self.run_id, s.status, s.output, error, s.waiting)
+        return RunOutcome(self.run_id, s.status, s.output, error, s.waiting, unhandled=s.unhandled)
 
 
 class _Slots:
@@ -1304,7 +1306,7 @@ def resume_ancestors(store: Store, run_id: str, options: RunOptions, outcome: Ru
     that were waiting on it; returns the outermost outcome."""
     current = outcome
     row = store.run(run_id)
-    while current.status in ("completed", "failed", "cancelled") and row.parent_run_id:
+    while current.status in TERMINAL and row.parent_run_id:
         parent_id = row.parent_run_id
         if fold(store.read(parent_id)).terminal:
             break

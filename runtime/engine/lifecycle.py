@@ -9,13 +9,13 @@ from collections.abc import Callable
 
 from graphrun.eventstore.errors import GraphrunError, LeaseHeldError
 from graphrun.eventstore.events import ChildCancelled, RunCancelled
-from graphrun.eventstore.fold import fold
+from graphrun.eventstore.fold import TERMINAL, fold
 from graphrun.eventstore.store import Lease, Store
 from graphrun.runtime.errors import AnswerError, RunError
 
 #: How long ``graphrun cancel`` waits for the process driving a run to cancel it.
 CANCEL_WAIT_SECONDS = 30.0
-_TERMINAL = ("completed", "failed", "cancelled")
+_TERMINAL = TERMINAL
 
 
 def whoami(as_user: str | None = None) -> str:

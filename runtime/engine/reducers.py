@@ -75,8 +75,21 @@ def _wrong(name: str, which: str, want: str, value: Any) -> ReducerError:
     )
 
 
-def reduce(name: str, current: Any, incoming: Any) -> Any:
-    """Fold one incoming value into the current one (``ABSENT`` when the key is missing)."""
+def reduce(name: str, current: Any, incoming: Any, *, key: str = "", writer: str = "") -> Any:
+    """Fold one incoming value into the current one (``ABSENT`` when the key is missing).
+
+    ``key`` (and ``writer``, the node whose write it is) name the state key in a
+    type error."""
+    try:
+        return _reduce(name, current, incoming)
+    except ReducerError as exc:
+        if not key:
+            raise
+        by = f" (written by '{writer}')" if writer else ""
+        raise ReducerError(f"state key '{key}'{by}: {exc}") from None
+
+
+def _reduce(name: str, current: Any, incoming: Any) -> Any:
     if name == "overwrite":
         return incoming
     if name in ("append", "extend"):
@@ -148,8 +161,8 @@ def merge_writes(
             merged[key] = values[0][1]
             continue
         current = live.get(key, ABSENT)
-        for _, value in values:
-            current = reduce(reducer, current, value)
+        for writer, value in values:
+            current = reduce(reducer, current, value, key=key, writer=writer)
         merged[key] = current
     return merged
 

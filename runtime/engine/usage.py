@@ -272,9 +272,17 @@ def _sum(a: Usage, b: Usage) -> Usage:
     return total
 
 
+def format_cost(usd: float) -> str:
+    """A cost in USD, the one way every view shows it: rounded to the millionth of a
+    dollar, trailing zeros dropped, at least cents (``$0.00004``, ``$0.0012``, ``$1.50``)."""
+    text = f"{round(usd, 6):.6f}".rstrip("0")
+    whole, _, frac = text.partition(".")
+    return f"${whole}.{frac.ljust(2, '0')}"
+
+
 def format_usage(u: Usage) -> str:
     """``1234 tokens (1000 in, 234 out), 3 calls, $0.0012``."""
-    cost = f"${u.cost:.4f}" if u.cost_known else "cost unknown"
+    cost = format_cost(u.cost) if u.cost_known else "cost unknown"
     return (
         f"{u.total_tokens} tokens ({u.input_tokens} in, {u.output_tokens} out), "
         f"{u.calls} call{'s' if u.calls != 1 else ''}, {cost}"
@@ -288,6 +296,7 @@ __all__ = [
     "call_tokens",
     "call_usage",
     "driver_budget_breach",
+    "format_cost",
     "format_usage",
     "load_prices",
     "run_usage",

@@ -384,7 +384,7 @@ class Worker:
             node = outcome.waiting.node_id if outcome.waiting is not None else "?"
             self.say(f"▸ run {run_id} waits at '{node}' ({took:.2f}s); released")
         else:
-            if outcome.status == "completed":
+            if outcome.status in ("completed", "completed_with_errors"):
                 stats.completed += 1
             else:
                 stats.failed += 1

@@ -7,6 +7,8 @@ They are registered with :func:`graphrun.runtime.graph.validate.register_rule` a
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
+from typing import Any
 
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.runtime.graph.loader import Diagnostic
@@ -23,16 +25,20 @@ def deep(fn):  # type: ignore[no-untyped-def]
 @deep
 def llm_tools_known(c: Check) -> list[Diagnostic]:
     """Each ``tools:`` entry must name a known tool or ``mcp:<server>``."""
+    from graphrun.actors.tools.builtin_specs import known
     from graphrun.actors.tools.toolbox import validate_whitelist
 
     out = []
     for nid, node in c.nodes():
         if not isinstance(node, LlmNode) or not node.tools:
             continue
+        own = [name for name in node.tools if not known(name)]  # Loki's built-ins are offered
+        if not own:
+            continue
         try:
             problems = validate_whitelist(
                 c.loaded.agent_dir,
-                node.tools,
+                own,
                 global_tools=c.graph.global_tools,
                 mcp_servers=c.graph.mcp_servers,
                 config_dir=c.config_dir,
@@ -119,7 +125,67 @@ def llm_models_known(c: Check) -> list[Diagnostic]:
             out.append(
                 c.diag("error", "unknown-model", f"llm node '{nid}': {exc}", where, node=nid)
             )
+            continue
+        problem = _unlisted_model(config, model)
+        if problem is not None:
+            severity, message, hint = problem
+            out.append(
+                c.diag(
+                    severity,
+                    "unknown-model",
+                    f"llm node '{nid}': {message}",
+                    where,
+                    node=nid,
+                    hint=hint,
+                )
+            )
     return out
+
+
+def _unlisted_model(config: Any, model_id: str) -> tuple[str, str, str] | None:
+    """A model no table nor client lists: an error for a ``name:variant`` (it would
+    reach the server as a literal id), a warning when the configuration's own
+    models.yaml lists the provider's models and not this one."""
+    import difflib
+
+    name, _, model = model_id.partition(":")
+    client = config.client(name)
+    if model in client.models or config.model_info(client, model) is not None:
+        return None
+    listed = sorted(
+        {
+            *client.models,
+            *(
+                m
+                for provider in (client.name, client.kind, "claude")
+                for m in config.models.get(provider, {})
+                if provider != "claude" or client.provider == "anthropic"
+            ),
+        }
+    )
+    near = difflib.get_close_matches(model, listed, n=1, cutoff=0.6)
+    hint = (
+        f"did you mean '{name}:{near[0]}'?"
+        if near
+        else ("list it in the config directory's models.yaml, or under the client's models:")
+    )
+    if ":" in model:
+        return (
+            "error",
+            f"model '{model_id}' is in no models table nor client '{client.name}''s models, "
+            "so its variant would be sent as a literal model id",
+            hint,
+        )
+    if (
+        config.source
+        and listed
+        and any(
+            (Path(config.source).parent / f).is_file()
+            for f in ("models.yaml", "models-override.yaml")
+        )
+    ):
+        return ("warning", f"model '{model_id}' is in no models table of the configuration", hint)
+    return None
 
 
 @register_rule

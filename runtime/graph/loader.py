@@ -351,6 +351,16 @@ def _check_fields(
             hint = None
             if name == "on_other":
                 hint = "free-form answers are always possible; on_other says where they route"
+            typo = next(
+                (k for k in data if k not in known and _closest(str(k), [name]) == name), None
+            )
+            if typo is not None:
+                hint = f"'{typo}' is written instead: rename it to '{name}'"
+            elif name == "on_other" and "next" in data:
+                hint = (
+                    "an approval routes by its answer (routes, on_other); its `next` is "
+                    "ignored: move that target to on_other"
+                )
             problems.append(
                 Diagnostic(
                     "error",

@@ -26,6 +26,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Budgets over the run's own LLM calls: total tokens, and cost in USD (price table).
     max_tokens: int | None = None
     max_cost: float | None = None
+    # What a run that reached its end through an unhandled failure (a node failed and no
+    # ``fallback`` took it: it flowed into ``next``, Loki's rule) ends as:
+    # ``completed_with_errors`` (its own status and exit code), ``continue`` (plain
+    # ``completed``, Loki's behaviour) or ``fail`` (the first such failure fails the run).
+    on_unhandled_failure: Literal["completed_with_errors", "continue", "fail"] = (
+        "completed_with_errors"
+    )
     # Whether human answers must be signed (a node may require it on its own).
     signed_decisions: Literal["required", "optional"] = "optional"
     # Who may cancel the run: anyone, or only the graph's approvers.
@@ -202,7 +209,8 @@ class LlmNode(NodeBase, tag="llm", kw_only=True):
     output_schema: dict[str, Any] | None = None
     timeout: float | None = None
     reasoning_effort: str | None = None
-    # Loki's skills (accepted, not implemented: validation warns once).
+    # Loki's skills: skills_enabled/enabled_skills offer skill__* (runtime/nodes/builtins);
+    # the instructions fields are accepted, not implemented (validation warns once).
     skills_enabled: bool | None = None
     enabled_skills: list[str] | None = None
     inject_skill_instructions: bool | None = None
@@ -315,7 +323,8 @@ class Graph(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     reducers: dict[str, Reducer] = {}
     variables: list[Variable] = []
     reasoning_effort: str | None = None
-    # Loki's skills (accepted, not implemented: validation warns once).
+    # Loki's skills: skills_enabled/enabled_skills offer skill__* (runtime/nodes/builtins);
+    # the instructions fields are accepted, not implemented (validation warns once).
     skills_enabled: bool | None = None
     enabled_skills: list[str] | None = None
     inject_skill_instructions: bool | None = None

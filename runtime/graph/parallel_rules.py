@@ -89,8 +89,14 @@ def read_set(node: NodeBase) -> set[str]:
     for value in fields:
         roots |= _roots(value)
     updates: set[str] = set()
-    for value in node.state_updates.values():
-        updates |= _roots(value)
+    for key, value in node.state_updates.items():
+        roots = _roots(value)
+        if isinstance(node, ScriptNode):
+            # `meta: "{{meta}}"` declares that the script writes `meta`: its own
+            # output is merged before its state_updates render, so that is no read
+            # of the snapshot.
+            roots.discard(key)
+        updates |= roots
     updates.discard(scoped)
     return roots | updates
 
@@ -155,8 +161,9 @@ def fan_out_groups(c: Check) -> list[Diagnostic]:
                         f"'{fan}') but declares no `state_updates`",
                         _npath(member),
                         node=member,
-                        hint="add `state_updates: {}` (or the keys it sets) so the "
-                        "writes of the step can be checked",
+                        hint="declare the keys its JSON output sets, e.g. "
+                        '`state_updates: {meta: "{{meta}}"}` (or `state_updates: {}` when it '
+                        "sets none), so the writes of the step can be checked",
                     )
                 )
         writers: dict[str, list[str]] = {}
@@ -311,8 +318,6 @@ def map_contract(c: Check) -> list[Diagnostic]:
 
 #: Loki fields graphrun accepts but does not act on (warned once each).
 _NOT_IMPLEMENTED = {
-    "skills_enabled": "skills",
-    "enabled_skills": "skills",
     "inject_skill_instructions": "skills",
     "skill_instructions": "skills",
     "extractor_model": "graph-based RAG",
@@ -344,19 +349,27 @@ def accepted_not_implemented(c: Check) -> list[Diagnostic]:
             )
     for nid, node in c.nodes():
         texts = [getattr(node, f, None) for f in ("prompt", "instructions")]
+        from graphrun.runtime.graph.builtins import node_tools
+
+        offered = set(node_tools(c.graph, node))
+        missing: list[str] = []
         for text in texts:
-            if isinstance(text, str) and (m := _LOKI_TOOLS.search(text)):
-                out.append(
-                    c.diag(
-                        "warning",
-                        "loki-builtin-tool",
-                        f"node '{nid}' names Loki's built-in tool '{m.group(0)}', which "
-                        "graphrun does not offer (an llm node's `tools:` list is strict)",
-                        _npath(nid),
-                        node=nid,
-                    )
+            if isinstance(text, str):
+                for m in _LOKI_TOOLS.finditer(text):
+                    if m.group(0) not in offered and m.group(0) not in missing:
+                        missing.append(m.group(0))
+        if missing:
+            names = ", ".join(f"'{name}'" for name in missing)
+            out.append(
+                c.diag(
+                    "warning",
+                    "loki-builtin-tool",
+                    f"node '{nid}' names Loki's built-in tools {names}, which its `tools:` "
+                    "list does not offer (an llm node's `tools:` list is strict)",
+                    _npath(nid),
+                    node=nid,
                 )
-                break
+            )
     return out
 
 

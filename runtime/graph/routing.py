@@ -223,12 +223,24 @@ def error_route(node: Any, error: str) -> str | None:
     return None
 
 
+def failure_handled(node: Any, routed_to: str | None) -> bool:
+    """Whether a node's failure that routed to ``routed_to`` was handled: a route the
+    graph declares for failures took it (``fallback``, an ``on_error`` entry). A
+    failure that flowed into ``next`` was not (see ``settings.on_unhandled_failure``)."""
+    if node is None or routed_to is None:
+        return False
+    if getattr(node, "fallback", None) == routed_to:
+        return True
+    return any(e.to == routed_to for e in getattr(node, "on_error", None) or ())
+
+
 __all__ = [
     "DEFAULT",
     "check_expressions",
     "conditions",
     "error_route",
     "expression_reads",
+    "failure_handled",
     "pick_route",
     "retry_rules",
     "route_reads",

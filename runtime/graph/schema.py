@@ -90,9 +90,9 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "order wins).",
         "variables": "Agent variables (Loki's shape): each reaches scripts and tools as "
         "LLM_AGENT_VAR_<NAME>; a variable without a default must be given.",
-        "skills_enabled": "Loki's skills switch (accepted; graphrun has no skills, "
-        "validate warns).",
-        "enabled_skills": "Loki's skill allow-list (accepted; not implemented).",
+        "skills_enabled": "Loki's skills switch: llm nodes are offered skill__list, "
+        "skill__load and skill__unload.",
+        "enabled_skills": "Loki's skill allow-list: the skills skill__load may load.",
         "inject_skill_instructions": "Loki's skill hint switch (accepted; not implemented).",
         "skill_instructions": "Loki's skill hint text (accepted; not implemented).",
     },
@@ -108,6 +108,9 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "max_concurrency": "How many nodes of one super-step run at once (default 8).",
         "max_tokens": "Budget: the most LLM tokens the run may use.",
         "max_cost": "Budget: the most the run's LLM calls may cost, in USD.",
+        "on_unhandled_failure": "A node that fails with no fallback routes on to `next` "
+        "(Loki's rule); the run then ends `completed_with_errors` (default, exit 4), "
+        "`continue`: plain `completed`, or `fail`: the first such failure fails the run.",
         "signed_decisions": "graphrun extension: `required` refuses human answers that are "
         "not signed by an allowed signer (graphrun approve --sign KEY); default optional.",
         "cancel_by": "graphrun extension: `approvers` lets only the graph's approvers cancel "
@@ -189,8 +192,9 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "parsed (or extracted) as JSON, an object's keys merge into state.",
         "state_updates": "Map of state key -> template; {{output}} is the reply text (or "
         "the parsed value with output_schema).",
-        "skills_enabled": "Loki's skills (accepted; not implemented).",
-        "enabled_skills": "Loki's skills (accepted; not implemented).",
+        "skills_enabled": "Loki's skills: offers the node skill__list, skill__load, "
+        "skill__unload (default: the graph's).",
+        "enabled_skills": "Loki's skills: the skills skill__load may load (default: the graph's).",
         "inject_skill_instructions": "Loki's skills (accepted; not implemented).",
         "skill_instructions": "Loki's skills (accepted; not implemented).",
     },

@@ -87,6 +87,15 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
+#: Advice only ``graphrun validate`` gives (a run does not repeat it every time).
+ADVICE: list[Rule] = []
+
+
+def advice(fn: Rule) -> Rule:
+    ADVICE.append(fn)
+    return fn
+
+
 # --- graph-level -------------------------------------------------------------------
 
 
@@ -237,17 +246,23 @@ def unreachable_nodes(c: Check) -> list[Diagnostic]:
     if c.graph.start not in c.graph.nodes:
         return []
     reachable = _reachable(c)
+    missing = [nid for nid in c.graph.nodes if nid not in reachable]
+    if not missing:
+        return []
+    # One warning per graph: a graph routed by scripts (_next) has many such nodes.
+    if len(missing) == 1:
+        what = f"node '{missing[0]}' is"
+    else:
+        what = "nodes " + ", ".join(f"'{nid}'" for nid in missing) + " are"
     return [
         c.diag(
             "warning",
             "unreachable",
-            f"node '{nid}' is unreachable from '{c.graph.start}' via static edges",
-            _npath(nid),
-            node=nid,
+            f"{what} unreachable from '{c.graph.start}' via static edges",
+            _npath(missing[0]),
+            node=missing[0],
             hint="fine if a script routes there with _next",
         )
-        for nid in c.graph.nodes
-        if nid not in reachable
     ]
 
 
@@ -295,6 +310,43 @@ def next_where_required(c: Check) -> list[Diagnostic]:
     return out
 
 
+@advice
+def unhandled_failure_flow(c: Check) -> list[Diagnostic]:
+    """An llm or script node without ``fallback`` routes its failure on to ``next``
+    (Loki's rule); the run then ends ``completed_with_errors`` (or fails, with
+    ``settings.on_unhandled_failure: fail``). Say so where it can happen."""
+    from graphrun.runtime.graph.routing import failure_handled as handled
+
+    policy = c.graph.settings.on_unhandled_failure
+    if policy == "continue" or c.graph.start not in c.graph.nodes:
+        return []
+    reachable = _reachable(c)
+    branches = {n.branch for _, n in c.nodes() if isinstance(n, MapNode)}
+    ends = "fails the run" if policy == "fail" else "ends the run completed_with_errors (exit 4)"
+    out = []
+    for nid, node in c.nodes():
+        if not isinstance(node, LlmNode | ScriptNode) or nid not in reachable:
+            continue
+        if nid in branches or not node.targets or handled(node, node.fallback):
+            continue
+        if any(e.default for e in getattr(node, "on_error", None) or ()):
+            continue
+        where = ", ".join(f"'{t}'" for t in node.targets)
+        out.append(
+            c.diag(
+                "warning",
+                "unhandled-failure",
+                f"node '{nid}': a failure of this {node.type} node routes on to {where} "
+                f"unhandled (no fallback or on_error default); it {ends}",
+                _npath(nid),
+                node=nid,
+                hint="add `fallback: <node>` (or an `on_error` route) to handle it, or set "
+                "settings.on_unhandled_failure: continue (Loki's plain completed)",
+            )
+        )
+    return out
+
+
 @rule
 def node_kind_rules(c: Check) -> list[Diagnostic]:
     """The rules a node kind declares in its own module (``NodeBase.rules``)."""
@@ -313,6 +365,18 @@ def approval_options_routed(c: Check) -> list[Diagnostic]:
     for nid, node in c.nodes():
         if not isinstance(node, ApprovalNode):
             continue
+        if node.next is not None:
+            out.append(
+                c.diag(
+                    "warning",
+                    "approval-next-ignored",
+                    f"approval '{nid}': `next` is ignored (an approval routes by its "
+                    "answer: routes and on_other)",
+                    _npath(nid, "next"),
+                    node=nid,
+                    hint="route each option under routes, free-form answers with on_other",
+                )
+            )
         for i, option in enumerate(node.options):
             if option not in node.routes:
                 out.append(
@@ -664,12 +728,17 @@ def _did_you_mean(name: str, choices: list[str]) -> str | None:
     return f"did you mean '{close[0]}'?" if close else None
 
 
-def validate(check: Check) -> list[Diagnostic]:
-    """Run every rule; errors first, each group in file order."""
-    from graphrun.runtime.graph import effect_rules, parallel_rules  # noqa: F401  (register rules)
+def validate(check: Check, *, with_advice: bool = False) -> list[Diagnostic]:
+    """Run every rule (and with ``with_advice``, the advice ``validate`` gives);
+    errors first, each group in file order."""
+    from graphrun.runtime.graph import (  # noqa: F401  (register rules)
+        effect_rules,
+        parallel_rules,
+        state_rules,
+    )
 
     found: list[Diagnostic] = list(check.loaded.warnings)
-    for fn in RULES:
+    for fn in RULES + (ADVICE if with_advice else []):
         if not check.deep and getattr(fn, "deep", False):
             continue
         found.extend(fn(check))
@@ -698,12 +767,43 @@ def validate_all(
     except GraphValidationError as exc:
         first = list(exc.diagnostics)
         return _sorted(first + _salvaged(target, first, agents_dir, config_dir))
-    return validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir))
+    return validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir), with_advice=True)
 
 
 def _sorted(found: list[Diagnostic]) -> list[Diagnostic]:
     unique = list(dict.fromkeys(found))  # ties keep their order: the loader's first
     return sorted(unique, key=lambda d: (d.severity != "error", d.line or 0))
+
+
+#: Required text fields a node missing them can be checked without (empty text).
+_FILLABLE_TEXT = ("prompt", "question", "output", "query")
+
+
+def _filled(node_id: str, nodes: dict[str, Any], errors: list[Diagnostic]) -> Any:
+    """The node with its missing required fields filled in, when that is all that is
+    wrong with it (so the rest of it is still checked), else None."""
+    raw = nodes.get(node_id)
+    if not isinstance(raw, dict):
+        return None
+    filled = dict(raw)
+    for d in errors:
+        if d.severity != "error":
+            continue  # a warning (an unknown field) does not stop the node's checks
+        if d.rule != "missing-field":
+            return None
+        name = d.message.rpartition("required field '")[2].rstrip("'")
+        if name in _FILLABLE_TEXT:
+            filled[name] = ""
+        elif name == "on_other":
+            target = raw.get("next")
+            if not (isinstance(target, str) and target in nodes):
+                target = next((n for n, v in nodes.items() if n != node_id), None)
+            if target is None:
+                return None
+            filled[name] = target
+        else:
+            return None
+    return filled
 
 
 def _salvaged(
@@ -722,7 +822,12 @@ def _salvaged(
     data = dict(data)
     nodes = dict(data.get("nodes") or {}) if isinstance(data.get("nodes"), dict) else {}
     stubs = {d.node for d in first if d.node is not None and d.node in nodes}
-    for node_id in stubs:
+    for node_id in sorted(stubs):
+        filled = _filled(node_id, nodes, [d for d in first if d.node == node_id])
+        if filled is not None:
+            nodes[node_id] = filled  # its other rules still run
+            stubs.discard(node_id)
+            continue
         nodes[node_id] = {"type": "end"}
     data["nodes"] = nodes
     for d in first:
@@ -742,5 +847,5 @@ def _salvaged(
     if graph is None:
         return []
     loaded = LoadedGraph(graph, text, path, path.parent, lines)
-    found = validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir))
+    found = validate(Check(loaded, agents_dir=agents_dir, config_dir=config_dir), with_advice=True)
     return [d for d in found if d.node not in stubs and not (stubs and d.rule in _STUB_SENSITIVE)]

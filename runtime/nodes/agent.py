@@ -159,7 +159,7 @@ class AgentActor:
                 ChildCancelled(child_run_id=child_id, reason=error or "", node_id=task.node_id)
             )
         ctx.record(*events)
-        if outcome.status == "completed" and task.output_schema is not None:
+        if outcome.status in _COMPLETED and task.output_schema is not None:
             self._extract(task, ctx, outcome.output or "", child_id)
 
     def _extract(self, task: Any, ctx: Any, text: str, child_id: str) -> None:
@@ -200,6 +200,10 @@ class AgentActor:
             factory.close()
 
 
+#: The statuses of a child run whose output the agent node takes.
+_COMPLETED = ("completed", "completed_with_errors")
+
+
 def _knowledge(loaded: Any, options: Any) -> dict[str, Any] | None:
     """The child's knowledge bases, when it has rag nodes (built once, never silently)."""
     if not any(n.type == "rag" for n in loaded.graph.nodes.values()):
@@ -235,7 +239,9 @@ def complete(
 
     s = state.state
     visit = state.current_visit
-    if done.status != "completed":
+    # A child that completed with unhandled failures still gave its output (its own
+    # run shows the failures); the parent goes on, as with any completed child.
+    if done.status not in _COMPLETED:
         why = done.error or done.status
         message = f"child agent '{node.agent}' run {done.child_run_id} {why}"
         target = error_route(node, message)

@@ -33,6 +33,8 @@ def _effect_names() -> tuple[Any, Any]:
 
 def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
     """The rendered request of an llm node (schema hint placed as the spec says)."""
+    from graphrun.runtime.graph.builtins import node_tools
+
     LlmTask, schema_hint = _effect_names()
     system = (
         render(node.instructions, s, strict=True, field=f"{node_id}.instructions")
@@ -58,7 +60,7 @@ def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str,
         reasoning_effort=(
             node.reasoning_effort if node.reasoning_effort is not None else graph.reasoning_effort
         ),
-        tools=tuple(node.tools or ()),
+        tools=node_tools(graph, node),  # Loki's skills settings add skill__*
         max_attempts=node.max_attempts,
         max_iterations=node.max_iterations,
         timeout=node.timeout,
@@ -157,6 +159,7 @@ class LlmActor:
         self.config_dir = options.config_dir
         self.agent_dir = ports.agent_dir
         self.variables = options.variables  # the run's, given to its tools
+        self.ports = ports
         self._toolboxes: dict[tuple[str, ...], Any] = {}
 
     def toolbox(self, whitelist: tuple[str, ...]) -> Any:
@@ -201,8 +204,20 @@ class LlmActor:
         # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
         # supervisor prefixes the node id, so they carry none of their own.
         from graphrun.actors.llm.call import perform_llm
+        from graphrun.actors.tools.builtin_specs import is_builtin
+        from graphrun.runtime.nodes.builtins import BuiltinToolbox
 
-        return perform_llm(task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools))
+        builtins = [name for name in task.tools if is_builtin(name)]
+        if not builtins:
+            return perform_llm(
+                task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools)
+            )
+        own = self.toolbox(tuple(name for name in task.tools if not is_builtin(name)))
+        box = BuiltinToolbox(own, builtins, ports=self.ports, ctx=ctx, node_id=task.node_id)
+        try:
+            return perform_llm(task, ctx, client_factory=self.clients, toolbox=box)
+        finally:
+            box.close()
 
 
 def effect(ports: RunPorts) -> tuple[type, tuple[Any, ...]]:

@@ -39,8 +39,21 @@ if TYPE_CHECKING:
     from graphrun.runtime.nodes.ports import RunPorts
 
 
+#: graphrun's app default for ``rag_embedding_model`` (Loki's example config ships
+#: ``null``, which Loki resolves by asking): the offline embedder.
+DEFAULT_EMBEDDING_MODEL = "local:hash-384"
+
+
 def rag_defaults(config_dir: Path | None) -> dict[str, Any]:
-    """App-level ``rag_*`` settings from ``<config dir>/config.yaml``."""
+    """App-level ``rag_*`` settings from ``<config dir>/config.yaml``;
+    ``rag_embedding_model`` is :data:`DEFAULT_EMBEDDING_MODEL` when it sets none."""
+    found = _configured(config_dir)
+    if not found.get("rag_embedding_model"):
+        found["rag_embedding_model"] = DEFAULT_EMBEDDING_MODEL
+    return found
+
+
+def _configured(config_dir: Path | None) -> dict[str, Any]:
     if config_dir is None:
         return {}
     path = config_dir / "config.yaml"

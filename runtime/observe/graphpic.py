@@ -257,8 +257,6 @@ def to_dot(pic: Picture) -> str:
     for n in pic.nodes:
         label = f"{n.id}\n({n.type})"
         attrs = [f"shape={_DOT_SHAPES.get(n.type, 'box')}"]
-        if n.type == "llm":
-            attrs[0] = "shape=box"
         if with_visits:
             label += f"\n×{n.visits}" if n.visits else "\nnot visited"
             if n.id == pic.current:
@@ -345,12 +343,21 @@ def render(pic: Picture, fmt: str) -> str:
 
 def run_path(events: Iterable[Any]) -> list[tuple[str, Any]]:
     """``[(node, routed_to)]`` of every node visit of a run, in order (``routed_to``
-    is a list for a fan-out)."""
+    is a list for a fan-out; None for a map item, one per item of its branch node)."""
     from graphrun.eventstore.events import NodeCompleted, NodeEntered, NodeFailed
 
     out: list[tuple[str, Any]] = []
     open_: dict[tuple[str, int], int] = {}
+    items: set[tuple[str, str]] = set()
     for event in events:
+        branch = getattr(event, "branch", "")
+        if branch.endswith("]") and not isinstance(event, NodeEntered):
+            # A map item: its effects name the branch node; each item is one visit.
+            node_id = getattr(event, "node_id", None)
+            if isinstance(node_id, str) and (node_id, branch) not in items:
+                items.add((node_id, branch))
+                out.append((node_id, None))
+            continue
         if isinstance(event, NodeEntered):
             open_[(event.node_id, event.visit)] = len(out)
             out.append((event.node_id, None))

@@ -34,7 +34,7 @@ from graphrun.runtime.errors import UsageError
 
 _MISSING = (
     "OpenTelemetry export needs the otel extra",
-    "pip install 'graphrun[otel]'",
+    "pip install -e '<checkout>[otel]' (make demo installs it)",
 )
 
 

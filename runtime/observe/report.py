@@ -45,7 +45,14 @@ from graphrun.eventstore.events import (
     ToolFinished,
 )
 from graphrun.eventstore.fold import RunState, apply
-from graphrun.runtime.engine.usage import BUILTIN_PRICES, Usage, call_usage, format_usage
+from graphrun.eventstore.projections import graph_version
+from graphrun.runtime.engine.usage import (
+    BUILTIN_PRICES,
+    Usage,
+    call_usage,
+    format_cost,
+    format_usage,
+)
 
 
 @dataclass
@@ -192,9 +199,11 @@ def view_run(
         if state.terminal:  # ended with the run (an end node, a cancellation, a timeout)
             v.end = events[-1].ts
             v.after = dict(state.state)
-            v.status = {"completed": "completed", "cancelled": "cancelled"}.get(
-                state.status, "failed"
-            )
+            v.status = {
+                "completed": "completed",
+                "completed_with_errors": "completed",
+                "cancelled": "cancelled",
+            }.get(state.status, "failed")
         else:
             v.status = "waiting" if state.status == "waiting" else "running"
     first = events[0] if events and isinstance(events[0], RunStarted) else None
@@ -247,7 +256,7 @@ header{background:#222;color:#eee;padding:14px 24px}
 header h1{margin:0 0 4px 0;font-size:1.3em}
 main{padding:12px 24px 40px}
 h2{font-size:1.1em;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:4px}
-.st-completed{color:#1b7a1b}.st-failed{color:#b3261e}.st-running,.st-waiting{color:#b36b00}
+.st-completed{color:#1b7a1b}.st-failed,.st-completed_with_errors{color:#b3261e}.st-running,.st-waiting{color:#b36b00}
 .st-cancelled{color:#666}.st-tolerated{color:#b36b00}
 table{border-collapse:collapse;font-size:0.9em;background:#fff}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
@@ -618,6 +627,8 @@ def render_report(
             f" · started {_when(started.ts)} UTC by {_e(started.started_by)}"
             f" · {_ms(started.ts, last_ts)}"
         )
+    if started and started.graph_hash:
+        out.append(f" · graph version <code>{_e(graph_version(started.graph_hash))}</code>")
     out.append(f" · {_e(format_usage(total))}")
     if len(runs) > 1:
         out.append(f" (with {len(runs) - 1} child run{'s' if len(runs) > 2 else ''})")
@@ -630,6 +641,18 @@ def render_report(
     out.append("</header><main>")
     if started and started.initial_prompt:
         out.append(f"<h2>Prompt</h2>{_markdown(md, started.initial_prompt)}")
+    if isinstance(end_event, RunCompleted) and end_event.unhandled_failures:
+        out.append('<h2 class="st-failed">Unhandled failures</h2><ul>')
+        for f in end_event.unhandled_failures:
+            out.append(
+                f"<li>node <code>{_e(f.get('node'))}</code> (visit {_e(f.get('visit'))}): "
+                f"{_e(f.get('error'))}</li>"
+            )
+        out.append(
+            "</ul><p>No <code>fallback</code> took these failures: they routed on to "
+            "<code>next</code>, so the output below may hold a failure's text, "
+            "not a result.</p>"
+        )
     if isinstance(end_event, RunCompleted):
         out.append(f"<h2>Output</h2>{_markdown(md, end_event.output)}")
     elif isinstance(end_event, RunFailed):
@@ -655,7 +678,7 @@ def render_report(
     for r in runs:
         for v in r.visits:
             u = v.usage
-            cost = f"${u.cost:.5f}" if u.calls and u.cost_known else ("?" if u.calls else "")
+            cost = format_cost(u.cost) if u.calls and u.cost_known else ("?" if u.calls else "")
             out.append(
                 f'<tr><td>{_e(r.run_id)}</td><td><a href="#v-{_e(v.key)}">{_e(v.node_id)}</a></td>'
                 f'<td class="num">{v.visit}</td><td>{_e(v.node_type)}</td><td>{_e(v.branch)}</td>'
@@ -666,7 +689,7 @@ def render_report(
                 f'<td class="num">{u.output_tokens if u.calls else ""}</td>'
                 f'<td class="num">{cost}</td></tr>'
             )
-    total_cost = f"${total.cost:.5f}" if total.cost_known else "?"
+    total_cost = format_cost(total.cost) if total.cost_known else "?"
     out.append(
         f'<tr><th colspan=9>total</th><td class="num">{total.calls}</td>'
         f'<td class="num">{total.input_tokens}</td><td class="num">{total.output_tokens}</td>'

@@ -123,7 +123,15 @@ def replay_command(
             click.echo(report(r, f"run {rid}"), file=sys.stderr if r.ok else sys.stdout)
         final = results[0][1].final if results and not diverged else None
         # As for run: the result of a run that completed goes to stdout.
-        if live_data is None and final is not None and final.status == "completed":
+        if (
+            live_data is None
+            and final is not None
+            and final.status
+            in (
+                "completed",
+                "completed_with_errors",
+            )
+        ):
             text = final.output or ""
             click.echo(text, nl=not text.endswith("\n"))
     return 1 if diverged else 0

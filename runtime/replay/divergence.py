@@ -321,6 +321,40 @@ _RECORDED_REQUEST: dict[type, tuple[type, tuple[tuple[str, str, str], ...]]] = {
 }
 
 
+def skill_divergence(outcome: list[Event]) -> Divergence | None:
+    """A skill the recorded visit loaded (``skill__load``: its body is the call's
+    result) whose document reads differently today. A skill that cannot be found
+    here (no configuration directory) is not a change."""
+    from graphrun.eventstore.events import ToolCalled
+    from graphrun.runtime.graph.config import config_dir
+    from graphrun.runtime.nodes.builtins.skills import find_skill, read_skill
+
+    for event in outcome:
+        if not isinstance(event, ToolCalled) or event.name != "skill__load" or event.is_error:
+            continue
+        try:
+            loaded = json.loads(event.result)
+            name = str(json.loads(event.arguments or "{}").get("name") or "")
+        except (ValueError, AttributeError):
+            continue
+        was = loaded.get("instructions") if isinstance(loaded, dict) else None
+        path = find_skill(name, config_dir(None)) if name else None
+        if not isinstance(was, str) or path is None:
+            continue
+        now = read_skill(path)[1]
+        if now != was:
+            return Divergence(
+                event.seq,
+                event.node_id,
+                "request",
+                f"skill '{name}' ({path}) changed since the run was recorded",
+                field="skill",
+                recorded=was,
+                now=now,
+            )
+    return None
+
+
 def task_divergence(old: Any, new: Any, seq: int | None) -> Divergence | None:
     """Compare the request the recorded graph made with the one the new graph makes."""
     import dataclasses
@@ -475,7 +509,10 @@ def replay_events(
     """
     from graphrun.eventstore.fold import fold
     from graphrun.runtime.engine.driver import Driver, RunOptions, graph_of
+    from graphrun.runtime.replay.upgrade import upgraded_view
 
+    # A run moved onto new graphs replays against the one it ends on.
+    events = upgraded_view(events)
     first = events[0] if events else None
     if not isinstance(first, RunStarted):
         raise ReplayError("a recorded run starts with RunStarted; this log does not")
@@ -496,6 +533,8 @@ def replay_events(
 
     def check(step: decider.Perform, outcome: list[Event], state: RunState) -> Any:
         problem = check_request(step, outcome, agent_dir, False, sources)
+        if problem is None and check_files:
+            problem = skill_divergence(outcome)
         if problem is None and recorded_graph is not None:
             try:
                 old = decider.decide(recorded_graph, state)

@@ -93,18 +93,37 @@ def agent_dir_of(file: Path, header: dict[str, Any], run_id: str, first: RunStar
 class _Graphs:
     """Current graphs by agent directory, loaded once per suite."""
 
-    def __init__(self) -> None:
-        self._cache: dict[Path, Any] = {}
+    def __init__(self, config_dir: Path | None = None) -> None:
+        self._cache: dict[tuple[Path, int], Any] = {}
+        self.config_dir = config_dir
 
-    def load(self, agent_dir: Path) -> Any:
-        """A graph agent's graph.yaml, or the graph an LLM-loop agent runs as."""
+    def load(self, agent_dir: Path, recorded: Any = None) -> Any:
+        """A graph agent's graph.yaml, or the graph an LLM-loop agent runs as.
+
+        A model Loki's default-model chain takes from the configuration directory
+        is the recorded one when that directory is not here: a missing
+        configuration is not a changed graph."""
         from graphrun.runtime.agents import load_agent
         from graphrun.runtime.graph.config import config_dir
 
-        found = self._cache.get(agent_dir)
+        key = (agent_dir, id(recorded))
+        found = self._cache.get(key)
         if found is None:
-            found = self._cache[agent_dir] = load_agent(agent_dir, config_dir=config_dir(None))
+            found = self._cache[key] = load_agent(
+                agent_dir, config_dir=self.config_dir or config_dir(None), recorded=recorded
+            )
         return found
+
+
+def _recorded_graph(events: list[Event]) -> Any:
+    """The graph the run was recorded with (None when it cannot be read)."""
+    from graphrun.eventstore.fold import fold
+    from graphrun.runtime.engine.driver import graph_of
+
+    try:
+        return graph_of(fold(events[:1])).graph
+    except GraphrunError:
+        return None
 
 
 def replay_file(
@@ -139,7 +158,7 @@ def replay_file(
         loaded = None
         try:
             if agent_dir is not None:
-                loaded = graphs.load(agent_dir)
+                loaded = graphs.load(agent_dir, _recorded_graph(events))
             else:
                 case.note = "agent directory not found: replayed against the recorded graph"
             sources = (header.get("sources") or {}).get(run_id)
@@ -309,7 +328,9 @@ if pytest is not None:
             self.run_id = run_id
 
         def runtest(self) -> None:
-            cases = replay_file(self.path)
+            chosen = self.config.getoption("graphrun_config_dir", None)
+            graphs = _Graphs(Path(chosen) if chosen else None)
+            cases = replay_file(self.path, graphs=graphs)
             ids = {self.run_id}
             mine = []
             for case in cases:
@@ -344,6 +365,19 @@ if pytest is not None:
                 runs = [("?", "unreadable")]
             for name, run_id in item_names(file_stem(self.path), runs):
                 yield RecordedRunItem.from_parent(self, name=name, run_id=run_id)
+
+    def pytest_addoption(parser: Any) -> None:
+        """``--config-dir``/``--loki-dir``: the config directory recorded runs load with."""
+        group = parser.getgroup("graphrun", "graphrun recorded runs")
+        group.addoption(
+            "--config-dir",
+            "--loki-dir",
+            dest="graphrun_config_dir",
+            metavar="DIR",
+            default=None,
+            help="Config directory (e.g. a Loki/Coyote one) the agents' graphs of "
+            "recorded runs are loaded with.",
+        )
 
     def pytest_collect_file(parent: Any, file_path: Path) -> Any:
         """Collect ``*.run.jsonl`` files as recorded-run tests."""

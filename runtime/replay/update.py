@@ -19,6 +19,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -40,6 +41,7 @@ class Update:
     performed: list[str] = field(default_factory=list)
     error: str | None = None
     written: bool = False
+    notes: list[str] = field(default_factory=list)
 
     def line(self, dry_run: bool) -> str:
         if self.error:
@@ -47,14 +49,26 @@ class Update:
         done = ", ".join(self.performed) or "nothing"
         if dry_run:
             return f"WOULD UPDATE {self.file}: run {self.run_id} would be re-recorded"
+        notes = "".join(f"\n  {note}" for note in self.notes)
         return (
             f"UPDATED {self.file}: run {self.run_id} re-recorded as {self.new_run_id}; "
-            f"reused {len(self.reused)} recorded effect(s), performed {done}"
+            f"reused {len(self.reused)} recorded effect(s), performed {done}{notes}"
         )
 
 
-def update_file(file: Path, *, dry_run: bool = False) -> Update:
-    """Re-record the run of ``file`` against today's graph and rewrite the file."""
+def update_file(
+    file: Path,
+    *,
+    dry_run: bool = False,
+    answers: dict[str, list[str]] | None = None,
+    interactive: bool = False,
+) -> Update:
+    """Re-record the run of ``file`` against today's graph and rewrite the file.
+
+    A question that changed (it embeds text an LLM call now writes differently)
+    is answered as it was recorded when its options did not change, else by
+    ``answers`` (``--answer NODE=VALUE``), else, with ``interactive``, by a person
+    at the terminal."""
     from graphrun.runtime.agents import load_agent
     from graphrun.runtime.engine.driver import RunOptions
     from graphrun.runtime.graph.config import agents_dir, config_dir
@@ -95,23 +109,16 @@ def update_file(file: Path, *, dry_run: bool = False) -> Update:
                 interactive=False, config_dir=cfg, agents_dir=agents_dir(config=cfg)
             )
             outcome = rerun_live(store, top, loaded, options=options, preflight=False)
+            notes: list[str] = []
+            was = fold(events)
+            if outcome.status == "waiting" and was.status != "waiting":
+                outcome = _answer_changed_questions(
+                    store, events, outcome, options, answers or {}, interactive, notes
+                )
             result = Update(
                 file, top, outcome.run_id, list(outcome.reused), list(outcome.performed)
             )
-            was = fold(events)
-            if outcome.status != was.status:
-                why = f" ({outcome.error})" if outcome.error else ""
-                waiting = (
-                    f" at node '{outcome.waiting_at}'"
-                    if outcome.status == "waiting" and outcome.waiting_at
-                    else ""
-                )
-                result.error = (
-                    f"the re-recorded run ended {outcome.status}{waiting}{why}, the recording "
-                    f"{was.status}; the file is unchanged (re-record it by hand: graphrun run, "
-                    "then graphrun export)"
-                )
-                return result
+            result.notes = notes
             # An LLM call made for a changed request must have succeeded: a node that
             # goes on with the error as its output is no recording to keep.
             before = {
@@ -128,6 +135,19 @@ def update_file(file: Path, *, dry_run: bool = False) -> Update:
                         f"({event.error}); the file is unchanged"
                     )
                     return result
+            if outcome.status != was.status:
+                why = f" ({outcome.error})" if outcome.error else ""
+                waiting = (
+                    f" at node '{outcome.waiting_at}'"
+                    if outcome.status == "waiting" and outcome.waiting_at
+                    else ""
+                )
+                result.error = (
+                    f"the re-recorded run ended {outcome.status}{waiting}{why}, the recording "
+                    f"{was.status}; the file is unchanged (re-record it by hand: graphrun run, "
+                    "then graphrun export)"
+                )
+                return result
             source = _adopt_reused_children(store, outcome.run_id, Path(tmp))
             partial = file.with_name(file.name + ".partial")
             try:
@@ -143,6 +163,63 @@ def update_file(file: Path, *, dry_run: bool = False) -> Update:
             return Update(file, top, error=str(exc))
         finally:
             store.close()
+
+
+def _answer_changed_questions(
+    store: SqliteStore,
+    events: list[Any],
+    outcome: Any,
+    options: Any,
+    answers: dict[str, list[str]],
+    interactive: bool,
+    notes: list[str],
+) -> Any:
+    """Go on past the questions the re-recorded run stopped at because their text
+    changed: the recorded answer when the options are the same (and say so), else an
+    ``--answer`` given for the node, else (on a terminal) a person's."""
+    from graphrun.eventstore.events import HumanInputReceived
+    from graphrun.runtime.engine.driver import Driver, drive
+    from graphrun.runtime.replay.regression import LiveOutcome
+
+    recorded = {(e.node_id, e.visit): e for e in events if isinstance(e, HumanInputReceived)}
+    given = {node: list(values) for node, values in answers.items()}
+    for _ in range(64):  # each round answers one wait; a graph has finitely many
+        if outcome.status != "waiting":
+            break
+        waiting = fold(store.read(outcome.run_id)).waiting
+        if waiting is None:
+            break
+        node = waiting.node_id
+        old = recorded.get((node, waiting.visit))
+        if given.get(node):
+            answer = given[node].pop(0)
+            notes.append(f"node '{node}': answered '{answer}' (--answer)")
+            options.interactive = False
+        elif old is not None and list(old.options) == list(waiting.options):
+            answer = old.answer
+            notes.append(
+                f"node '{node}': its question changed, its options did not: reused the "
+                f"recorded answer '{answer}' (by {old.by})"
+            )
+            options.interactive = False
+        elif interactive:
+            answer = None
+            options.interactive = True
+        else:
+            break
+        options.answers = {node: [answer]} if answer is not None else {}
+        run = drive(Driver(store, outcome.run_id, options))
+        source = options.effect_source
+        outcome = LiveOutcome(
+            run.run_id,
+            run.status,
+            run.output,
+            run.error,
+            list(getattr(source, "reused", outcome.reused)),
+            list(getattr(source, "performed", outcome.performed)),
+            run.waiting.node_id if run.waiting is not None else None,
+        )
+    return outcome
 
 
 def _adopt_reused_children(store: SqliteStore, run_id: str, tmp: Path) -> SqliteStore:
@@ -186,7 +263,13 @@ def _adopt_reused_children(store: SqliteStore, run_id: str, tmp: Path) -> Sqlite
 __all__ = ["Update", "update_file"]
 
 
-def update_suite(paths: list[str], *, dry_run: bool = False) -> int:
+def update_suite(
+    paths: list[str],
+    *,
+    dry_run: bool = False,
+    answers: dict[str, list[str]] | None = None,
+    interactive: bool = False,
+) -> int:
     """``graphrun test --update``: replay every file, re-record the divergent ones.
 
     One line per file that passes, is updated, or cannot be; exit 0 when every file
@@ -219,7 +302,7 @@ def update_suite(paths: list[str], *, dry_run: bool = False) -> int:
                 for d in (c.result.divergences if c.result else [])
             }
         )
-        update = update_file(file, dry_run=dry_run)
+        update = update_file(file, dry_run=dry_run, answers=answers, interactive=interactive)
         line = update.line(dry_run)
         if dry_run and not update.error:
             line += f" (divergent: {', '.join(nodes) or '?'})"

@@ -128,7 +128,7 @@ def test_validate_prints_rule_node_and_line_and_exits_2(graphrun: Any, agent: An
             "  e: {type: end}\n",
             {},
             "error: g/graph.yaml:5 ($.nodes.a): llm node 'a' is missing the required field "
-            "'prompt'",
+            "'prompt' ('promt' is written instead: rename it to 'prompt')",
         ),
         (
             "name: g\nversion: [\n",

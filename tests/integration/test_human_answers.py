@@ -196,7 +196,8 @@ def test_runs_lists_what_waits_where_and_for_whom(graphrun, agent):
     assert res.code == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0].split() == [
-        "RUN", "GRAPH", "STATUS", "STARTED", "(UTC)", "EVENTS", "NODE", "WAITS", "FOR", "BY"
+        "RUN", "GRAPH", "VERSION", "STATUS", "STARTED", "(UTC)", "EVENTS", "NODE", "WAITS",
+        "FOR", "BY"
     ]  # fmt: skip
     assert len(lines) == 3
     by_id = {line.split()[0]: line for line in lines[1:]}

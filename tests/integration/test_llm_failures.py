@@ -79,7 +79,8 @@ def test_429_gives_up_after_max_attempts(graphrun, agent, fake_llm):
     root = agent(_graph(attempts=2))
     fake_llm.script(*[http_error(429, "Rate limit reached", retry_after=0)] * 3)
     result = graphrun("run", str(root), "now", **_env(fake_llm))
-    assert result.code == 0, result.stderr  # failure without fallback routes to next
+    # A failure without fallback routes to next; the run completes with errors.
+    assert result.code == 4, result.stderr
     assert len(fake_llm.requests) == 2
     assert result.stdout.startswith("done (yes): LLM node failed: HTTP 429")
     assert "gave up after 2 attempts" in result.stdout
@@ -89,7 +90,7 @@ def test_400_is_not_retried_and_without_fallback_routes_next(graphrun, agent, fa
     root = agent(_graph(attempts=5))
     fake_llm.script(http_error(400, "Invalid 'messages': bad role"), text("never used"))
     result = graphrun("run", str(root), "x", **_env(fake_llm))
-    assert result.code == 0, result.stderr
+    assert result.code == 4, result.stderr
     assert len(fake_llm.requests) == 1
     assert result.stdout.strip() == (
         "done (yes): LLM node failed: HTTP 400 from "

@@ -407,7 +407,7 @@ EVERY_FEATURE = """
     version: "1.0"
     model: openai:gpt-test
     reasoning_effort: low
-    skills_enabled: false           # Loki's later field: accepted, warned once
+    inject_skill_instructions: false  # Loki's later field: accepted, warned once
     colour: blue                    # unknown to graphrun and Loki alike: a warning
     variables:
       - {name: region, description: Where to look, default: north}

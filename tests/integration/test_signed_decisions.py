@@ -158,8 +158,13 @@ def events_of(db: Path, run_id: str) -> list[dict[str, Any]]:
 def forge(
     db: Path, run_id: str, edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 ) -> None:
-    """Rewrite a run's log as someone with write access to the database would: edit
-    the events, renumber them, recompute every hash, rebuild the runs table."""
+    """Rewrite a run's log as someone with write access to the database (and its
+    folder) would: edit the events, renumber them, recompute every hash, rebuild the
+    runs table, and drop the run from the reported-heads record beside the file."""
+    record = Path(f"{db}-reported-heads")
+    if record.exists():
+        kept = [ln for ln in record.read_text().splitlines(True) if not ln.startswith(run_id)]
+        record.write_text("".join(kept))
     before = rows(db, run_id)
     run_no = before[0][0] >> 32
     events = edit([json.loads(body) for _k, body, _h in before])

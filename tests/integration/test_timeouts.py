@@ -93,7 +93,7 @@ def test_run_timeout_fails_the_run_fast_and_kills_the_script(graphrun: Any, agen
     ("routes", "status", "output"),
     [
         ("fallback: late\n            next: done", "completed", "late: script timed out after 1s"),
-        ("next: done", "completed", "done"),
+        ("next: done", "completed_with_errors", "done"),
         ("", "failed", None),
     ],
 )

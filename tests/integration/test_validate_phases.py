@@ -43,7 +43,12 @@ def test_schema_errors_do_not_hide_semantic_ones(graphrun: GraphrunCli, tmp_path
         f"error: {graph}:12 ($.nodes.tidy.timeout): expected float, got str",
         f"error: {graph}:16 ($.nodes.done.next): node 'done': next points to unknown node "
         "'nowhere'",
-        "invalid: 3 error(s), 0 warning(s)",
+        f"warning: {graph}:5 ($.nodes.ask): node 'ask': a failure of this llm node routes on "
+        "to 'tidy' unhandled (no fallback or on_error default); it ends the run "
+        "completed_with_errors (exit 4) (add `fallback: <node>` (or an `on_error` route) to "
+        "handle it, or set settings.on_unhandled_failure: continue "
+        "(Loki's plain completed))",
+        "invalid: 3 error(s), 1 warning(s)",
     ]
 
 

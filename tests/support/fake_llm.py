@@ -418,3 +418,33 @@ __all__ = [
     "text",
     "tool_calls",
 ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.support.fake_llm --reply TEXT [--url-file FILE]``: serve one
+    reply to every chat request until stopped (a local OpenAI-compatible stand-in
+    for the docs' tutorial); the base URL is printed (and written to FILE)."""
+    import argparse
+    import signal
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="python -m tests.support.fake_llm")
+    parser.add_argument("--reply", default="ok", help="The text every request gets.")
+    parser.add_argument("--url-file", help="Write the OpenAI base URL here once serving.")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with FakeLlm() as fake:
+        fake.default = lambda request: text(args.reply)
+        print(fake.url_openai, flush=True)
+        if args.url_file:
+            Path(args.url_file).write_text(fake.url_openai, encoding="utf-8")
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

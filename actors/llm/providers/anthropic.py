@@ -8,11 +8,18 @@ input_schema}``. The model's tool calls are ``tool_use`` content blocks whose
 ``input`` is an object; their results go back in the next *user* message as
 ``tool_result`` blocks. Roles must alternate, so consecutive messages of one
 role are merged into one message of content blocks.
+
+Sampling follows :data:`MODEL_RULES`, as the OpenAI provider's table does: the
+Claude models from Opus 4.1 and the 4.5 generation on refuse ``temperature`` and
+``top_p`` together, so when a graph sets both they get ``temperature`` only;
+older models get both.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from typing import Any
 
 from graphrun.actors.llm.providers.base import ChatRequest, Provider, ToolCall
@@ -21,6 +28,19 @@ from graphrun.actors.llm.providers.base import ChatRequest, Provider, ToolCall
 ANTHROPIC_VERSION = "2023-06-01"
 #: ``max_tokens`` when neither the node nor the model config sets one.
 DEFAULT_MAX_TOKENS = 4096
+
+
+#: ``(model pattern, temperature and top_p are exclusive)``; the first full match wins.
+MODEL_RULES: tuple[tuple[re.Pattern[str], bool], ...] = (
+    (re.compile(r"claude-(opus|sonnet|haiku)-4-(1|[5-9])(-.*)?"), True),
+    (re.compile(r"claude-(opus|sonnet|haiku)-([5-9]|\d\d)(-.*)?"), True),
+)
+
+
+@functools.lru_cache(maxsize=256)
+def exclusive_sampling(model: str) -> bool:
+    """Whether ``model`` refuses ``temperature`` and ``top_p`` in one request."""
+    return any(exclusive for pattern, exclusive in MODEL_RULES if pattern.fullmatch(model))
 
 
 class AnthropicProvider(Provider):
@@ -60,7 +80,9 @@ class AnthropicProvider(Provider):
             ]
         if request.temperature is not None:
             body["temperature"] = request.temperature
-        if request.top_p is not None:
+        if request.top_p is not None and not (
+            request.temperature is not None and exclusive_sampling(model)
+        ):
             body["top_p"] = request.top_p
         return body
 

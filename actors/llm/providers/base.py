@@ -353,6 +353,10 @@ class Provider:
         if request.reasoning_effort is None and resolved.reasoning_effort:
             request = replace(request, reasoning_effort=resolved.reasoning_effort)
         body = self.build_body(request, resolved.model, resolved.max_output_tokens)
+        if resolved.body_patch:
+            from graphrun.actors.llm.models import merge_patch
+
+            body = merge_patch(body, resolved.body_patch)
         # Keys sorted: the bytes sent are the request's canonical JSON, which is
         # also what a recording is matched on (servers do not mind the order).
         content = _SORTED.encode(body)

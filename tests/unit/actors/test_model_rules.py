@@ -77,3 +77,45 @@ def test_config_default_effort_and_no_sampling_reach_the_server(tmp_path: Path) 
         sent = fake.requests[0].body
     assert "temperature" not in sent and "top_p" not in sent
     assert sent["reasoning_effort"] == "low"
+
+
+@pytest.mark.parametrize(
+    ("model", "sampling"),
+    [
+        ("claude-3-5-sonnet-20241022", {"temperature": 0.2, "top_p": 0.9}),
+        ("claude-sonnet-4-20250514", {"temperature": 0.2, "top_p": 0.9}),
+        ("claude-opus-4-0", {"temperature": 0.2, "top_p": 0.9}),
+        ("claude-opus-4-1", {"temperature": 0.2}),
+        ("claude-sonnet-4-5-20250929", {"temperature": 0.2}),
+        ("claude-haiku-4-5", {"temperature": 0.2}),
+        ("claude-sonnet-4-6", {"temperature": 0.2}),
+        ("claude-opus-5", {"temperature": 0.2}),
+    ],
+)
+def test_anthropic_models_that_refuse_temperature_with_top_p_get_temperature(
+    model: str, sampling: dict[str, float]
+) -> None:
+    from graphrun.actors.llm.providers.anthropic import AnthropicProvider
+
+    request = ChatRequest(
+        model=f"anthropic:{model}",
+        messages=[{"role": "user", "content": "q"}],
+        temperature=0.2,
+        top_p=0.9,
+        max_tokens=100,
+    )
+    built = AnthropicProvider().build_body(request, model, None)
+    assert {k: built[k] for k in ("temperature", "top_p") if k in built} == sampling
+
+
+def test_anthropic_top_p_alone_is_sent() -> None:
+    from graphrun.actors.llm.providers.anthropic import AnthropicProvider
+
+    request = ChatRequest(
+        model="anthropic:claude-sonnet-4-5",
+        messages=[{"role": "user", "content": "q"}],
+        top_p=0.9,
+        max_tokens=100,
+    )
+    built = AnthropicProvider().build_body(request, "claude-sonnet-4-5", None)
+    assert built["top_p"] == 0.9 and "temperature" not in built

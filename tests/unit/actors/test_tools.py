@@ -528,3 +528,21 @@ def test_tool_runs_with_the_callers_environment(
     monkeypatch.setenv("GRAPHRUN_TOOLS_TEST", "inherited")
     # Without @cmd functions, tools.sh is one tool named after the file.
     assert load_toolbox(tmp_path, ["tools"]).call("tools", "{}").output == "inherited\n"
+
+
+def test_a_global_tool_gets_the_agents_folder_as_root_and_its_dotenv(
+    agent_dir: Path, config_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As Loki's run-tool runs a global tool for an agent: root = the agent's folder.
+    monkeypatch.delenv("SERVICE_TOKEN", raising=False)
+    (config_dir / "functions" / "tools" / "gsecret.py").write_text(
+        "import os\n\n\ndef run() -> str:\n"
+        '    """Report the token and the root."""\n'
+        "    token = os.environ.get('SERVICE_TOKEN', '<unset>')\n"
+        "    return f\"{token} {os.environ['LLM_ROOT_DIR']}\"\n"
+    )
+    (agent_dir / ".env").write_text("SERVICE_TOKEN=from-the-agent\n")
+    (config_dir / ".env").write_text("SERVICE_TOKEN=from-the-config\n")
+    box = load_toolbox(agent_dir, ["gsecret"], global_tools=["gsecret.py"], config_dir=config_dir)
+    result = box.call("gsecret", "{}")
+    assert result.output == f"from-the-agent {agent_dir.resolve()}"

@@ -203,7 +203,7 @@ TOLERANT = """
     ("extra", "outcome"),
     [
         ("fallback: fb\n        next: nx", ("completed", "fallback: failed? exit 3")),
-        ("next: nx", ("completed", "next: s")),
+        ("next: nx", ("completed_with_errors", "next: s")),
         ("", ("failed", None)),
     ],
 )
@@ -401,7 +401,12 @@ def test_llm_failure_routes_next_with_the_error_as_output() -> None:
         return [LlmResult(node_id="ask", visit=1, error="429 rate limit")]
 
     state, _ = simulate(graph, begin(prompt="why"), llm)
-    assert (state.status, state.output) == ("completed", "LLM node failed: 429 rate limit")
+    assert (state.status, state.output) == (
+        "completed_with_errors",
+        "LLM node failed: 429 rate limit",
+    )
+    failure = {"node": "ask", "visit": 1, "error": "LLM node failed: 429 rate limit"}
+    assert state.unhandled == (failure,)
 
 
 def test_strict_prompt_missing_key_fails_the_node() -> None:

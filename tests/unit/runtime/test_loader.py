@@ -101,7 +101,8 @@ def test_unknown_field_suggests_the_closest() -> None:
           done:
             type: end
     """) == [
-        "graph.yaml:5 ($.nodes.a): llm node 'a' is missing the required field 'prompt'",
+        "graph.yaml:5 ($.nodes.a): llm node 'a' is missing the required field 'prompt' "
+        "('promt' is written instead: rename it to 'prompt')",
         "graph.yaml:7 ($.nodes.a.promt): unknown field 'promt' in llm node 'a' (ignored) "
         "(did you mean 'prompt'?)",
     ]
@@ -118,7 +119,8 @@ def test_unknown_top_level_and_settings_fields() -> None:
         nodes:
           a: {type: end}
     """) == [
-        "graph.yaml:1 ($): the graph is missing the required field 'name'",
+        "graph.yaml:1 ($): the graph is missing the required field 'name' "
+        "('nme' is written instead: rename it to 'name')",
         "graph.yaml:1 ($.nme): unknown field 'nme' in the graph (ignored) (did you mean 'name'?)",
         "graph.yaml:5 ($.settings.timout): unknown field 'timout' in settings (ignored) "
         "(did you mean 'timeout'?)",

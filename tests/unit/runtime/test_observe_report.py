@@ -214,7 +214,7 @@ def test_log_markdown_fences_tool_arguments():
     }
     text = log_markdown("r", [entry], Usage(calls=1, input_tokens=1))
     assert "````\n```x```\n````" in text
-    assert text.endswith("## Usage\n\n1 tokens (1 in, 0 out), 1 call, $0.0000\n")
+    assert text.endswith("## Usage\n\n1 tokens (1 in, 0 out), 1 call, $0.00\n")
 
 
 def test_progress_bar_draws_on_a_terminal_only():
@@ -231,3 +231,16 @@ def test_progress_bar_draws_on_a_terminal_only():
     with progress_bar("replaying", 3, stream=tty, force=True) as advance:
         advance(2)
     assert "replaying" in tty.getvalue() and "\x1b[" in tty.getvalue()
+
+
+def test_one_rounding_rule_for_costs() -> None:
+    from graphrun.runtime.observe.usage import format_cost
+
+    assert [format_cost(c) for c in (0.00004, 0.0012, 1.5, 0.0, 12.3456789, 0.0000004)] == [
+        "$0.00004",
+        "$0.0012",
+        "$1.50",
+        "$0.00",
+        "$12.345679",
+        "$0.00",
+    ]

@@ -165,6 +165,7 @@ def test_lokis_later_fields_are_accepted_with_one_warning_each(tmp_path: Path) -
         version: "1.0"
         start: s
         skills_enabled: true
+        inject_skill_instructions: true
         variables:
           - {name: project_dir, description: root, default: "."}
         nodes:
@@ -180,5 +181,6 @@ def test_lokis_later_fields_are_accepted_with_one_warning_each(tmp_path: Path) -
     )
     assert not [f for f in found if f.startswith("error:")], found
     warned = [f for f in found if "not-implemented" in f]
-    assert len(warned) == 2  # skills_enabled (graph), enabled_skills (node)
+    assert len(warned) == 1  # inject_skill_instructions; skills_enabled now offers skill__*
+    assert "inject_skill_instructions" in warned[0]
     assert any("user__select" in f for f in found)

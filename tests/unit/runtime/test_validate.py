@@ -441,8 +441,11 @@ def test_approval_next_is_ignored_for_reachability(tmp_path: Path) -> None:
     """,
     )
     assert found == [
+        "warning: graph.yaml:11 ($.nodes.review.next): approval 'review': `next` is ignored "
+        "(an approval routes by its answer: routes and on_other) (route each option under "
+        "routes, free-form answers with on_other)",
         "warning: graph.yaml:12 ($.nodes.extra): node 'extra' is unreachable from 'review' via "
-        "static edges (fine if a script routes there with _next)"
+        "static edges (fine if a script routes there with _next)",
     ]
 
 
@@ -485,3 +488,31 @@ def test_validation_error_names_the_first_error_and_counts_the_rest(tmp_path: Pa
         "graph.yaml:3 ($.start): start node 'x' does not exist (+1 more errors)"
     )
     assert info.value.exit_code == 2
+
+
+def test_nodes_reachable_only_through_next_get_one_warning(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "ok.py").write_text("def run(state):\n    return {}\n")
+    found = check(
+        tmp_path,
+        """
+        name: g
+        version: "1.0"
+        start: a
+        nodes:
+          a:
+            type: script
+            script: scripts/ok.py
+            next: done
+          left:
+            type: end
+          right:
+            type: end
+          done:
+            type: end
+    """,
+    )
+    assert found == [
+        "warning: graph.yaml:9 ($.nodes.left): nodes 'left', 'right' are unreachable from 'a' "
+        "via static edges (fine if a script routes there with _next)"
+    ]
