@@ -231,6 +231,9 @@ def failure_handled(node: Any, routed_to: str | None) -> bool:
         return False
     if getattr(node, "fallback", None) == routed_to:
         return True
+    guard = getattr(node, "guard", None)
+    if guard is not None and guard.on_fail == routed_to:
+        return True  # a guard that did not hold, routed where the graph said
     return any(e.to == routed_to for e in getattr(node, "on_error", None) or ())
 
 
