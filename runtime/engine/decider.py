@@ -57,6 +57,7 @@ from graphrun.runtime.graph.model import (
 )
 from graphrun.runtime.graph.templates import _MISSING, lookup, render
 from graphrun.runtime.nodes import kind_of
+from graphrun.runtime.nodes.guard import input_blocked, output_checked
 from graphrun.runtime.nodes.human import human_task, match_choice
 from graphrun.runtime.nodes.llm import llm_task, structured_value
 from graphrun.runtime.nodes.plan import (
@@ -359,6 +360,8 @@ def _step(graph: Graph, node: NodeBase, node_id: str, state: RunState) -> Step:
     if kind.result is None:
         return kind.complete(graph, node, node_id, state, None)
     done = _last(state.effects, kind.result)
+    if done is None and (blocked := input_blocked(node, node_id, state)) is not None:
+        return blocked  # the input guard does not hold: no effect at all
     if done is None or pending_retry(state.effects) is not None:
         # No effect yet, or a failed one to try again (``retry:``).
         assert kind.request is not None
@@ -366,7 +369,8 @@ def _step(graph: Graph, node: NodeBase, node_id: str, state: RunState) -> Step:
     again = retry_step(node, node_id, state, done)
     if again is not None:
         return again
-    return kind.complete(graph, node, node_id, state, done)
+    step = kind.complete(graph, node, node_id, state, done)
+    return output_checked(node, node_id, state, step, kind.primary)
 
 
 # --- map ---------------------------------------------------------------------------

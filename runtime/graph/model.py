@@ -75,6 +75,16 @@ class CachePolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ttl: float | None = None
 
 
+class Guard(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``guard:`` of an llm, tool or agent node: conditions over the state before the
+    effect (``input``) and over its result after it (``output``); a guard that does
+    not hold routes to ``on_fail`` (else fails the node)."""
+
+    input: str | None = None
+    output: str | None = None
+    on_fail: str | None = None
+
+
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
     """Fields every node has."""
 
@@ -112,6 +122,9 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
         routes = getattr(self, "routes", None)
         if isinstance(routes, list):
             edges += [(f"routes[{i}].to", r.to, r.when) for i, r in enumerate(routes)]
+        guard = getattr(self, "guard", None)
+        if guard is not None and guard.on_fail:
+            edges.append(("guard.on_fail", guard.on_fail, "guard failed"))
         for i, err in enumerate(getattr(self, "on_error", None) or ()):
             label = "on_error" if err.default else f"on_error /{err.match}/"
             edges.append((f"on_error[{i}].to", err.to, label))
@@ -130,6 +143,7 @@ class AgentNode(NodeBase, tag="agent", kw_only=True):
     routes: list[Route] = []
     on_error: list[ErrorRoute] = []
     retry: RetryPolicy | None = None
+    guard: Guard | None = None
     agent: str
     prompt: str
     timeout: float = 300.0
@@ -181,6 +195,7 @@ class LlmNode(NodeBase, tag="llm", kw_only=True):
     routes: list[Route] = []
     on_error: list[ErrorRoute] = []
     retry: RetryPolicy | None = None
+    guard: Guard | None = None
     cache: CachePolicy | None = None
     prompt: str
     instructions: str | None = None

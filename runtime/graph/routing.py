@@ -45,10 +45,16 @@ def _route_list(node: Any) -> list[Any]:
 
 
 def conditions(node: Any) -> list[tuple[str, str]]:
-    """``(field, expression)`` of every ``when`` of a ``routes:`` list."""
-    return [
+    """``(field, expression)`` of every ``when`` of a ``routes:`` list and of a guard."""
+    found = [
         (f"routes[{i}].when", r.when) for i, r in enumerate(_route_list(node)) if r.when != DEFAULT
     ]
+    guard = getattr(node, "guard", None)
+    if guard is not None:
+        found += [
+            (f"guard.{side}", e) for side in ("input", "output") if (e := getattr(guard, side))
+        ]
+    return found
 
 
 def route_reads(node: Any) -> set[str]:
@@ -225,6 +231,9 @@ def failure_handled(node: Any, routed_to: str | None) -> bool:
         return False
     if getattr(node, "fallback", None) == routed_to:
         return True
+    guard = getattr(node, "guard", None)
+    if guard is not None and guard.on_fail == routed_to:
+        return True  # a guard that did not hold, routed where the graph said
     return any(e.to == routed_to for e in getattr(node, "on_error", None) or ())
 
 

@@ -51,6 +51,7 @@ _NODE_COMMON: dict[str, str] = {
     "the first whose pattern is found in the error message wins (not with `fallback`).",
     "retry": "graphrun: try a failed effect again (`{max_attempts, backoff, initial, max, "
     "jitter, on}`); the failure routes only once the attempts are used up.",
+    "guard": "graphrun: `{input, output, on_fail}` conditions around the node's effect.",
     "cache": "graphrun: `{key, ttl}`; serve the recorded effect of an earlier run of this "
     "graph that made the same request.",
     "fallback": "Where to route when the node fails (tolerant fail). Without it a "
@@ -237,6 +238,15 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "jitter": "Wait between half and all of the delay (true), from a value fixed by the "
         "run, node, visit and attempt, so a replay decides the same.",
         "on": "Regular expressions: retry only errors whose message matches one (empty: any).",
+    },
+    "Guard": {
+        None: "graphrun: conditions checked before (`input`) and after (`output`) the "
+        "node's effect; one that does not hold routes to `on_fail`.",
+        "input": "An expression over the state, checked before the effect; false: the "
+        "effect never runs.",
+        "output": "An expression over the state the node leaves, with `output` its result; "
+        "false: the completion is dropped.",
+        "on_fail": "Where a failed guard routes (`_error` says which); none: the run fails.",
     },
     "CachePolicy": {
         None: "graphrun: an earlier run's recorded effect for the same request is served "

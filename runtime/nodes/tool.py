@@ -30,6 +30,7 @@ from graphrun.runtime.graph.model import (
     CachePolicy,
     ErrorRoute,
     Graph,
+    Guard,
     NodeBase,
     RetryPolicy,
     Route,
@@ -49,6 +50,7 @@ class ToolNode(NodeBase, tag="tool", kw_only=True):
     on_error: list[ErrorRoute] = msgspec.field(default_factory=list)
     retry: RetryPolicy | None = None
     cache: CachePolicy | None = None
+    guard: Guard | None = None
 
     DESCRIPTIONS: ClassVar[dict[str | None, str]] = {
         None: "graphrun: calls one tool directly with templated params, no LLM.",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphrun.eventstore.events import (
+    CacheChecked,
     ChildRunFinished,
     ChildRunStarted,
     Event,
@@ -33,6 +34,7 @@ from graphrun.eventstore.events import (
     NodeCompleted,
     NodeEntered,
     NodeFailed,
+    NodeRetrying,
     RetrievalDone,
     RunCancelled,
     RunCompleted,
@@ -40,6 +42,7 @@ from graphrun.eventstore.events import (
     RunStarted,
     ScriptFinished,
     ToolCalled,
+    ToolFinished,
 )
 from graphrun.eventstore.fold import RunState, apply
 from graphrun.eventstore.projections import graph_version
@@ -478,6 +481,25 @@ def _effect(md: Any, e: Event, prices: Mapping[str, tuple[float, float]]) -> str
             )
         case ChildRunFinished():
             return f"<p>child run {_e(e.child_run_id)} {_e(e.status)}</p>"
+        case NodeRetrying():
+            return (
+                f'<p class="st-failed">attempt {e.attempt} failed: {_e(e.error)} · '
+                f"tried again after {e.delay:g} s</p>"
+            )
+        case ToolFinished():
+            result = _e(e.error) if e.error is not None else _e(_json(e.output))
+            status = " (error)" if e.error is not None else ""
+            return (
+                f"<details><summary>tool {_e(e.tool)}{status} · {e.duration_ms:.0f} ms</summary>"
+                f"<pre>params: {_e(e.arguments)}\n\nresult: {result}</pre></details>"
+            )
+        case CacheChecked():
+            if e.from_run:
+                return (
+                    f'<p>cache hit: served from run <a href="#run-{_e(e.from_run)}">'
+                    f"{_e(e.from_run)}</a> seq {e.from_seq}</p>"
+                )
+            return "<p>cache miss: performed and recorded here</p>"
         case HumanInputRequested():
             options = f" · options: {_e(', '.join(e.options))}" if e.options else ""
             return f"<p>asked ({_e(e.kind)}): <q>{_e(e.question)}</q>{options}</p>"

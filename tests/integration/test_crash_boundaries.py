@@ -107,6 +107,12 @@ CASES = {
         "Account: dana@brightpixel.io",
         replay="ticket-triage.run.jsonl",
     ),
+    # routes with when, a retry after a recorded 503, a tool node, a decision, a cache.
+    "order-desk": Case(
+        EXAMPLES / "order-desk",
+        "Hi, I want my money back for order A-1001, the blender arrived broken.",
+        replay="order-desk.run.jsonl",
+    ),
     # A parallel example (map and fan-out): its branches' events interleave.
     "source-survey": Case(
         EXAMPLES / "source-survey",

@@ -66,3 +66,19 @@ def test_an_expired_or_failed_entry_is_not_used(  # type: ignore[no-untyped-def]
     assert graphrun("run", str(root), "x", **_env(fake_llm)).stdout.strip() == "one"
     assert graphrun("run", str(root), "x", **_env(fake_llm)).stdout.strip() == "two"
     assert len(fake_llm.requests) == 2
+
+
+def test_the_report_names_the_hit_and_its_source(  # type: ignore[no-untyped-def]
+    graphrun: GraphrunCli, tmp_path: Path, fake_llm
+) -> None:
+    root = write_agent(tmp_path / "c", GRAPH)
+    fake_llm.script(text("short version"))
+    graphrun("run", str(root), "same", **_env(fake_llm))
+    first_id = graphrun.last_run()
+    graphrun("run", str(root), "same", **_env(fake_llm))
+    second_id = graphrun.last_run()
+    out = tmp_path / "report.html"
+    result = graphrun("report", second_id, "-o", str(out))
+    assert result.code == 0, result.stderr
+    html = out.read_text()
+    assert f'cache hit: served from run <a href="#run-{first_id}">{first_id}</a> seq ' in html

@@ -219,3 +219,13 @@ def test_an_llm_node_is_retried_and_replayed(
     replayed = graphrun("replay", run_id)
     assert replayed.code == 0, replayed.stdout + replayed.stderr
     assert len(fake_llm.requests) == 2  # replay serves both attempts from the log
+
+
+def test_the_report_shows_each_failed_attempt(graphrun: GraphrunCli, tmp_path: Path) -> None:
+    root = _agent(tmp_path, initial=0.05)
+    assert graphrun("run", str(root), "2").code == 0
+    out = tmp_path / "report.html"
+    assert graphrun("report", graphrun.last_run(), "-o", str(out)).code == 0
+    html = out.read_text()
+    assert "attempt 1 failed: script exited with code 1: attempt 1: upstream unavailable" in html
+    assert "tried again after 0.05 s" in html
