@@ -207,8 +207,9 @@ def _all_commands() -> list[str]:
     from graphrun.cli import COMMANDS as known
 
     # Workers and submit need PostgreSQL; given an SQLite --db they refuse at once.
-    # `serve` runs a web server until stopped: not a command line to fuzz here.
-    return [name for name in known if name != "serve"]
+    # `serve` runs a web server until stopped: its command lines are fuzzed with
+    # --no-serve (command_lines), up to the point where it would start listening.
+    return list(known)
 
 
 COMMANDS = _all_commands()
@@ -300,6 +301,8 @@ def command_lines(draw: Any) -> list[str]:
                 argv.append(f"{key}={draw(arg_texts)}")
                 continue
         argv.append(draw(meaningful) if draw(st.booleans()) else draw(arg_texts))
+    if argv[0] == "serve":
+        argv.insert(1, "--no-serve")
     return argv
 
 
