@@ -55,7 +55,16 @@ from graphrun.eventstore.errors import (
     StoreUnreachableError,
     UnknownRunError,
 )
-from graphrun.eventstore.events import Event, HumanInputReceived, RunStarted
+from graphrun.eventstore.events import (
+    Event,
+    HumanInputReceived,
+    HumanInputRequested,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunInterrupted,
+    RunStarted,
+)
 from graphrun.eventstore.ids import Clock
 from graphrun.eventstore.projections import (
     COLUMNS,
@@ -71,6 +80,18 @@ from graphrun.eventstore.store import (
     _process_started,
     damaged_run,
     holder_alive,
+)
+
+#: Events after which a worker hands its run back (it ended, or waits for a person):
+#: their commit waits for the flush, so a database crash cannot lose the log's tail
+#: while the queue already says ``done`` or ``waiting`` (WAL is flushed in order, so
+#: every earlier commit of the run is on disk with it).
+_HAND_BACK_EVENTS = (
+    RunCompleted,
+    RunFailed,
+    RunCancelled,
+    RunInterrupted,
+    HumanInputRequested,
 )
 
 #: The schema version once every migration below has run.
@@ -586,6 +607,7 @@ class PostgresStore:
             stamped: list[Event] = []
             params: list[tuple[Any, ...]] = []
             answered = False
+            settles = False
             for event in events:
                 seq += 1
                 if event.seq != seq or event.run_id != run_id or not event.ts:
@@ -620,6 +642,7 @@ class PostgresStore:
                 prev = digest
                 row = apply_run_row(row, event, digest)
                 answered = answered or isinstance(event, HumanInputReceived)
+                settles = settles or isinstance(event, _HAND_BACK_EVENTS)
                 stamped.append(event)
             assert row is not None
             with self._lock:
@@ -629,7 +652,7 @@ class PostgresStore:
                 )
                 fenced = run_id in self._held
             renew = renew_at is not None and now >= renew_at
-            durable = sync or self.durability == "full"
+            durable = sync or settles or self.durability == "full"
             try:
                 if not (renew or queue is not None or answered or durable) and len(params) <= 64:
                     # A node step: its events and the run's row in one statement,
