@@ -375,3 +375,67 @@ def test_validate_checks_the_join(
     assert result.code == 2, result.stderr
     f = root / "graph.yaml"
     assert f"error: {f}:{line} ({path}): node 'fan': {message}" in result.stderr
+
+
+SLEEPER = """\
+    name: sleeper
+    version: "1.0"
+    start: nap
+    nodes:
+      nap: {type: script, script: scripts/nap.sh, timeout: 60, next: done}
+      done: {type: end, output: rested}
+"""
+NAP_SH = """\
+    #!/usr/bin/env bash
+    echo $$ > "$PID_FILE"
+    sleep 30 &
+    echo $! >> "$PID_FILE"
+    wait
+    echo '{}'
+"""
+
+
+def test_a_losing_agent_branch_cancels_its_child_run(graphrun: GraphrunCli, tmp_path: Path) -> None:
+    agents = tmp_path / "agents"
+    write_agent(agents / "sleeper", SLEEPER, {"scripts/nap.sh": NAP_SH})
+    parent = write_agent(
+        tmp_path / "boss",
+        """\
+        name: boss
+        version: "1.0"
+        start: fan
+        nodes:
+          fan: {type: script, script: scripts/fan.py, next: [quick, slow], join: {type: any}}
+          quick: {type: script, script: scripts/quick.py, state_updates: {}, next: done}
+          slow: {type: agent, agent: sleeper, prompt: nap, next: done}
+          done: {type: end, output: "{{winner}}"}
+        """,
+        {
+            "scripts/fan.py": FAN,
+            # Finishes once the child run's script has started.
+            "scripts/quick.py": """\
+                import json, os, time
+                while not os.path.exists(os.environ["PID_FILE"]):
+                    time.sleep(0.05)
+                time.sleep(0.3)
+                print(json.dumps({"winner": "quick"}))
+            """,
+        },
+    )
+    pid_file = tmp_path / "pids"
+    began = time.monotonic()
+    res = graphrun("run", str(parent), "--agents-dir", str(agents), PID_FILE=str(pid_file))
+    assert res.code == 0, res.stderr
+    assert time.monotonic() - began < 20
+    assert res.stdout.strip() == "quick"
+    rows = graphrun("runs", "--json").json_lines()
+    child = next(r for r in rows if r["parent_run_id"] is not None)  # type: ignore[index]
+    assert child["status"] == "cancelled"  # type: ignore[index]
+    pids = [int(line) for line in pid_file.read_text().split()]
+    deadline = time.monotonic() + 3
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(p) for p in pids)
+    top = next(r for r in rows if r["parent_run_id"] is None)  # type: ignore[index]
+    replayed = graphrun("replay", top["run_id"])  # type: ignore[index]
+    assert replayed.code == 0, replayed.stdout + replayed.stderr
