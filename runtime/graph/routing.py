@@ -231,6 +231,16 @@ def join_rules(node: Any, node_id: str, check: Any) -> list[Any]:
         ]
     out = []
     branches = len(set(targets))
+    nodes = check.graph.nodes
+    maps = sorted({t for t in targets if getattr(nodes.get(t), "type", "") == "map"})
+    if maps:
+        out.append(
+            err(
+                f"join cannot count a map branch ({', '.join(maps)}): a map's items are a "
+                "step of their own",
+                where,
+            )
+        )
     if policy.type == "count":
         if policy.count is None:
             out.append(err("join.type count needs join.count", where))

@@ -439,3 +439,30 @@ def test_a_losing_agent_branch_cancels_its_child_run(graphrun: GraphrunCli, tmp_
     top = next(r for r in rows if r["parent_run_id"] is None)  # type: ignore[index]
     replayed = graphrun("replay", top["run_id"])  # type: ignore[index]
     assert replayed.code == 0, replayed.stdout + replayed.stderr
+
+
+def test_validate_refuses_a_join_over_a_map_branch(graphrun: GraphrunCli, tmp_path: Path) -> None:
+    root = write_agent(
+        tmp_path / "m",
+        """
+        name: mapped
+        version: "1.0"
+        start: fan
+        nodes:
+          fan:
+            type: script
+            script: scripts/fan.py
+            next: [each, b]
+            join: {type: any}
+          each: {type: map, over: "{{items}}", as: item, branch: b, collect_into: out, next: done}
+          b: {type: script, script: scripts/fan.py, state_updates: {}, next: done}
+          done: {type: end, output: "x"}
+        """,
+        {"scripts/fan.py": FAN},
+    )
+    result = graphrun("validate", str(root))
+    assert result.code == 2, result.stderr
+    assert (
+        f"error: {root / 'graph.yaml'}:9 ($.nodes.fan.join): node 'fan': join cannot count a "
+        "map branch (each)"
+    ) in result.stderr
