@@ -794,23 +794,23 @@ class Driver:
                 self.absorb_effects()
                 self.flush()
             queue = live
-            if settled is not None and not join.settled:
+            if settled is not None:
                 join.settle(settled.cancelled, settled.reason)
-            if queue and join.active and not join.settled:
-                # The recorded run settled its join before these branches finished:
-                # they were cancelled then, and are not performed again.
-                if join.holds():
-                    join.settle([t.branch for t in queue], "join satisfied")
-                    queue = []
-                elif join.timeout is not None:
-                    join.settle([t.branch for t in queue], join.timeout_reason())
-                    queue = []
+            elif recorded_join is not None:
+                # The recorded run let every branch finish: so does its replay (a
+                # branch re-run for a regression is not cut short).
+                join.active = False
         for node_type in {task.node_type for task in queue}:
             # Made here, on the driver's thread: a slot freed on the HTTP loop's thread
             # must not stall that loop building an effect (loading an index, say). One
             # that cannot be made fails each of its tasks as it starts (_Slots._start).
             with contextlib.suppress(Exception):
                 self._effect(node_type)
+        if queue and join.active and not join.settled and join.holds():
+            # Resumed after enough branches had finished (a crash before the join
+            # was recorded): the others are not started again.
+            join.settle([t.branch for t in queue], "join satisfied")
+            queue = []
         step = _Slots(self, caps, queue)
         join.start(self.clock.monotonic())
         step.fill()
