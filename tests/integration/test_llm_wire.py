@@ -162,7 +162,8 @@ def test_key_echoed_by_server_is_never_stored_or_printed(graphrun, agent, fake_l
     )
     fake_llm.script(http_error(401, f"Incorrect API key provided: {KEY}."))
     result = graphrun("run", str(root), OPENAI_BASE_URL=fake_llm.url_openai, OPENAI_API_KEY=KEY)
-    assert result.code == 0, result.stderr  # failure without fallback routes to next
+    # A failure without fallback routes to next, and the run says so: completed_with_errors.
+    assert result.code == 4, result.stderr
     assert result.stdout.startswith("LLM node failed: HTTP 401")
     assert "Incorrect API key provided: ***" in result.stdout
     assert KEY not in result.stdout + result.stderr
