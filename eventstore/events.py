@@ -193,6 +193,20 @@ class StepStarted(EventBase, frozen=True, kw_only=True):
 
     step: int
     frontier: list[str]
+    # The fan-out's join policy (``all`` when empty): ``{type, count, timeout}``.
+    join: dict[str, Any] = {}
+
+
+class BranchesJoined(EventBase, frozen=True, kw_only=True):
+    """A super-step's join policy was settled before every branch finished: the
+    ``counted`` branches are merged, the ``cancelled`` ones were stopped (their
+    processes and child runs too) and are left out; ``reason`` says why
+    (``join satisfied`` or the join's timeout)."""
+
+    step: int
+    counted: list[str] = []
+    cancelled: list[str] = []
+    reason: str = ""
 
 
 class BranchesMerged(EventBase, frozen=True, kw_only=True):
@@ -461,6 +475,7 @@ Event = (
     | RunFailed
     | RunCancelled
     | RunInterrupted
+    | BranchesJoined
     | StepStarted
     | BranchesMerged
     | NodeEntered
@@ -528,6 +543,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "TERMINAL_TYPES",
     "ApprovalSigned",
+    "BranchesJoined",
     "BranchesMerged",
     "CacheChecked",
     "ChildCancelled",

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from graphrun.eventstore.events import (
+    BranchesJoined,
     BranchesMerged,
     ChildCancelled,
     ChildRunFinished,
@@ -152,6 +153,8 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     step: int = 0
     branches: dict[str, Branch] = {}
     branch_effects: Mapping[str, tuple[Any, ...]] = _NO_BRANCH_EFFECTS
+    # The running super-step's join policy (``{type, count, timeout}``; empty: all).
+    join: dict[str, Any] = {}
     interrupted: bool = False
     # Tolerated failures so far (a node failed and routed on): (node, visit, error,
     # routed to), in log order; the decider judges which of them were handled.
@@ -274,6 +277,7 @@ def apply(state: RunState, event: Event) -> RunState:
             return _replace(
                 state,
                 step=step,
+                join=event.join,
                 branches={},
                 branch_effects=_NO_BRANCH_EFFECTS,
                 routed_to=None,
@@ -281,10 +285,18 @@ def apply(state: RunState, event: Event) -> RunState:
                 waiting=None,
                 **base,
             )
+        case BranchesJoined(cancelled=cancelled):
+            # The cancelled branches leave the step: only the counted ones merge.
+            branches = {b: s for b, s in state.branches.items() if b not in cancelled}
+            effects = BranchEffects(
+                {b: e for b, e in state.branch_effects.items() if b not in cancelled}
+            )
+            return _replace(state, branches=branches, branch_effects=effects, **base)
         case BranchesMerged(merged=merged, targets=targets):
             new_state = {**state.state, **merged} if merged else state.state
             return _replace(
                 state,
+                join={},
                 state=new_state,
                 branches={},
                 branch_effects=_NO_BRANCH_EFFECTS,

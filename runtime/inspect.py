@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from graphrun.eventstore.events import (
+    BranchesJoined,
     BranchesMerged,
     ChildRunFinished,
     ChildRunStarted,
@@ -56,6 +57,11 @@ def summarize_event(event: Event) -> str:
             return f"-> {target}{failed} set[{keys}]{merged}"
         case StepStarted():
             return f"super-step {event.step}: {', '.join(event.frontier)}"
+        case BranchesJoined():
+            return (
+                f"super-step {event.step} joined ({event.reason}): counted "
+                f"[{', '.join(event.counted)}] cancelled [{', '.join(event.cancelled)}]"
+            )
         case BranchesMerged():
             merged = ", ".join(
                 f"{k}({event.reducers[k]})" if k in event.reducers else k for k in event.merged

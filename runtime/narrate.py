@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from graphrun.eventstore.events import (
+    BranchesJoined,
     BranchesMerged,
     ChildRunFinished,
     Event,
@@ -233,6 +234,12 @@ class Narrator:
                 self.line(f"▸ super-step {event.step} start: {', '.join(event.frontier)}")
                 size = len(event.frontier)
                 self.start_group(f"super-step {event.step}", size, size)
+            case BranchesJoined():
+                cancelled = ", ".join(event.cancelled) or "none"
+                self.line(
+                    f"▸ super-step {event.step} joined ({event.reason}): "
+                    f"{', '.join(event.counted) or 'none'} counted, {cancelled} cancelled"
+                )
             case BranchesMerged():
                 merged = ", ".join(
                     f"{key} ({event.reducers[key]})" if key in event.reducers else key

@@ -220,7 +220,10 @@ def _enter_step(graph: Graph, state: RunState) -> Step:
                 node_id=target, node_type=graph.nodes[target].type, visit=visits, branch=target
             )
         )
-    return Append((StepStarted(step=state.step + 1, frontier=frontier), *entered))
+    source = graph.nodes.get(state.last_node or "")
+    policy = getattr(source, "join", None)
+    join = msgspec.to_builtins(policy) if policy is not None else {}
+    return Append((StepStarted(step=state.step + 1, frontier=frontier, join=join), *entered))
 
 
 def _tag(event: Event, branch: str) -> Event:
@@ -276,7 +279,7 @@ def _parallel(graph: Graph, state: RunState) -> Step:
                 return Append(tuple(_tag(e, bid) for e in step.events))
             outcomes[bid] = step.events
     if pending:
-        return PerformMany(tuple(pending))
+        return PerformMany(tuple(pending), join=state.join or None)
     return _merge_step(graph, state, outcomes)
 
 

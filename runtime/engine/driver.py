@@ -48,6 +48,7 @@ from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import (
     RESULT_TYPES,
+    BranchesJoined,
     CacheChecked,
     ChildCancelled,
     Event,
@@ -599,7 +600,7 @@ class Driver:
                 continue
             if isinstance(step, decider.PerformMany):
                 self.flush()
-                waiting = self._perform_many(step.tasks, deadline, timeout)
+                waiting = self._perform_many(step.tasks, deadline, timeout, step.join)
                 if self.interrupted is not None:
                     break
                 if waiting is not None:
@@ -746,6 +747,7 @@ class Driver:
         tasks: tuple[decider.Perform, ...],
         deadline: float | None,
         timeout: float | None,
+        join_policy: Any = None,
     ) -> HumanInputRequested | None:
         """Perform a step's effects concurrently, within their concurrency caps.
 
@@ -768,10 +770,16 @@ class Driver:
         waiting: HumanInputRequested | None = None
         failures: list[tuple[str, decider.Perform, str]] = []
         queue = list(tasks)
+        join = _Join(self, join_policy, tasks)
         if self.options.effect_source is not None:
             # Recorded outcomes (replay, regression) are served first, in step order;
             # what is left is performed for real.
             live = []
+            recorded_join = getattr(self.options.effect_source, "joined", None)
+            settled = recorded_join(self.state.step) if recorded_join is not None else None
+            if settled is not None:
+                # The recorded run cancelled these branches: they are not served.
+                queue = [t for t in queue if t.branch not in settled.cancelled]
             for task in queue:
                 outcome = self._serve(task)
                 if outcome is None:
@@ -780,37 +788,66 @@ class Driver:
                     waiting = outcome[1]
                 elif outcome[0] == "failed":
                     failures.append((task.branch, task, outcome[1]))
+                else:
+                    join.finished.add(task.branch)
             if len(live) < len(queue):
                 self.absorb_effects()
                 self.flush()
             queue = live
+            if settled is not None:
+                join.settle(settled.cancelled, settled.reason)
+            elif recorded_join is not None:
+                # The recorded run let every branch finish: so does its replay (a
+                # branch re-run for a regression is not cut short).
+                join.active = False
         for node_type in {task.node_type for task in queue}:
             # Made here, on the driver's thread: a slot freed on the HTTP loop's thread
             # must not stall that loop building an effect (loading an index, say). One
             # that cannot be made fails each of its tasks as it starts (_Slots._start).
             with contextlib.suppress(Exception):
                 self._effect(node_type)
+        if queue and join.active and not join.settled and join.holds():
+            # Resumed after enough branches had finished (a crash before the join
+            # was recorded): the others are not started again.
+            join.settle([t.branch for t in queue], "join satisfied")
+            queue = []
         step = _Slots(self, caps, queue)
+        join.start(self.clock.monotonic())
         step.fill()
         while step.outstanding():
             slice_ = _CANCEL_POLL_EVERY
             if deadline is not None and not step.timed_out:
                 slice_ = max(0.0, min(slice_, deadline - self.clock.monotonic()))
+            if join.deadline is not None and not join.settled:
+                slice_ = max(0.0, min(slice_, join.deadline - self.clock.monotonic()))
             done = step.finished(slice_)
             for task, token, ctx, future in done:
                 kind, detail = self._settle(task, token, ctx, future)
-                if token.cancelled and self.interrupted is not None:
+                if token.cancelled and (
+                    self.interrupted is not None or task.branch in join.cancelled
+                ):
                     self._discard_results(task.branch)
                     continue
                 if kind == "waiting" and waiting is None:
                     waiting = detail
                 elif kind == "failed" and not token.cancelled:
                     failures.append((task.branch, task, detail))
+                elif kind == "ok" and not token.cancelled:
+                    join.finished.add(task.branch)
             if done:
                 # One commit for every effect that finished since the last wake-up.
                 self.absorb_effects()
                 self.flush()
                 self._cancel_requested()
+                if join.active and not join.settled and join.holds() and step.outstanding():
+                    join.settle(step.cancel_rest("join satisfied"), "join satisfied")
+            elif (
+                join.deadline is not None
+                and not join.settled
+                and self.clock.monotonic() >= join.deadline
+            ):
+                reason = join.timeout_reason()
+                join.settle(step.cancel_rest(reason), reason)
             elif deadline is not None and not step.timed_out and self.clock.monotonic() >= deadline:
                 step.time_out(f"run timeout ({timeout:g}s)")
             else:
@@ -821,7 +858,9 @@ class Driver:
             return None
         if self.interrupted is not None or self.cancel.cancelled:
             return None
-        if failures:
+        if join.settled and not join.holds() and not failures:
+            join.fail()
+        elif failures:
             branch, task, error = sorted(failures, key=lambda f: f[0])[0]
             self._speculate(
                 (
@@ -1076,6 +1115,83 @@ class Driver:
         return RunOutcome(self.run_id, s.status, s.output, error, s.waiting, unhandled=s.unhandled)
 
 
+class _Join:
+    """A super-step's join policy while its effects run: which branches finished,
+    whether the policy holds, and the record of the branches it cancelled
+    (:class:`BranchesJoined`), so that the decider merges only the counted ones and
+    a replay or a resume settles the join the same way."""
+
+    def __init__(self, driver: Driver, policy: Any, tasks: Sequence[decider.Perform]) -> None:
+        self.driver = driver
+        policy = dict(policy or {})
+        self.type = str(policy.get("type") or "all")
+        self.timeout: float | None = policy.get("timeout")
+        running = {t.branch for t in tasks}
+        self.branches = set(driver.state.branches) | running
+        # Branches of the step that finished before (a resume): they count.
+        self.finished: set[str] = self.branches - running
+        count = policy.get("count")
+        if self.type == "any":
+            self.needed = 1
+        elif self.type == "count" and count is not None:
+            self.needed = int(count)
+        else:
+            self.needed = len(self.branches)
+        self.active = bool(policy) and (self.type != "all" or self.timeout is not None)
+        self.deadline: float | None = None
+        self.settled = False
+        self.cancelled: set[str] = set()
+
+    def start(self, now: float) -> None:
+        if self.active and self.timeout is not None and self.driver.options.effect_source is None:
+            # Measured from the step's start (a resume starts the wait again).
+            self.deadline = now + self.timeout
+
+    def holds(self) -> bool:
+        return len(self.finished) >= self.needed
+
+    def timeout_reason(self) -> str:
+        return f"join timeout ({self.timeout:g}s)"
+
+    def settle(self, cancelled: Sequence[str], reason: str) -> None:
+        """Record which branches counted and which were cancelled."""
+        self.settled = True
+        self.cancelled = set(cancelled)
+        self.driver._speculate(
+            (
+                BranchesJoined(
+                    step=self.driver.state.step,
+                    counted=sorted(self.finished),
+                    cancelled=sorted(self.cancelled),
+                    reason=reason,
+                ),
+            )
+        )
+        self.driver.flush()
+
+    def fail(self) -> None:
+        """The timeout passed before the policy held: the cancelled branches count as
+        failed, and so does the step (the first in node-id order names the error)."""
+        driver = self.driver
+        state = driver.state
+        failed: list[Event] = []
+        for bid in sorted(self.cancelled):
+            slot = state.branches.get(bid)
+            node_id = slot.node_id if slot is not None else bid
+            visit = slot.visit if slot is not None else 0
+            error = f"cancelled: {self.timeout_reason()}"
+            failed.append(NodeFailed(node_id=node_id, visit=visit, error=error, branch=bid))
+        names = ", ".join(sorted(self.cancelled)) or "none"
+        failed.append(
+            RunFailed(
+                error=f"super-step {state.step}: {len(self.finished)} of {self.needed} "
+                f"branches finished within the join timeout ({self.timeout:g}s); "
+                f"cancelled: {names}"
+            )
+        )
+        driver._speculate(tuple(failed))
+
+
 class _Slots:
     """A super-step's effects in flight, within their groups' caps.
 
@@ -1094,6 +1210,7 @@ class _Slots:
         self.in_group = dict.fromkeys(caps, 0)
         self.running: dict[Any, tuple[decider.Perform, CancelToken, _Context]] = {}
         self.timed_out = False
+        self.joined = False
         self._done: SimpleQueue[Any] = SimpleQueue()
         # Reentrant: an effect that is done as it starts runs its callback at once,
         # on the thread that is starting it.
@@ -1102,7 +1219,26 @@ class _Slots:
 
     def _stopping(self) -> bool:
         driver = self.driver
-        return self.timed_out or driver.interrupted is not None or driver.cancel.cancelled
+        return (
+            self.timed_out
+            or self.joined
+            or driver.interrupted is not None
+            or driver.cancel.cancelled
+        )
+
+    def cancel_rest(self, reason: str) -> list[str]:
+        """Stop the step where it is (its join holds, or timed out): queued effects
+        never start, running ones are cancelled (their process groups are killed,
+        their child runs cancelled). The branches stopped, in node-id order."""
+        with self._lock:
+            self.joined = True
+            stopped = [task.branch for queue in self.queues.values() for task in queue]
+            for queue in self.queues.values():
+                queue.clear()
+            for task, token, _ctx in self.running.values():
+                stopped.append(task.branch)
+                token.cancel(reason)
+        return sorted(set(stopped))
 
     def fill(self, group: str | None = None) -> None:
         """Start queued effects (of ``group``, or of every group) while their caps allow."""

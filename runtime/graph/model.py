@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 
-from graphrun.runtime.graph.routing import retry_rules, route_reads, route_rules
+from graphrun.runtime.graph.routing import join_rules, retry_rules, route_reads, route_rules
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -85,6 +85,25 @@ class Guard(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     on_fail: str | None = None
 
 
+class JoinPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``join:`` of a node whose ``next`` fans out: when the super-step it opens goes
+    on. ``all`` waits for every branch, ``any`` for the first, ``count`` for ``count``
+    of them; the branches still running then are cancelled. ``timeout``: seconds after
+    which the branches still running are cancelled and count as failed."""
+
+    type: str = "all"
+    count: int | None = None
+    timeout: float | None = None
+
+    def needed(self, branches: int) -> int:
+        """How many branches must finish before the step goes on."""
+        if self.type == "any":
+            return 1
+        if self.type == "count" and self.count is not None:
+            return self.count
+        return branches
+
+
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
     """Fields every node has."""
 
@@ -93,6 +112,8 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
     # One target, or a list: two or more entries fan out (they run together in the
     # next super-step); ``[]`` ends this branch without successors.
     next: str | list[str] | None = None
+    # How the super-step that a list ``next`` opens is joined (default: every branch).
+    join: JoinPolicy | None = None
     state_updates: dict[str, Any] = {}
 
     @property
@@ -136,7 +157,11 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
 
     def rules(self, node_id: str, check: Any) -> list[Any]:
         """The kind's own validation rules: ``Diagnostic``s made with ``check.diag``."""
-        return route_rules(self, node_id, check) + retry_rules(self, node_id, check)
+        return (
+            route_rules(self, node_id, check)
+            + retry_rules(self, node_id, check)
+            + join_rules(self, node_id, check)
+        )
 
 
 class AgentNode(NodeBase, tag="agent", kw_only=True):

@@ -206,6 +206,59 @@ def retry_rules(node: Any, node_id: str, check: Any) -> list[Any]:
     return out
 
 
+JOIN_TYPES = ("all", "any", "count")
+
+
+def join_rules(node: Any, node_id: str, check: Any) -> list[Any]:
+    """A join policy sits on a fan-out and its type, count and timeout make sense."""
+    policy = getattr(node, "join", None)
+    if policy is None:
+        return []
+    where = _child_path(node_id, "join")
+
+    def err(message: str, path: str) -> Any:
+        return check.diag("error", "join", f"node '{node_id}': {message}", path, node=node_id)
+
+    targets = node.next if isinstance(node.next, list) else []
+    if len(set(targets)) < 2:
+        return [err("join needs a fan-out: a `next` list of two or more nodes", where)]
+    if policy.type not in JOIN_TYPES:
+        return [
+            err(
+                f"join.type '{policy.type}' is not one of {', '.join(JOIN_TYPES)}",
+                _child(where, "type"),
+            )
+        ]
+    out = []
+    branches = len(set(targets))
+    nodes = check.graph.nodes
+    maps = sorted({t for t in targets if getattr(nodes.get(t), "type", "") == "map"})
+    if maps:
+        out.append(
+            err(
+                f"join cannot count a map branch ({', '.join(maps)}): a map's items are a "
+                "step of their own",
+                where,
+            )
+        )
+    if policy.type == "count":
+        if policy.count is None:
+            out.append(err("join.type count needs join.count", where))
+        elif not 1 <= policy.count <= branches:
+            out.append(
+                err(
+                    f"join.count must be between 1 and {branches} (the fan-out's branches), "
+                    f"not {policy.count}",
+                    _child(where, "count"),
+                )
+            )
+    elif policy.count is not None:
+        out.append(err("join.count is only for join.type count", _child(where, "count")))
+    if policy.timeout is not None and policy.timeout <= 0:
+        out.append(err("join.timeout must be more than 0 seconds", _child(where, "timeout")))
+    return out
+
+
 def pick_route(node: Any, state: Mapping[str, Any], default: Any) -> Any:
     """The first ``routes:`` entry whose ``when`` holds over ``state``, else
     ``default`` (``next``). Raises :class:`ExpressionError` when a condition fails."""

@@ -54,6 +54,8 @@ _NODE_COMMON: dict[str, str] = {
     "guard": "graphrun: `{input, output, on_fail}` conditions around the node's effect.",
     "cache": "graphrun: `{key, ttl}`; serve the recorded effect of an earlier run of this "
     "graph that made the same request.",
+    "join": "graphrun: on a fan-out (`next` list), `{type: all|any|count, count, timeout}`: "
+    "when the super-step goes on; the branches still running then are cancelled.",
     "fallback": "Where to route when the node fails (tolerant fail). Without it a "
     "failure continues to `next`, with the error in state as `_error`.",
     "timeout": "The node's wall-clock cap, in seconds.",
@@ -247,6 +249,16 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "output": "An expression over the state the node leaves, with `output` its result; "
         "false: the completion is dropped.",
         "on_fail": "Where a failed guard routes (`_error` says which); none: the run fails.",
+    },
+    "JoinPolicy": {
+        None: "graphrun: when a fan-out's super-step goes on; branches still running then "
+        "are cancelled (their processes and child runs too) and recorded as cancelled; "
+        "only the counted branches are merged, in node-id order.",
+        "type": "`all` (every branch, the default), `any` (the first to finish) or `count` "
+        "(the first `count` to finish).",
+        "count": "With `type: count`: how many branches must finish (1 to the number of branches).",
+        "timeout": "Seconds after which the branches still running are cancelled and count "
+        "as failed (the step fails unless the join already holds).",
     },
     "CachePolicy": {
         None: "graphrun: an earlier run's recorded effect for the same request is served "

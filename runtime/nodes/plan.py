@@ -11,6 +11,7 @@ node kind builds its decisions with.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +49,11 @@ class Perform:
 @dataclass(frozen=True)
 class PerformMany:
     """The effects of a super-step (or a map's items) still to perform; they run
-    concurrently, each under its branch id."""
+    concurrently, each under its branch id. ``join``: the super-step's join policy
+    (``{type, count, timeout}``; empty: every branch)."""
 
     tasks: tuple[Perform, ...]
+    join: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from graphrun.actors.messages import AgentTask, HumanTask, RagTask, ScriptTask
 from graphrun.eventstore import codec
 from graphrun.eventstore.events import (
     EFFECT_TYPES,
+    BranchesJoined,
     BranchesMerged,
     ChildRunStarted,
     Event,
@@ -430,7 +431,11 @@ def _comparable(events: list[Event]) -> list[Event]:
     after_timeout = False
 
     def close() -> None:
-        out.extend(sorted(group, key=lambda e: e.branch))
+        # What the branches a join cancelled had begun (a child run's start, say)
+        # depends on when they were stopped: a replay does not perform them.
+        cancelled = {b for e in group if isinstance(e, BranchesJoined) for b in e.cancelled}
+        kept = [e for e in group if not (isinstance(e, EFFECT_TYPES) and e.branch in cancelled)]
+        out.extend(sorted(kept, key=lambda e: e.branch))
         group.clear()
 
     for event in events[1:]:

@@ -25,6 +25,7 @@ from graphrun.eventstore.events import (
     EFFECT_TYPES,
     RESULT_TYPES,
     ApprovalSigned,
+    BranchesJoined,
     CacheChecked,
     ChildCancelled,
     Event,
@@ -101,11 +102,15 @@ class RecordedSource:
     # The effect events of each attempt of a visit that was tried again (``retry:``).
     attempts: dict[Slot, list[list[Event]]] = field(default_factory=dict)
     attempt_taken: dict[Slot, int] = field(default_factory=dict)
+    # The recorded join of each super-step that settled one (``join:``), by step.
+    joins: dict[int, BranchesJoined] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         comparable = 0
         stop: int | None = None
         for event in self.events[1:]:
+            if isinstance(event, BranchesJoined):
+                self.joins.setdefault(event.step, event)
             if isinstance(event, NodeRetrying):
                 slot = slot_of(event)
                 tried = self.attempts.setdefault(slot, [list(self.slots.get(slot, []))])
@@ -122,6 +127,11 @@ class RecordedSource:
             if not isinstance(event, IGNORED):
                 comparable += 1
         self.limit = 1 + (comparable if stop is None else stop)
+
+    def joined(self, step: int) -> BranchesJoined | None:
+        """How the recorded run settled super-step ``step``'s join (None: every
+        branch ran to its end)."""
+        return self.joins.get(step)
 
     def before_decide(self, state: RunState) -> None:
         """Called by the loop before each decision: stop where the log stops."""
