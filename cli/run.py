@@ -125,18 +125,19 @@ def _options(
     llm_replay: str | None,
     store: Any,
     quiet: bool = False,
-    recorded: dict[str, Any] | None = None,
+    continuing: str | None = None,
 ) -> Any:
-    """The run options of a command. ``recorded``: the configuration the run began
-    with, used where the command line does not say otherwise (so ``resume``,
-    ``approve`` and ``answer`` need no ``--loki-dir`` the run was started with)."""
+    """The run options of a command. ``continuing``: the run a command continues;
+    the configuration it began with is used where the command line does not say
+    otherwise (so ``resume``, ``approve``, ``answer`` and ``upgrade`` need no
+    ``--loki-dir`` the run was started with)."""
     from graphrun.actors.human.prompt import is_interactive
-    from graphrun.runtime.engine.driver import RunOptions
+    from graphrun.runtime.engine.driver import RunOptions, recorded_config
     from graphrun.runtime.graph.config import agents_dir as resolve_agents
     from graphrun.runtime.graph.config import config_dir as resolve_config
     from graphrun.runtime.narrate import Narrator, child_narrator
 
-    recorded = recorded or {}
+    recorded = recorded_config(store, continuing) if continuing else {}
     if config_dir is None and recorded.get("config_dir"):
         config_dir = recorded["config_dir"]
     if agents_dir is None and recorded.get("agents_dir"):
@@ -354,7 +355,7 @@ def resume_cmd(
     An effect whose result was recorded is never performed again.
     """
     from graphrun.eventstore.fold import fold
-    from graphrun.runtime.engine.driver import Driver, recorded_config
+    from graphrun.runtime.engine.driver import Driver
     from graphrun.runtime.errors import AnswerError
     from graphrun.runtime.narrate import configure_logging
 
@@ -380,7 +381,7 @@ def resume_cmd(
         llm_replay=llm_replay,
         store=store,
         quiet=as_json,
-        recorded=recorded_config(store, run_id),
+        continuing=run_id,
     )
     _check_continuation(store, run_id, options, resuming=True)
     outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
@@ -421,7 +422,7 @@ def _answer_and_resume(
 ) -> None:
     from graphrun.eventstore.events import ApprovalSigned
     from graphrun.runtime.engine.answers import submit_answer
-    from graphrun.runtime.engine.driver import Driver, recorded_config
+    from graphrun.runtime.engine.driver import Driver
     from graphrun.runtime.errors import UsageError
     from graphrun.runtime.narrate import configure_logging
 
@@ -498,7 +499,7 @@ def _answer_and_resume(
         llm_replay=None,
         store=store,
         quiet=as_json,
-        recorded=recorded_config(store, run_id),
+        continuing=run_id,
     )
     # This command answers one question: the run goes on to its end or to the
     # next wait, which is answered by another command, not prompted for here.
@@ -750,7 +751,7 @@ def fork_cmd(
     The new run records where it was forked from. Continue live, or with
     --answer for a different human decision.
     """
-    from graphrun.runtime.engine.driver import Driver, recorded_config
+    from graphrun.runtime.engine.driver import Driver
     from graphrun.runtime.narrate import configure_logging
     from graphrun.runtime.replay.fork import fork_run
 
@@ -766,7 +767,7 @@ def fork_cmd(
         llm_replay=llm_replay,
         store=store,
         quiet=as_json,
-        recorded=recorded_config(store, run_id),
+        continuing=run_id,
     )
     _check_continuation(store, run_id, options, resuming=False)
     new_id = fork_run(store, run_id, at_seq, by=as_user)

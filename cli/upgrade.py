@@ -194,7 +194,7 @@ def _continue(
     quiet: bool,
 ) -> Any:
     from graphrun.cli.run import _check_continuation, _drive, _options
-    from graphrun.runtime.engine.driver import Driver, recorded_config
+    from graphrun.runtime.engine.driver import Driver
 
     options = _options(
         answers=(),
@@ -204,7 +204,7 @@ def _continue(
         llm_replay=None,
         store=store,
         quiet=quiet,
-        recorded=recorded_config(store, run_id),
+        continuing=run_id,
     )
     _check_continuation(store, run_id, options, resuming=True)
     return _drive(Driver(store, run_id, options, resumed_by=as_user))

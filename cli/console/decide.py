@@ -224,7 +224,7 @@ def continue_run(
 
     def drive() -> None:
         from graphrun.cli.run import _drive, _options
-        from graphrun.runtime.engine.driver import Driver, recorded_config, resume_ancestors
+        from graphrun.runtime.engine.driver import Driver, resume_ancestors
 
         try:
             options = _options(
@@ -235,7 +235,7 @@ def continue_run(
                 llm_replay=None,
                 store=store,
                 quiet=True,
-                recorded=recorded_config(store, received.run_id),
+                continuing=received.run_id,
             )
             options.interactive = False
             options.signers = signers
