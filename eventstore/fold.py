@@ -25,6 +25,7 @@ from graphrun.eventstore.events import (
     HumanInputReceived,
     HumanInputRequested,
     LlmCalled,
+    LlmContinued,
     LlmResult,
     NodeCompleted,
     NodeEntered,
@@ -228,6 +229,7 @@ def apply(state: RunState, event: Event) -> RunState:
             ScriptFinished()
             | LlmCalled()
             | ToolCalled()
+            | LlmContinued()
             | LlmResult()
             | RetrievalDone()
             | NodeRetrying()
@@ -392,6 +394,7 @@ def _apply_branch(state: RunState, event: Event, base: dict[str, Any]) -> RunSta
             ScriptFinished()
             | LlmCalled()
             | ToolCalled()
+            | LlmContinued()
             | LlmResult()
             | RetrievalDone()
             | NodeRetrying()

@@ -33,7 +33,7 @@ def _effect_names() -> tuple[Any, Any]:
 
 def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
     """The rendered request of an llm node (schema hint placed as the spec says)."""
-    from graphrun.runtime.graph.builtins import node_tools
+    from graphrun.runtime.graph.builtins import node_skill_instructions, node_tools
 
     LlmTask, schema_hint = _effect_names()
     system = (
@@ -41,6 +41,9 @@ def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str,
         if node.instructions is not None
         else None
     )
+    skills_hint = node_skill_instructions(graph, node)  # Loki's inject_skill_instructions
+    if skills_hint is not None:
+        system = f"{system.rstrip()}\n\n{skills_hint}" if system else skills_hint
     prompt = render(node.prompt, s, strict=True, field=f"{node_id}.prompt")
     if node.output_schema is not None:
         hint = schema_hint(node.output_schema)
@@ -213,7 +216,9 @@ class LlmActor:
                 task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools)
             )
         own = self.toolbox(tuple(name for name in task.tools if not is_builtin(name)))
-        box = BuiltinToolbox(own, builtins, ports=self.ports, ctx=ctx, node_id=task.node_id)
+        box = BuiltinToolbox(
+            own, builtins, ports=self.ports, ctx=ctx, node_id=task.node_id, clients=self.clients
+        )
         try:
             return perform_llm(task, ctx, client_factory=self.clients, toolbox=box)
         finally:
