@@ -410,7 +410,7 @@ class Supervisor:
             if summary is not None:
                 answer["output"] = summary
             else:
-                answer["summary_error"] = problem
+                answer["summary_error"] = problem or "no summary"
         return answer
 
     def _ended(self, child: _Child) -> tuple[str, str | None, str | None]:
