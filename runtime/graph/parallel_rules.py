@@ -318,8 +318,6 @@ def map_contract(c: Check) -> list[Diagnostic]:
 
 #: Loki fields graphrun accepts but does not act on (warned once each).
 _NOT_IMPLEMENTED = {
-    "inject_skill_instructions": "skills",
-    "skill_instructions": "skills",
     "extractor_model": "graph-based RAG",
     "extractor_prompt": "graph-based RAG",
     "graph_hops": "graph-based RAG",

@@ -95,8 +95,9 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "skills_enabled": "Loki's skills switch: llm nodes are offered skill__list, "
         "skill__load and skill__unload.",
         "enabled_skills": "Loki's skill allow-list: the skills skill__load may load.",
-        "inject_skill_instructions": "Loki's skill hint switch (accepted; not implemented).",
-        "skill_instructions": "Loki's skill hint text (accepted; not implemented).",
+        "inject_skill_instructions": "Loki's skill hint switch (default true): llm nodes "
+        "with skills get a paragraph on skill__* appended to their instructions.",
+        "skill_instructions": "Loki's skill hint text: replaces the default paragraph.",
     },
     "Settings": {
         None: "Run-wide limits and switches.",
@@ -197,8 +198,10 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "skills_enabled": "Loki's skills: offers the node skill__list, skill__load, "
         "skill__unload (default: the graph's).",
         "enabled_skills": "Loki's skills: the skills skill__load may load (default: the graph's).",
-        "inject_skill_instructions": "Loki's skills (accepted; not implemented).",
-        "skill_instructions": "Loki's skills (accepted; not implemented).",
+        "inject_skill_instructions": "Loki's skills: append the skills paragraph to the "
+        "instructions (default: the graph's, else true).",
+        "skill_instructions": "Loki's skills: the paragraph appended (default: the graph's, "
+        "else Loki's own).",
     },
     "RagNode": {
         None: "Hybrid (vector + keyword) retrieval over the node's knowledge base; the "

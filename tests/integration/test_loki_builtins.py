@@ -265,6 +265,12 @@ def test_todos_and_skills(graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path) -
     assert res.code == 0, res.stderr
     first = fake_llm.requests[0].body
     assert "todo__init" in first["messages"][0]["content"]  # inject_todo_instructions
+    # A skill is installed: Loki's skills paragraph is appended (inject_skill_instructions).
+    assert first["messages"][0]["content"].endswith(
+        "## Skills\nSkills (documents with instructions for particular kinds of work) may be\n"
+        "available. Call `skill__list` early to see which fit the task, `skill__load` the\n"
+        "ones that do, and `skill__unload` them when their part of the work is done."
+    )
     results = _tool_results(fake_llm.requests[2])
     assert results[4] == {
         "skills": [{"name": "checklist", "description": "A review checklist", "loaded": False}]
@@ -422,6 +428,7 @@ def test_a_graph_node_with_skills_enabled_loads_its_skills(
                 type: llm
                 prompt: "{{initial_prompt}}"
                 enabled_skills: [checklist]
+                skill_instructions: "SKILLS: load checklist first."
                 state_updates: {answer: "{{output}}"}
                 next: done
               done: {type: end, output: "{{answer}}"}
@@ -440,6 +447,8 @@ def test_a_graph_node_with_skills_enabled_loads_its_skills(
     assert res.code == 0, res.stderr
     offered = [t["function"]["name"] for t in fake_llm.requests[0].body["tools"]]
     assert offered == ["skill__list", "skill__load", "skill__unload"]
+    # The node has no instructions: its skill_instructions are its system prompt.
+    assert _system(fake_llm.requests[0]) == "SKILLS: load checklist first."
     loaded, refused = _tool_results(fake_llm.requests[1])
     assert loaded["instructions"] == "CHECK EVERY EDGE CASE."
     assert refused == {"error": "Skill 'secret' is not enabled in this context"}
