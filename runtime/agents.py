@@ -394,7 +394,7 @@ def loop_agent_graph(
         if not offline or node is None:
             raise
         tools = [name for name in node.tools if not _is_builtin(name)]
-    settings = _builtin_settings(config, config_dir)
+    settings = _builtin_settings(config, config_dir, recorded if offline else None)
     tools += settings.names(ask="user__ask" in template)
     instructions += settings.injected(
         skills_installed=_skills_installed(settings, config_dir, recorded if offline else None)
@@ -455,11 +455,16 @@ def _is_builtin(name: str) -> bool:
     return is_builtin(name)
 
 
-def _builtin_settings(config: dict[str, Any], config_dir: Path | None) -> Any:
+def _builtin_settings(config: dict[str, Any], config_dir: Path | None, recorded: Any) -> Any:
     """Loki's built-in functions for this agent: its own settings, with skills off when
-    the configuration directory's ``config.yaml`` turns them off for everyone."""
+    the configuration directory's ``config.yaml`` turns them off for everyone (replayed
+    without it: when the recorded agent was offered none)."""
     settings = settings_from_config(config)
-    if settings.skills_enabled and config_dir is not None:
+    if settings.skills_enabled and recorded is not None:
+        node = recorded.nodes.get("agent")
+        if "skill__list" not in (getattr(node, "tools", None) or ()):
+            settings = dataclasses.replace(settings, skills_enabled=False)
+    elif settings.skills_enabled and config_dir is not None:
         path = Path(config_dir) / "config.yaml"
         try:
             app = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
@@ -480,7 +485,7 @@ def _skills_installed(settings: Any, config_dir: Path | None, recorded: Any) -> 
         node = recorded.nodes.get("agent")
         system = getattr(node, "instructions", None) or ""
         return (settings.skill_instructions or SKILL_INSTRUCTIONS) in system
-    from graphrun.runtime.nodes.builtins.skills import available
+    from graphrun.runtime.graph.skills import available
 
     chosen = settings.enabled_skills
     return any(chosen is None or name in chosen for name in available(config_dir))

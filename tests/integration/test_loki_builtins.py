@@ -747,3 +747,40 @@ def test_a_long_child_output_is_summarised_on_collect(
     assert long.strip() in summary[0]["request"]["messages"][-1]["content"]
     (finished,) = [e for e in events if e["type"] == "ChildRunFinished"]
     assert finished["output"].strip() == long.strip()  # the full output stays in the log
+
+
+def test_cancelling_a_spawned_agent_that_waits_for_a_reply_ends_its_run(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    _agent(cfg, "chief", "can_spawn_agents: true\ninstructions: CHIEF delegates.\n")
+
+    def answer(request: RecordedRequest) -> Reply:
+        results = _tool_results(request)
+        if "ASKER" in _system(request):
+            return tool_calls(("user__input", {"question": "Your name?"}))
+        if not results:
+            return tool_calls(("agent__spawn", {"agent": "asker", "prompt": "ask"}))
+        last = results[-1]
+        if "agents" in last or len(results) == 1:  # look again (a repeated call is refused)
+            return tool_calls(("agent__check", {"id": results[0]["id"]}))
+        if last.get("status") == "pending" and not last.get("pending_escalations"):
+            return dataclasses.replace(tool_calls(("agent__list_running", {})), delay=0.2)
+        if last.get("pending_escalations"):
+            return tool_calls(("agent__cancel", {"id": results[0]["id"]}))
+        return text(f"chief: {results[-1]['message']}")
+
+    fake_llm.default = answer
+    res = graphrun("run", "chief", "go", **_env(fake_llm, cfg))
+    assert res.code == 0, res.stderr
+    assert res.stdout.strip() == "chief: Cancelled agent 'asker'."
+    checked = next(
+        r for req in fake_llm.requests for r in _tool_results(req) if r.get("pending_escalations")
+    )
+    assert checked["status"] == "pending"
+    assert checked["pending_escalations"][0]["question"] == "[input] Your name?"
+    child = next(
+        e["child_run_id"]
+        for e in _events(graphrun, _root(graphrun))
+        if e["type"] == "ChildRunStarted"
+    )
+    assert _events(graphrun, child)[-1]["type"] == "RunCancelled"

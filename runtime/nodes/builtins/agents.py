@@ -427,21 +427,14 @@ class Supervisor:
 
     def _cancel(self, child: _Child) -> dict[str, Any]:
         reason = f"cancelled by agent__cancel in node '{self.node_id}'"
+        asking = self._asking(child) is not None
         child.token.cancel(reason)
-        if child.thread is None and not child.finished(self.ports.store):
+        if asking or (child.thread is None and not child.finished(self.ports.store)):
             # Started by a visit before a crash: driven once more, its token already
             # cancelled, so the child's own log records the cancellation.
             self._start(child, "")
         if child.thread is not None:
             child.thread.join(5.0)
-        if self._asking(child) is not None:
-            # Waiting for this model's reply: nothing drives it, so it is ended here.
-            from graphrun.runtime.engine.lifecycle import cancel_run
-
-            try:
-                cancel_run(self.ports.store, child.run_id, reason=reason)
-            except GraphrunError:
-                pass  # ended meanwhile: its log says how
         self.ctx.record(
             ChildRunFinished(
                 node_id=self.node_id,
@@ -529,19 +522,8 @@ class Supervisor:
             if answered is None:
                 if self._asking(child) is None:
                     break
-                from graphrun.runtime.engine.answers import submit_answer
-
                 try:
-                    submit_answer(
-                        store,
-                        child.run_id,
-                        reply,
-                        kind=request.kind,
-                        as_user=f"agent:{self.ports.graph.name}",
-                        node=request.node_id,
-                        channel="agent",
-                        other=request.kind == "approval" and reply not in request.options,
-                    )
+                    self._answer(child, request, reply)
                 except GraphrunError as exc:
                     return {"status": "error", "message": f"the reply was refused: {exc}"}
             if child.thread is None or not child.thread.is_alive():
@@ -556,6 +538,19 @@ class Supervisor:
             "message": f"No pending escalation found with id '{wanted}'. It may have already "
             "been replied to.",
         }
+
+    def _answer(self, child: _Child, request: HumanInputRequested, reply: str) -> None:
+        """Record this model's ``reply`` in the child's log, as the answer to the
+        ``user__*`` question it waits on (an llm node's: no approvers, no signatures)."""
+        from graphrun.actors.human.prompt import identity
+
+        store = self.ports.store
+        event = identity(f"agent:{self.ports.graph.name}").answered(request, reply, "agent")
+        with store.leased(child.run_id):
+            waiting = fold(store.read(child.run_id)).waiting
+            if waiting is None or waiting.seq != request.seq:
+                raise GraphrunError(f"run {child.run_id} no longer waits for this question")
+            store.append(child.run_id, [event], sync=True)
 
     # --- the guardrail: agents still running when the model ends its turn ------
 
