@@ -776,7 +776,11 @@ def test_cancelling_a_spawned_agent_that_waits_for_a_reply_ends_its_run(
     checked = next(
         r for req in fake_llm.requests for r in _tool_results(req) if r.get("pending_escalations")
     )
-    assert checked["status"] == "pending"
+    # agent__check says so, and so does the next tool result after the question came.
+    assert (
+        checked.get("status") == "pending"
+        or "agent__reply_escalation" in (checked["escalation_instruction"])
+    )
     assert checked["pending_escalations"][0]["question"] == "[input] Your name?"
     child = next(
         e["child_run_id"]
