@@ -788,3 +788,62 @@ def test_cancelling_a_spawned_agent_that_waits_for_a_reply_ends_its_run(
         if e["type"] == "ChildRunStarted"
     )
     assert _events(graphrun, child)[-1]["type"] == "RunCancelled"
+
+
+def _escalating(slow_after_reply: float = 0.0) -> Any:
+    """chief spawns asker, whose question it answers; asker's answer after the reply
+    can be slow (to kill the run meanwhile)."""
+
+    def answer(request: RecordedRequest) -> Reply:
+        results = _tool_results(request)
+        if "ASKER" in _system(request):
+            if not results:
+                return tool_calls(("user__input", {"question": "Your name?"}))
+            return text(f"asker heard {results[-1]['answer']}", delay=slow_after_reply)
+        if not results:
+            return tool_calls(("agent__spawn", {"agent": "asker", "prompt": "ask"}))
+        spawned, last = results[0], results[-1]
+        if last.get("pending_escalations"):
+            escalation = last["pending_escalations"][0]["escalation_id"]
+            return tool_calls(
+                ("agent__reply_escalation", {"escalation_id": escalation, "reply": "Ada"})
+            )
+        if last is spawned or last.get("original_question"):
+            return tool_calls(("agent__collect", {"id": spawned["id"]}))
+        return text("chief: " + last["output"])
+
+    return answer
+
+
+def test_kill_9_after_a_reply_resumes_the_child_with_it(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    _agent(cfg, "chief", "can_spawn_agents: true\ninstructions: CHIEF delegates.\n")
+    fake_llm.default = _escalating(slow_after_reply=30.0)
+    env = _env(fake_llm, cfg)
+    proc = graphrun.popen("run", "chief", "go", **env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if sum("ASKER" in _system(r) for r in fake_llm.requests) >= 2:
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        proc.communicate(timeout=10)
+        pytest.fail("the child never got the reply")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+
+    fake_llm.default = _escalating()
+    fake_llm.requests.clear()
+    resumed = graphrun("resume", _root(graphrun), **env)
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.stdout.strip() == "chief: asker heard Ada"
+    # The child asks nothing again: only its answer after the reply is requested again.
+    asker = [r for r in fake_llm.requests if "ASKER" in _system(r)]
+    assert len(asker) == 1 and _tool_results(asker[0]) == [{"answer": "Ada"}]
+    root = _events(graphrun, _root(graphrun))
+    child = next(e["child_run_id"] for e in root if e["type"] == "ChildRunStarted")
+    types = [e["type"] for e in _events(graphrun, child)]
+    assert types.count("HumanInputRequested") == 1 and types.count("HumanInputReceived") == 1
+    assert [e["type"] for e in root].count("ChildRunStarted") == 1
