@@ -506,6 +506,12 @@ def test_auto_continue_prompts_again_while_todos_are_open(
     assert continued[0]["prompt"] == prompt
     replay = graphrun("replay", _root(graphrun))
     assert replay.code == 0, replay.stderr
+    listed = graphrun("events", _root(graphrun))
+    assert "LlmContinued" in listed.stdout and "todos #2" in listed.stdout
+    report = cfg.parent / "report.html"
+    made = graphrun("report", _root(graphrun), "-o", str(report))
+    assert made.code == 0, made.stderr
+    assert "prompted again (todos, 2)" in report.read_text()
 
 
 def test_kill_9_during_an_auto_continue_resumes_it_from_the_log(
