@@ -12,6 +12,10 @@ module performs the calls and records each as it happens:
    More than ``max_iterations`` turns fails the node. A call identical (name and
    arguments) to one of the previous turn is not run again: the model gets an
    error result saying so, and the turn still counts towards ``max_iterations``.
+   When the model ends its turn, a toolbox with a ``continuation`` (Loki's
+   built-ins: open todos, spawned agents still running) may prompt it again; that
+   is recorded as ``LlmContinued`` before the next turn, and a resumed visit
+   takes it from the log.
 3. With an ``output_schema``, a reply that is not valid JSON for the schema goes
    to the structured-output extractor (purpose ``"extract"``), with one repair
    retry (purpose ``"repair"``) if the extractor's answer is unusable too.
@@ -441,7 +445,8 @@ class _LlmRun:
             if not response.tool_calls:
                 again = self._continuation(iteration, response.text)
                 if again is None:
-                    if said:  # every turn's text, as Loki accumulates an agent's output
+                    if said and task.output_schema is None:
+                        # Every turn's text, as Loki accumulates an agent's output.
                         joined = "\n".join([*said, response.text] if response.text else said)
                         return replace(response, text=joined)
                     return response
