@@ -853,3 +853,34 @@ def test_kill_9_after_a_reply_resumes_the_child_with_it(
     types = [e["type"] for e in _events(graphrun, child)]
     assert types.count("HumanInputRequested") == 1 and types.count("HumanInputReceived") == 1
     assert [e["type"] for e in root].count("ChildRunStarted") == 1
+
+
+def test_the_guardrail_cancels_agents_after_three_reminders(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    def answer(request: RecordedRequest) -> Reply:
+        if "SLOW" in _system(request):
+            return text("slow finished", delay=20.0)
+        if not _tool_results(request):
+            return tool_calls(("agent__spawn", {"agent": "slow", "prompt": "think"}))
+        reminders = sum(1 for u in _user_messages(request) if u.startswith("[guardrail]"))
+        return text(f"done waiting {reminders}")
+
+    fake_llm.default = answer
+    started = time.monotonic()
+    res = graphrun("run", "boss", "do it", **_env(fake_llm, cfg))
+    assert res.code == 0, res.stderr
+    assert time.monotonic() - started < 15  # the slow agent was not waited for
+    assert res.stdout.strip().splitlines() == [f"done waiting {n}" for n in range(4)]
+    assert "cancelled agent_slow_" in res.stderr
+    events = _events(graphrun, _root(graphrun))
+    guards = [e for e in events if e["type"] == "LlmContinued"]
+    assert [(e["reason"], e.get("count", 1)) for e in guards] == [
+        ("pending_agents", 1),
+        ("pending_agents", 2),
+        ("pending_agents", 3),
+    ]
+    (finished,) = [e for e in events if e["type"] == "ChildRunFinished"]
+    assert finished["status"] == "cancelled"
+    child = _events(graphrun, finished["child_run_id"])
+    assert child[-1]["type"] in ("RunCancelled", "RunInterrupted")
