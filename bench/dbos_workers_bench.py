@@ -18,15 +18,16 @@ run of this benchmark:
 
 Matched on both sides: C runs at once per process, the same poll interval
 (``graphrun worker --poll``, the queue's ``polling_interval_sec``), fresh worker
-processes per measurement warmed up by a first batch, the batch timed from the
-first submit to the last run done (submitting included: one thread, in this
-process, for both), and durability: every commit flushed to disk before it
-returns (graphrun ``GRAPHRUN_DURABILITY=full``, PostgreSQL's
-``synchronous_commit=on``; DBOS sets nothing, so its commits are flushed too).
-graphrun at its default durability (``normal``: ``synchronous_commit=off``
-except for the commit that ends a run) is measured beside it and printed, not
-judged. Each side's own schema; every run's five steps are checked in the
-database afterwards.
+processes per measurement warmed up by a first batch, and durability: every
+commit flushed to disk before it returns (graphrun ``GRAPHRUN_DURABILITY=full``,
+PostgreSQL's ``synchronous_commit=on``; DBOS sets nothing, so its commits are
+flushed too). graphrun at its default durability (``normal``:
+``synchronous_commit=off`` except for the commit that ends a run) is measured
+beside it and printed, not judged. The timed batch is queued (by one thread of
+this process) while the workers are stopped with SIGSTOP, and timed from their
+SIGCONT to its last run done: what is timed is the workers draining a full
+queue (the time queueing took is printed). Each side has its own schema; every
+run's five steps are checked in the database afterwards.
 
 Target: graphrun's runs/s >= 2x DBOS's with the same number of worker
 processes (the best of interleaved rounds). CPU seconds per run of the worker
