@@ -357,7 +357,7 @@ def dbos_batch(server: Any, tmp: Path, llm_url: str, workers: int, runs: int) ->
         try:
             result = batch.measure(submit, done)
             total = runs + int(result["warm"])
-            states = dict(
+            states: dict[str, int] = dict(
                 conn.execute(
                     f"SELECT status, count(*) FROM {schema}.workflow_status GROUP BY status"
                 ).fetchall()
