@@ -31,8 +31,10 @@ run's five steps are checked in the database afterwards.
 
 Target: graphrun's runs/s >= 2x DBOS's with the same number of worker
 processes (the best of interleaved rounds). CPU seconds per run of the worker
-processes and of PostgreSQL's backends are printed too: on a shared machine
-they move less than the wall clock. SQLite is not measured: ``graphrun worker``
+processes and of PostgreSQL's processes are printed too (on a shared machine
+they move less than the wall clock), and, from a batch of one-step runs through
+one worker, how each side's CPU splits into a cost per run and a cost per step.
+SQLite is not measured: ``graphrun worker``
 needs a PostgreSQL database (an SQLite file cannot be shared by workers on
 several machines), said as a SKIP line.
 
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,21 +70,25 @@ POLL = 0.02
 KEY = "sk-bench-5f3a9c"
 MODEL = "gpt-bench"
 
-GRAPH = (
-    "name: five\n"
-    'version: "1.0"\n'
-    f"model: openai:{MODEL}\n"
-    "start: n0\n"
-    "settings:\n"
-    "  validate_before_run: false\n"
-    "nodes:\n"
-    + "".join(
-        f'  n{i}:\n    type: llm\n    prompt: "step {i} {{{{initial_prompt}}}}"\n'
-        f"    next: {f'n{i + 1}' if i + 1 < STEPS else 'done'}\n"
-        for i in range(STEPS)
+
+def chain_graph(steps: int) -> str:
+    """A graph of ``steps`` llm nodes in a row, then an end node."""
+    return (
+        f"name: chain{steps}\n"
+        'version: "1.0"\n'
+        f"model: openai:{MODEL}\n"
+        "start: n0\n"
+        "settings:\n"
+        "  validate_before_run: false\n"
+        "nodes:\n"
+        + "".join(
+            f'  n{i}:\n    type: llm\n    prompt: "step {i} {{{{initial_prompt}}}}"\n'
+            f"    next: {f'n{i + 1}' if i + 1 < steps else 'done'}\n"
+            for i in range(steps)
+        )
+        + '  done:\n    type: end\n    output: "ok"\n'
     )
-    + '  done:\n    type: end\n    output: "ok"\n'
-)
+
 
 _DBOS_WORKER = """
 import sys
@@ -236,7 +243,13 @@ def _wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def graphrun_batch(
-    server: Any, tmp: Path, llm_url: str, workers: int, runs: int, durability: str
+    server: Any,
+    tmp: Path,
+    llm_url: str,
+    workers: int,
+    runs: int,
+    durability: str,
+    steps: int = STEPS,
 ) -> dict[str, float]:
     """``workers`` ``graphrun worker`` processes at ``durability`` on a fresh schema."""
     from graphrun.eventstore.postgres import PostgresStore
@@ -263,7 +276,11 @@ def graphrun_batch(
                 )
         # Each worker says one line once it is ready to claim.
         _wait_for(lambda: all(b"slot(s)" in log.read_bytes() for log in logs), 60, "workers")
-        loaded = load_agent(tmp / "five", config_dir=None)
+        agent = tmp / f"chain{steps}"
+        if not agent.exists():
+            agent.mkdir()
+            (agent / "graph.yaml").write_text(chain_graph(steps), encoding="utf-8")
+        loaded = load_agent(agent, config_dir=None)
         submitted = [0]
 
         def submit(count: int) -> None:
@@ -280,26 +297,28 @@ def graphrun_batch(
                 submitted[0] += 1
 
         result = batch.measure(submit, lambda: store.queue_counts().get("done", 0))
-        _check_graphrun(store, runs + int(result["warm"]))
+        _check_graphrun(store, runs + int(result["warm"]), steps)
         return result
     finally:
         batch.close(lambda proc: proc.send_signal(signal.SIGTERM))
         store.close()
 
 
-def _check_graphrun(store: Any, total: int) -> None:
-    """Every run completed, each with its five calls answered and recorded."""
+def _check_graphrun(store: Any, total: int, steps: int) -> None:
+    """Every run completed, each with its calls answered and recorded."""
     listed = store.runs(limit=total * 2)
     bad = [r.run_id for r in listed if r.status != "completed"]
     if len(listed) != total or bad:
         raise RuntimeError(f"graphrun: {len(listed)} runs of {total}, not completed: {bad[:3]}")
     for run in listed[:: max(1, total // 10)]:
         calls = [e for e in store.read(run.run_id) if type(e).__name__ == "LlmCalled"]
-        if len(calls) != STEPS:
+        if len(calls) != steps:
             raise RuntimeError(f"graphrun: run {run.run_id} recorded {len(calls)} calls")
 
 
-def dbos_batch(server: Any, tmp: Path, llm_url: str, workers: int, runs: int) -> dict[str, float]:
+def dbos_batch(
+    server: Any, tmp: Path, llm_url: str, workers: int, runs: int, steps: int = STEPS
+) -> dict[str, float]:
     """``workers`` DBOS processes on the queue, in a fresh system schema."""
     import uuid
 
@@ -326,7 +345,7 @@ def dbos_batch(server: Any, tmp: Path, llm_url: str, workers: int, runs: int) ->
                         f"bench-{i}",
                         str(CONCURRENCY),
                         str(POLL),
-                        str(STEPS),
+                        str(steps),
                     ],
                     cwd=tmp,
                     stdin=subprocess.PIPE,
@@ -362,9 +381,9 @@ def dbos_batch(server: Any, tmp: Path, llm_url: str, workers: int, runs: int) ->
                     f"SELECT status, count(*) FROM {schema}.workflow_status GROUP BY status"
                 ).fetchall()
             )
-            steps = conn.execute(f"SELECT count(*) FROM {schema}.operation_outputs").fetchone()
-            if states != {"SUCCESS": total} or steps is None or steps[0] != total * STEPS:
-                raise RuntimeError(f"DBOS: workflows {states}, steps {steps} for {total} runs")
+            done_steps = conn.execute(f"SELECT count(*) FROM {schema}.operation_outputs").fetchone()
+            if states != {"SUCCESS": total} or not done_steps or done_steps[0] != total * steps:
+                raise RuntimeError(f"DBOS: workflows {states}, steps {done_steps} for {total} runs")
         finally:
             conn.close()
         return result
@@ -377,6 +396,29 @@ def dbos_batch(server: Any, tmp: Path, llm_url: str, workers: int, runs: int) ->
         batch.close(stop)
         if client is not None:
             client.destroy()
+
+
+def _cpu(result: dict[str, float]) -> float:
+    """CPU seconds per run, the workers' and PostgreSQL's."""
+    return result["worker_cpu"] + result["db_cpu"]
+
+
+def split(
+    report: Report, server: Any, tmp: Path, llm_url: str, runs: int, cpu: dict[str, float]
+) -> None:
+    """Where a run's CPU goes: one-step runs through one worker, against the
+    ``STEPS``-step ones, give each side's cost per run and per step."""
+    one = {
+        "full": _cpu(graphrun_batch(server, tmp, llm_url, 1, runs, "full", steps=1)),
+        "dbos": _cpu(dbos_batch(server, tmp, llm_url, 1, runs, steps=1)),
+    }
+    for key, label in (("full", "graphrun full"), ("dbos", "DBOS")):
+        per_step = (cpu[key] - one[key]) / (STEPS - 1)
+        report.note(
+            f"{label}: CPU (workers + PostgreSQL) {one[key] * 1000:.1f} ms per one-step run, "
+            f"{cpu[key] * 1000:.1f} ms per {STEPS}-step run: {(one[key] - per_step) * 1000:.1f} "
+            f"ms per run + {per_step * 1000:.2f} ms per step"
+        )
 
 
 def server_pid(server: Any) -> int:
@@ -427,8 +469,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         with tempfile.TemporaryDirectory(prefix="graphrun-dbosw-") as name:
             tmp = Path(name)
-            (tmp / "five").mkdir()
-            (tmp / "five" / "graph.yaml").write_text(GRAPH, encoding="utf-8")
             for workers in (1, 2):
                 results: dict[str, list[dict[str, float]]] = {"full": [], "normal": [], "dbos": []}
                 for _ in range(rounds):
@@ -454,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{r['worker_cpu'] * 1000:.1f} ms, PostgreSQL {r['db_cpu'] * 1000:.1f} ms"
                     )
                 ratio = best["full"]["runs_s"] / best["dbos"]["runs_s"]
+                cpu = {k: statistics.median(_cpu(r) for r in v) for k, v in results.items()}
                 report.add(
                     Check(
                         f"PostgreSQL, {workers} worker process(es): graphrun vs DBOS runs/s, "
@@ -463,9 +504,14 @@ def main(argv: list[str] | None = None) -> int:
                         RUNS_TARGET,
                         detail=f"graphrun {best['full']['runs_s']:.1f} runs/s, DBOS "
                         f"{best['dbos']['runs_s']:.1f} runs/s; graphrun normal "
-                        f"{best['normal']['runs_s'] / best['dbos']['runs_s']:.2f}x DBOS",
+                        f"{best['normal']['runs_s'] / best['dbos']['runs_s']:.2f}x DBOS; "
+                        f"CPU per run (workers + PostgreSQL, median): graphrun "
+                        f"{cpu['full'] * 1000:.1f} ms, DBOS {cpu['dbos'] * 1000:.1f} ms "
+                        f"({cpu['dbos'] / cpu['full']:.2f}x)",
                     )
                 )
+                if workers == 1:
+                    split(report, server, tmp, llm_url, runs, cpu)
     finally:
         assert llm.stdin is not None
         llm.stdin.close()
