@@ -39,7 +39,8 @@ needs a PostgreSQL database (an SQLite file cannot be shared by workers on
 several machines), said as a SKIP line.
 
 DBOS is optional (``pip install -e '.[bench]'``); without it the comparison is
-skipped, loudly. Usage: ``python bench/dbos_workers_bench.py [--quick | --smoke] [--json]``.
+skipped, loudly. Usage:
+``python bench/dbos_workers_bench.py [--quick | --smoke] [--json] [--concurrency C]``.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from bench.common import Check, Report, graphrun_cmd, isolated_env, mode_of, par
 
 RUNS_TARGET = 2.0
 STEPS = 5
-#: Runs driven at once by each worker process (both sides).
+#: Runs driven at once by each worker process (both sides), unless ``--concurrency``.
 CONCURRENCY = 4
 #: Seconds between looks at the queue (both sides).
 POLL = 0.02
@@ -174,10 +175,13 @@ class CpuMeter:
 class Batch:
     """One measurement: ``workers`` fresh processes, a warm-up batch, a timed batch."""
 
-    def __init__(self, name: str, workers: int, runs: int, postmaster: int) -> None:
+    def __init__(
+        self, name: str, workers: int, runs: int, postmaster: int, concurrency: int
+    ) -> None:
         self.name = name
         self.workers = workers
         self.runs = runs
+        self.concurrency = concurrency
         self.postmaster = postmaster
         self.procs: list[subprocess.Popen[Any]] = []
 
@@ -188,7 +192,7 @@ class Batch:
         they go on (SIGCONT) and the clock runs until the last run is done: what
         is timed is the workers draining a queue, not the one thread submitting.
         """
-        warm = 2 * self.workers * CONCURRENCY
+        warm = 2 * self.workers * self.concurrency
 
         def wait_done(count: int) -> None:
             while done() < count:
@@ -250,6 +254,7 @@ def graphrun_batch(
     runs: int,
     durability: str,
     steps: int = STEPS,
+    concurrency: int = CONCURRENCY,
 ) -> dict[str, float]:
     """``workers`` ``graphrun worker`` processes at ``durability`` on a fresh schema."""
     from graphrun.eventstore.postgres import PostgresStore
@@ -265,8 +270,8 @@ def graphrun_batch(
         OPENAI_API_KEY=KEY,
     )
     logs = [tmp / f"worker-{time.monotonic_ns()}-{i}.log" for i in range(workers)]
-    cmd = [*graphrun_cmd(), "worker", "-c", str(CONCURRENCY), "--poll", str(POLL)]
-    batch = Batch(f"graphrun {durability}", workers, runs, server_pid(server))
+    cmd = [*graphrun_cmd(), "worker", "-c", str(concurrency), "--poll", str(POLL)]
+    batch = Batch(f"graphrun {durability}", workers, runs, server_pid(server), concurrency)
     store = PostgresStore(url, durability=durability, max_connections=2)
     try:
         for log in logs:
@@ -317,7 +322,13 @@ def _check_graphrun(store: Any, total: int, steps: int) -> None:
 
 
 def dbos_batch(
-    server: Any, tmp: Path, llm_url: str, workers: int, runs: int, steps: int = STEPS
+    server: Any,
+    tmp: Path,
+    llm_url: str,
+    workers: int,
+    runs: int,
+    steps: int = STEPS,
+    concurrency: int = CONCURRENCY,
 ) -> dict[str, float]:
     """``workers`` DBOS processes on the queue, in a fresh system schema."""
     import uuid
@@ -327,7 +338,7 @@ def dbos_batch(
 
     schema = "dbos_" + uuid.uuid4().hex[:10]
     url = server.url("dbos_bench").replace("postgresql://", "postgresql+psycopg://", 1)
-    batch = Batch("DBOS", workers, runs, server_pid(server))
+    batch = Batch("DBOS", workers, runs, server_pid(server), concurrency)
     client: Any = None
     try:
         for i in range(workers):
@@ -343,7 +354,7 @@ def dbos_batch(
                         KEY,
                         MODEL,
                         f"bench-{i}",
-                        str(CONCURRENCY),
+                        str(concurrency),
                         str(POLL),
                         str(steps),
                     ],
@@ -404,13 +415,21 @@ def _cpu(result: dict[str, float]) -> float:
 
 
 def split(
-    report: Report, server: Any, tmp: Path, llm_url: str, runs: int, cpu: dict[str, float]
+    report: Report,
+    server: Any,
+    tmp: Path,
+    llm_url: str,
+    runs: int,
+    cpu: dict[str, float],
+    concurrency: int,
 ) -> None:
     """Where a run's CPU goes: one-step runs through one worker, against the
     ``STEPS``-step ones, give each side's cost per run and per step."""
     one = {
-        "full": _cpu(graphrun_batch(server, tmp, llm_url, 1, runs, "full", steps=1)),
-        "dbos": _cpu(dbos_batch(server, tmp, llm_url, 1, runs, steps=1)),
+        "full": _cpu(
+            graphrun_batch(server, tmp, llm_url, 1, runs, "full", 1, concurrency=concurrency)
+        ),
+        "dbos": _cpu(dbos_batch(server, tmp, llm_url, 1, runs, 1, concurrency=concurrency)),
     }
     for key, label in (("full", "graphrun full"), ("dbos", "DBOS")):
         per_step = (cpu[key] - one[key]) / (STEPS - 1)
@@ -427,7 +446,18 @@ def server_pid(server: Any) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(__doc__, argv)
+    args = parse_args(
+        __doc__,
+        argv,
+        extra=lambda parser: parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=CONCURRENCY,
+            metavar="C",
+            help=f"runs at once per worker process, both sides (default {CONCURRENCY})",
+        ),
+    )
+    concurrency = args.concurrency
     mode = mode_of(args)
     report = Report("graphrun workers vs DBOS Transact queue", mode, args.json)
     runs, rounds = {"full": (200, 3), "quick": (60, 1), "smoke": (8, 1)}[mode]
@@ -464,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         server.psql("CREATE DATABASE dbos_bench")
         sync = server.psql("SHOW synchronous_commit").strip()
         report.note(
-            f"{runs} runs of {STEPS} llm steps, {CONCURRENCY} at once per worker process, "
+            f"{runs} runs of {STEPS} llm steps, {concurrency} at once per worker process, "
             f"poll {POLL}s; PostgreSQL fsync on, synchronous_commit={sync}"
         )
         with tempfile.TemporaryDirectory(prefix="graphrun-dbosw-") as name:
@@ -472,13 +502,16 @@ def main(argv: list[str] | None = None) -> int:
             for workers in (1, 2):
                 results: dict[str, list[dict[str, float]]] = {"full": [], "normal": [], "dbos": []}
                 for _ in range(rounds):
-                    results["full"].append(
-                        graphrun_batch(server, tmp, llm_url, workers, runs, "full")
-                    )
-                    results["dbos"].append(dbos_batch(server, tmp, llm_url, workers, runs))
-                    results["normal"].append(
-                        graphrun_batch(server, tmp, llm_url, workers, runs, "normal")
-                    )
+                    for key in ("full", "dbos", "normal"):
+                        if key == "dbos":
+                            result = dbos_batch(
+                                server, tmp, llm_url, workers, runs, concurrency=concurrency
+                            )
+                        else:
+                            result = graphrun_batch(
+                                server, tmp, llm_url, workers, runs, key, concurrency=concurrency
+                            )
+                        results[key].append(result)
                 best = {k: max(v, key=lambda r: r["runs_s"]) for k, v in results.items()}
                 for key, label in (
                     ("full", "graphrun full"),
@@ -511,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
                 if workers == 1:
-                    split(report, server, tmp, llm_url, runs, cpu)
+                    split(report, server, tmp, llm_url, runs, cpu, concurrency)
     finally:
         assert llm.stdin is not None
         llm.stdin.close()
