@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from graphrun.runtime.errors import GraphrunError
 from graphrun.runtime.graph.model import register_node_type
 from graphrun.runtime.nodes import agent, end, human, llm, rag, script
+from graphrun.runtime.nodes import map as map_node
 from graphrun.runtime.nodes.kind import NodeKind
 
 if TYPE_CHECKING:
@@ -43,15 +44,33 @@ KINDS: dict[str, NodeKind] = {
     )
 }
 
+#: Loki's node types, in the order errors and the schema list them; the kinds
+#: :func:`_discover` finds follow, by module name.
+for _struct in (
+    agent.AgentNode,
+    script.ScriptNode,
+    human.ApprovalNode,
+    human.InputNode,
+    llm.LlmNode,
+    rag.RagNode,
+    end.EndNode,
+    map_node.MapNode,
+):
+    register_node_type(_struct)
+
 
 def _discover() -> None:
-    """Every other module of this package that defines ``KIND`` or ``KINDS``."""
+    """Every other module of this package that defines ``KIND`` or ``KINDS`` (or only
+    a ``STRUCT``: a control-flow kind the decider runs itself)."""
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{info.name}")
         found = getattr(module, "KINDS", None) or (getattr(module, "KIND", None),)
         for kind in found:
             if isinstance(kind, NodeKind) and kind.type not in KINDS:
                 KINDS[kind.type] = kind
+        struct = getattr(module, "STRUCT", None)
+        if struct is not None:
+            register_node_type(struct)
     for kind in KINDS.values():
         register_node_type(kind.struct)
 
