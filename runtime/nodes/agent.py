@@ -28,7 +28,7 @@ from graphrun.eventstore.events import (
 from graphrun.eventstore.fold import RunState, fold
 from graphrun.eventstore.ids import new_run_id
 from graphrun.runtime.agents import is_agent_path
-from graphrun.runtime.errors import GraphrunError, WaitingForHuman
+from graphrun.runtime.errors import ChildWaiting, GraphrunError
 from graphrun.runtime.graph.check import did_you_mean, node_path
 from graphrun.runtime.graph.expressions import ExpressionError
 from graphrun.runtime.graph.loader import graph_of
@@ -45,6 +45,7 @@ from graphrun.runtime.nodes.plan import (
     last,
     tolerated,
 )
+from graphrun.runtime.nodes.rag import knowledge_of
 
 if TYPE_CHECKING:
     from graphrun.eventstore.events import Event
@@ -135,14 +136,6 @@ class AgentNode(NodeBase, tag="agent", kw_only=True):
         return []
 
 
-class ChildWaiting(WaitingForHuman):
-    """A child run waits for a person; the parent waits with it."""
-
-    def __init__(self, message: str, request: Any) -> None:
-        super().__init__(message)
-        self.request = request
-
-
 class AgentActor:
     """The ``agent`` node actor."""
 
@@ -171,7 +164,7 @@ class AgentActor:
         if existing is not None and store.has_run(existing.child_run_id):
             # Resumed: re-attach to the child this visit already started.
             child_id = existing.child_run_id
-            knowledge = _knowledge(graph_of(fold(store.read(child_id, upto=1))), options)
+            knowledge = knowledge_of(graph_of(fold(store.read(child_id, upto=1))), options)
         else:
             ref = resolve_agent_dir(task.agent, options.agents_dir, graph_dir=parent.agent_dir)
             loaded = load_agent(ref.path, config_dir=options.config_dir)
@@ -180,7 +173,7 @@ class AgentActor:
             # Its own variables: not the parent's presets, and no prompt (Loki).
             variables = resolve_variables(loaded)
             loaded = with_variables(loaded, variables)
-            knowledge = _knowledge(loaded, options)
+            knowledge = knowledge_of(loaded, options)
             if existing is not None:  # recorded, but the process died before the child began
                 child_id = existing.child_run_id
             else:
@@ -292,15 +285,6 @@ class AgentActor:
 
 #: The statuses of a child run whose output the agent node takes.
 _COMPLETED = ("completed", "completed_with_errors")
-
-
-def _knowledge(loaded: Any, options: Any) -> dict[str, Any] | None:
-    """The child's knowledge bases, when it has rag nodes (built once, never silently)."""
-    if not any(n.type == "rag" for n in loaded.graph.nodes.values()):
-        return None
-    from graphrun.runtime.nodes.rag import prepare_knowledge_bases
-
-    return prepare_knowledge_bases(loaded, interactive=False, config_dir=options.config_dir)
 
 
 def _child_model(store: Any, child_id: str) -> str | None:

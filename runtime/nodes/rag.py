@@ -232,6 +232,14 @@ def prepare_knowledge_bases(
     return out
 
 
+def knowledge_of(loaded: LoadedGraph, options: Any) -> dict[str, Any] | None:
+    """A child run's knowledge bases, when its graph has rag nodes (built once, never
+    silently: the agent node and the ``agent__*`` tools start children with them)."""
+    if not any(isinstance(n, RagNode) for n in loaded.graph.nodes.values()):
+        return None
+    return prepare_knowledge_bases(loaded, interactive=False, config_dir=options.config_dir)
+
+
 class RagActor:
     """The ``rag`` node actor: query the node's knowledge base, record the result."""
 
