@@ -1,4 +1,6 @@
-"""Validation rules that need the effect layer (tools, models, knowledge bases).
+"""Validation rules that need the effect layer across a graph's nodes: the graph's
+MCP servers, the models its nodes call. (What concerns one node kind alone, its
+tools or its knowledge base, is a rule of that kind, in its module.)
 
 They are registered with :func:`graphrun.runtime.graph.check.register_rule` and marked
 ``deep`` (``Check(deep=False)`` skips them).

@@ -29,8 +29,9 @@ def _close_objects(node: Any) -> None:
 
 
 #: What an editor shows on hover: the description of each definition (key ``None``)
-#: and of each property, by definition. Node fields every node type has are in
-#: ``_NODE_COMMON``; a node type's own entry wins. The text is the user's manual in
+#: and of each property, by definition. A node kind's (and its own Structs') are its
+#: ``DESCRIPTIONS``, in its module under runtime/nodes/. Node fields every node type
+#: has are in ``_NODE_COMMON``; a node type's own entry wins. The text is the user's manual in
 #: brief (docs/graph-yaml.md has the whole of it); a test checks that every property
 #: of the generated schema has one.
 _NODE_COMMON: dict[str, str] = {

@@ -1,17 +1,19 @@
 """Node kinds: one module per ``type:`` of node, and this registry of them.
 
-Each ``runtime/nodes/<kind>.py`` holds what the engine needs to know about its
-kind (a :class:`~graphrun.runtime.nodes.kind.NodeKind`): how a visit asks for its
+Each ``runtime/nodes/<kind>.py`` holds everything about its kind: its graph.yaml
+Struct, with what the validator, the schema and the pictures ask of a kind (its
+descriptions, rules, the state keys it reads and writes, its edges: the ClassVars
+and hooks of :class:`~graphrun.runtime.graph.model.NodeBase`), and what the engine
+needs (a :class:`~graphrun.runtime.nodes.kind.NodeKind`): how a visit asks for its
 effect, how it decides once the effect is in, its result as a map branch, and the
 actor that performs its effect (llm, rag and agent effects need the run's
 configuration: their actors live next to their kind).
 
-Adding a node kind is one module here (its Struct, with its descriptions, rules,
-reads and routes as :class:`~graphrun.runtime.graph.model.NodeBase` hooks, and a
-``KIND``), plus its effect under ``actors/`` where it has one: every module of this
-package that defines ``KIND`` (or ``KINDS``) is found and registered when
-``graphrun.runtime`` is imported, its Struct included (the loader and the schema
-then know its ``type``).
+Adding a node kind is one module here (its Struct and a ``KIND``), plus its effect
+under ``actors/`` where it has one: every module of this package that defines
+``KIND`` (or ``KINDS``, or only a ``STRUCT`` for control flow the decider runs
+itself, as ``map``) is found and registered when ``graphrun.runtime`` is imported,
+its Struct included (the loader and the schema then know its ``type``).
 """
 
 from __future__ import annotations
