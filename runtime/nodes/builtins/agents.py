@@ -44,8 +44,8 @@ from graphrun.eventstore.events import (
 )
 from graphrun.eventstore.fold import fold
 from graphrun.eventstore.ids import new_run_id
-from graphrun.runtime.errors import GraphrunError
-from graphrun.runtime.nodes.agent import ChildWaiting
+from graphrun.runtime.errors import ChildWaiting, GraphrunError
+from graphrun.runtime.nodes.rag import knowledge_of
 
 _PENDING = "pending"
 
@@ -313,18 +313,17 @@ class Supervisor:
         from graphrun.runtime.graph.loader import graph_of
         from graphrun.runtime.graph.variables import resolve as resolve_variables
         from graphrun.runtime.graph.variables import with_variables
-        from graphrun.runtime.nodes.agent import _knowledge
 
         ports = self.ports
         store = ports.store
         options = ports.options
         if store.has_run(child.run_id):
-            knowledge = _knowledge(graph_of(fold(store.read(child.run_id, upto=1))), options)
+            knowledge = knowledge_of(graph_of(fold(store.read(child.run_id, upto=1))), options)
         else:
             loaded = self._resolve(child.agent)
             variables = resolve_variables(loaded)
             loaded = with_variables(loaded, variables)
-            knowledge = _knowledge(loaded, options)
+            knowledge = knowledge_of(loaded, options)
             ports.launcher.start(
                 loaded,
                 prompt=prompt,
@@ -465,7 +464,7 @@ class Supervisor:
         if state.terminal or request is None:
             return None
         from graphrun.runtime.graph.loader import graph_of
-        from graphrun.runtime.graph.model import LlmNode
+        from graphrun.runtime.nodes.llm import LlmNode
 
         node = graph_of(state).graph.nodes.get(request.node_id)
         return request if isinstance(node, LlmNode) else None
