@@ -464,10 +464,9 @@ class Supervisor:
         if state.terminal or request is None:
             return None
         from graphrun.runtime.graph.loader import graph_of
-        from graphrun.runtime.nodes.llm import LlmNode
 
         node = graph_of(state).graph.nodes.get(request.node_id)
-        return request if isinstance(node, LlmNode) else None
+        return request if getattr(node, "type", None) == "llm" else None
 
     def escalations(self) -> list[dict[str, Any]]:
         """The questions of this visit's children waiting for this model's reply."""

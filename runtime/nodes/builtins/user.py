@@ -101,9 +101,7 @@ class UserQuestions:
             return False
         parent = graph_of(fold(store.read(started.parent_run_id, upto=1))).graph
         node = parent.nodes.get(started.parent_node_id)
-        from graphrun.runtime.nodes.llm import LlmNode
-
-        return isinstance(node, LlmNode)
+        return getattr(node, "type", None) == "llm"
 
     def call(self, action: str, args: dict[str, Any], cancel: Any) -> dict[str, Any]:
         question = str(args.get("question") or "").strip()
