@@ -113,6 +113,7 @@ def test_parallel_bench_runs_every_contender_in_its_own_process(tmp_path: Path) 
             ),
         ),
         ("takeover_bench.py", ("same host: runs completed after kill -9", "another host")),
+        ("approve_bench.py", ("approve on a 99-event waiting run vs one bare read + verify",)),
         ("dbos_bench.py", ("SQLite", "PostgreSQL")),
     ],
 )
