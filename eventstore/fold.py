@@ -397,11 +397,28 @@ def _apply_branch(state: RunState, event: Event, base: dict[str, Any]) -> RunSta
             | NodeRetrying()
             | ToolFinished()
         ):
-            effects = _add_effect(state.branch_effects, bid, event)
+            if isinstance(event, LlmResult):
+                effects = _settle_llm(state.branch_effects, bid, event)
+            else:
+                effects = _add_effect(state.branch_effects, bid, event)
             return _replace(state, branch_effects=effects, **base)
         case _:
             # Run-level facts never carry a branch; be lenient with one that does.
             return apply(state, _replace(event, branch=""))
+
+
+def _settle_llm(
+    effects: Mapping[str, tuple[Any, ...]], bid: str, event: LlmResult
+) -> BranchEffects:
+    """A branch's effects once its llm effect replied: the calls and tool calls that
+    led to the reply are left out. What the decider reads of a finished effect is
+    its result (a retry starts after it, from nothing); the requests and responses
+    stay in the log, where usage, reports and replays read them. So a map's items
+    keep one small event each, not every exchange, until the map is collected."""
+    if not isinstance(effects, BranchEffects):
+        effects = BranchEffects(effects)
+    kept = tuple(e for e in effects.get(bid, ()) if not isinstance(e, LlmCalled | ToolCalled))
+    return effects.set(bid, (*kept, event))
 
 
 def _add_effect(effects: Mapping[str, tuple[Any, ...]], bid: str, event: Event) -> BranchEffects:
