@@ -514,10 +514,8 @@ def _with_default_model(
     """Loki's default-model chain for a graph agent: llm nodes without a model, in a
     graph without one, use :func:`default_model`. The model is written into the graph
     text (at its end, so no line moves), so the run records it and replays it."""
-    from graphrun.runtime.graph.model import LlmNode
-
     graph = loaded.graph
-    needs = any(isinstance(n, LlmNode) and not n.model for n in graph.nodes.values())
+    needs = any(type(n).CALLS_MODEL and not getattr(n, "model", None) for n in graph.nodes.values())
     if graph.model or not needs:
         return loaded
     if re.search(r"^model\s*:", loaded.source, re.MULTILINE):

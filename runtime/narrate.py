@@ -435,7 +435,7 @@ def _map_size(state: RunState, node_id: str) -> tuple[int, int]:
     try:
         from graphrun.runtime.engine.decider import map_items
         from graphrun.runtime.engine.driver import graph_of
-        from graphrun.runtime.graph.model import MapNode
+        from graphrun.runtime.nodes.map import MapNode
 
         graph = graph_of(state).graph
         node = graph.nodes.get(node_id)

@@ -45,21 +45,14 @@ from graphrun.eventstore.fold import RunState, effect_output
 from graphrun.runtime.engine.failures import apply_policy
 from graphrun.runtime.engine.reducers import ABSENT, ReducerError, merge_writes, reduce, writes_of
 from graphrun.runtime.errors import TemplateError
-from graphrun.runtime.graph.model import (
-    ApprovalNode,
-    EndNode,
-    Graph,
-    InputNode,
-    LlmNode,
-    MapNode,
-    NodeBase,
-    ScriptNode,
-)
+from graphrun.runtime.graph.model import Graph, NodeBase
 from graphrun.runtime.graph.templates import _MISSING, lookup, render
 from graphrun.runtime.nodes import kind_of
+from graphrun.runtime.nodes.end import EndNode
 from graphrun.runtime.nodes.guard import input_blocked, output_checked
 from graphrun.runtime.nodes.human import human_task, match_choice
-from graphrun.runtime.nodes.llm import llm_task, structured_value
+from graphrun.runtime.nodes.llm import LlmNode, llm_task, structured_value
+from graphrun.runtime.nodes.map import MapNode
 from graphrun.runtime.nodes.plan import (
     ERROR_KEY,
     Append,
@@ -73,6 +66,7 @@ from graphrun.runtime.nodes.plan import (
     state_json,
 )
 from graphrun.runtime.nodes.retry import pending_retry, retry_step
+from graphrun.runtime.nodes.script import ScriptNode
 
 #: A stand-in successor for a map's branch node, whose own routing is ignored.
 _MAP_ITEM_NEXT = "\x00map-item"
@@ -427,10 +421,7 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
     branch = graph.nodes.get(node.branch)
     if branch is None:
         return _fail(node_id, visit, f"map node '{node_id}': branch '{node.branch}' not found")
-    if (
-        isinstance(branch, ApprovalNode | InputNode | EndNode | MapNode)
-        or not type(branch).MAP_BRANCH
-    ):
+    if not type(branch).MAP_BRANCH:
         return _fail(
             node_id,
             visit,

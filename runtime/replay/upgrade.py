@@ -19,8 +19,6 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.events import (
     Event,
@@ -28,10 +26,10 @@ from graphrun.eventstore.events import (
     NodeEntered,
     NodeFailed,
     RunFailed,
-    RunStarted,
 )
 from graphrun.eventstore.fold import fold
 from graphrun.runtime.errors import UsageError
+from graphrun.runtime.replay.view import upgraded_view
 
 if TYPE_CHECKING:
     from graphrun.eventstore.store import Store
@@ -69,31 +67,6 @@ class UpgradeCheck:
             "why": self.why or None,
             "retry_node": self.retry_node,
         }
-
-
-def upgraded_view(events: list[Event]) -> list[Event]:
-    """The events a replay compares for a log with upgrades: the first ``RunStarted``
-    carries the graph the run ends on; ``GraphUpgraded`` events and the failures
-    their upgrades superseded are left out. A log without upgrades comes back as is."""
-    upgrades = [e for e in events if isinstance(e, GraphUpgraded)]
-    if not upgrades:
-        return events
-    dropped: set[int] = set()
-    for up in upgrades:
-        start = getattr(up, "superseded", 0) or up.seq
-        dropped.update(range(start, up.seq + 1))
-    last = upgrades[-1]
-    first = events[0]
-    assert isinstance(first, RunStarted)
-    head = msgspec.structs.replace(
-        first,
-        graph_source=last.graph_source,
-        graph_hash=last.new_hash,
-        graph_path=last.graph_path or first.graph_path,
-        agent_dir=last.agent_dir or first.agent_dir,
-        files=last.files or first.files,
-    )
-    return [head, *(e for e in events[1:] if e.seq not in dropped)]
 
 
 def _failure_point(events: list[Event]) -> tuple[int, str | None]:

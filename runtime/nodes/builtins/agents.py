@@ -24,8 +24,8 @@ from graphrun.actors.base import CancelToken
 from graphrun.eventstore.events import ChildCancelled, ChildRunFinished, ChildRunStarted, ToolCalled
 from graphrun.eventstore.fold import fold
 from graphrun.eventstore.ids import new_run_id
-from graphrun.runtime.errors import GraphrunError
-from graphrun.runtime.nodes.agent import ChildWaiting
+from graphrun.runtime.errors import ChildWaiting, GraphrunError
+from graphrun.runtime.nodes.rag import knowledge_of
 
 _PENDING = "pending"
 
@@ -243,18 +243,17 @@ class Supervisor:
         from graphrun.runtime.graph.loader import graph_of
         from graphrun.runtime.graph.variables import resolve as resolve_variables
         from graphrun.runtime.graph.variables import with_variables
-        from graphrun.runtime.nodes.agent import _knowledge
 
         ports = self.ports
         store = ports.store
         options = ports.options
         if store.has_run(child.run_id):
-            knowledge = _knowledge(graph_of(fold(store.read(child.run_id, upto=1))), options)
+            knowledge = knowledge_of(graph_of(fold(store.read(child.run_id, upto=1))), options)
         else:
             loaded = self._resolve(child.agent)
             variables = resolve_variables(loaded)
             loaded = with_variables(loaded, variables)
-            knowledge = _knowledge(loaded, options)
+            knowledge = knowledge_of(loaded, options)
             ports.launcher.start(
                 loaded,
                 prompt=prompt,
