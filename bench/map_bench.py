@@ -118,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
                 found[items].append(measure(url, tmp, items, n))
         load = os.getloadavg()[0]
         secs = {k: statistics.median(r["seconds"] for r in v) for k, v in found.items()}
+        cpu = {k: statistics.median(r["cpu"] for r in v) for k, v in found.items()}
+        # On a shared machine the wall time is the share of the CPUs the run got;
+        # its CPU time (every thread) is what the load hardly moves.
+        report.note(
+            f"CPU: {cpu[large]:.2f} s vs {cpu[small]:.2f} s = {cpu[large] / cpu[small]:.2f}x "
+            f"({cpu[large] / large * 1e6:.0f} vs {cpu[small] / small * 1e6:.0f} µs per item)"
+        )
         rss = {k: statistics.median(r["rss"] for r in v) for k, v in found.items()}
         report.add(
             Check(
