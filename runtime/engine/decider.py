@@ -433,7 +433,10 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
     # and a sequential map never share an id.
     prefix = node_id
     pending: list[Perform] = []
-    done: list[tuple[Step, RunState]] = []
+    # Each finished item's value as it is met (its view and step are not kept: a map
+    # of 10,000 items holds its results, not 10,000 states), and the first failure.
+    collected: list[Any] = []
+    problem: tuple[int, str] | None = None
     # What every item's view of the state shares; each adds its own effects and item.
     base = msgspec.structs.replace(
         state, current=node.branch, current_visit=visit, waiting=None, branches={}
@@ -452,18 +455,16 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
             pending.append(Perform(step.node_id, step.node_type, step.task, iid, node_id, cap))
         elif isinstance(step, Append) and any(isinstance(e, NodeRetrying) for e in step.events):
             return Append(tuple(_tag(e, iid) for e in step.events))
-        else:
-            done.append((step, view))
+        elif not pending and problem is None:  # (with items pending, nothing is collected)
+            value, why = _item_result(graph, node, branch, step, view)
+            if why is not None:
+                problem = (i, why)
+            collected.append(value)
     if pending:
         return PerformMany(tuple(pending))
-    collected: list[Any] = []
-    for i, (step, view) in enumerate(done):
-        value, problem = _item_result(graph, node, branch, step, view)
-        if problem is not None:
-            return _fail(
-                node_id, visit, f"map node '{node_id}': sub-branch [{i}] failed: {problem}"
-            )
-        collected.append(value)
+    if problem is not None:
+        i, why = problem
+        return _fail(node_id, visit, f"map node '{node_id}': sub-branch [{i}] failed: {why}")
     return Append((_completed(node_id, visit, node.next, updates={node.collect_into: collected}),))
 
 

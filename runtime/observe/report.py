@@ -546,7 +546,15 @@ def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
 
     lanes: list[tuple[str, str, list[str]]] = []
     for r in runs:
-        branches = sorted({v.branch for v in r.visits} | {w.branch for w in r.waits})
+        # Each branch's visits and waits, in log order (a map's 10,000 items are 10,000
+        # lanes: grouped once, not searched per lane).
+        visits_of: dict[str, list[Any]] = {}
+        for v in r.visits:
+            visits_of.setdefault(v.branch, []).append(v)
+        waits_of: dict[str, list[Any]] = {}
+        for w in r.waits:
+            waits_of.setdefault(w.branch, []).append(w)
+        branches = sorted(visits_of.keys() | waits_of.keys())
         if not branches:
             branches = [""]
         for b in branches:
@@ -554,9 +562,7 @@ def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
             if b:
                 title += f" · branch {b}"
             bars = []
-            for v in r.visits:
-                if v.branch != b:
-                    continue
+            for v in visits_of.get(b, ()):
                 tip = f"{v.node_id} #{v.visit} ({v.node_type}) {v.status} {_ms(v.start, v.end)}"
                 if v.usage.calls:
                     tip += f" · {v.usage.total_tokens} tokens"
@@ -565,9 +571,7 @@ def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
                     f'href="#v-{_e(v.key)}" title="{_e(tip)}" data-node="{_e(v.node_id)}">'
                     f"{_e(v.node_id)}</a>"
                 )
-            for w in r.waits:
-                if w.branch != b:
-                    continue
+            for w in waits_of.get(b, ()):
                 who = f" answered by {w.answer.by}" if w.answer else " (waiting)"
                 bars.append(
                     f'<span class="bar wait" style="{pos(w.start, w.end)}" '

@@ -33,6 +33,7 @@ from graphrun.runtime.replay.view import upgraded_view
 
 if TYPE_CHECKING:
     from graphrun.eventstore.store import Store
+    from graphrun.runtime.engine.runs import LoadedRun
     from graphrun.runtime.graph.loader import LoadedGraph
     from graphrun.runtime.replay.divergence import ReplayResult
 
@@ -97,12 +98,18 @@ def _failure_point(events: list[Event]) -> tuple[int, str | None]:
     return (entered.seq if entered else node_failed.seq), node_failed.node_id
 
 
-def check_upgrade(store: Store, run_id: str, loaded: LoadedGraph) -> UpgradeCheck:
-    """Replay ``run_id``'s history against ``loaded``: may it continue on it?"""
+def check_upgrade(
+    store: Store, run_id: str, loaded: LoadedGraph, *, run: LoadedRun | None = None
+) -> UpgradeCheck:
+    """Replay ``run_id``'s history against ``loaded``: may it continue on it?
+    ``run``: the run as the caller opened it (else its log is read here)."""
     from graphrun.runtime.replay.divergence import replay_events
 
-    events = store.read(run_id)
-    state = fold(events)
+    if run is not None and run.run_id == run_id:
+        events, state = list(run.events), run.state
+    else:
+        events = store.read(run_id)
+        state = fold(events)
     new_hash = content_hash(loaded.source)
     check = UpgradeCheck(run_id, state.status, state.graph_hash, new_hash)
     check.last_seq = events[-1].seq if events else 0
@@ -142,7 +149,8 @@ def check_upgrade(store: Store, run_id: str, loaded: LoadedGraph) -> UpgradeChec
 def record_upgrade(
     store: Store, check: UpgradeCheck, loaded: LoadedGraph, *, by: str
 ) -> GraphUpgraded:
-    """Append the :class:`GraphUpgraded` of a checked run (under its lease)."""
+    """Append the :class:`GraphUpgraded` of a checked run (under its lease); returns
+    it as appended."""
     files: dict[str, str] = {}
     for node in loaded.graph.nodes.values():
         script = getattr(node, "script", None)
@@ -169,8 +177,9 @@ def record_upgrade(
         last = store.run(check.run_id).last_seq
         if last != check.last_seq:
             raise UsageError(f"run {check.run_id} changed while it was being checked; try again")
-        store.append(check.run_id, [event], sync=True)
-    return event
+        (stamped,) = store.append(check.run_id, [event], sync=True)
+    assert isinstance(stamped, GraphUpgraded)
+    return stamped
 
 
 __all__ = ["UPGRADABLE", "UpgradeCheck", "check_upgrade", "record_upgrade", "upgraded_view"]

@@ -113,6 +113,16 @@ def test_parallel_bench_runs_every_contender_in_its_own_process(tmp_path: Path) 
             ),
         ),
         ("takeover_bench.py", ("same host: runs completed after kill -9", "another host")),
+        ("approve_bench.py", ("approve on a 99-event waiting run vs one bare read + verify",)),
+        (
+            "map_bench.py",
+            (
+                "map time, 200 items vs 20",
+                "map peak RSS, 200 items vs 20",
+                "`graphrun show` of the 200-item map vs 20",
+                "`graphrun replay` of the 200-item map vs 20",
+            ),
+        ),
         ("dbos_bench.py", ("SQLite", "PostgreSQL")),
         (
             "dbos_workers_bench.py",
