@@ -25,6 +25,7 @@ from graphrun.eventstore.events import (
     HumanInputReceived,
     HumanInputRequested,
     LlmCalled,
+    LlmContinued,
     LlmResult,
     NodeCompleted,
     NodeEntered,
@@ -231,6 +232,7 @@ def apply(state: RunState, event: Event) -> RunState:
             ScriptFinished()
             | LlmCalled()
             | ToolCalled()
+            | LlmContinued()
             | LlmResult()
             | RetrievalDone()
             | NodeRetrying()
@@ -459,6 +461,7 @@ def _apply_branch(state: RunState, event: Event) -> RunState:
             ScriptFinished()
             | LlmCalled()
             | ToolCalled()
+            | LlmContinued()
             | LlmResult()
             | RetrievalDone()
             | NodeRetrying()

@@ -22,6 +22,7 @@ from graphrun.eventstore.events import (
     Event,
     HumanInputRequested,
     LlmCalled,
+    LlmContinued,
     LlmResult,
     NodeCompleted,
     NodeEntered,
@@ -194,6 +195,8 @@ class Narrator:
                 )
             case ToolCalled():
                 self.line(f"▸ tool: {event.name}" + (" (error)" if event.is_error else ""))
+            case LlmContinued():
+                self.line(f"▸ prompted again ({event.reason}, {event.count})")
             case NodeCompleted(routed_to=None):
                 pass
             case NodeCompleted():

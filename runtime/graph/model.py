@@ -294,7 +294,7 @@ class Graph(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     variables: list[Variable] = []
     reasoning_effort: str | None = None
     # Loki's skills: skills_enabled/enabled_skills offer skill__* (runtime/nodes/builtins);
-    # the instructions fields are accepted, not implemented (validation warns once).
+    # inject_skill_instructions/skill_instructions append a paragraph on them.
     skills_enabled: bool | None = None
     enabled_skills: list[str] | None = None
     inject_skill_instructions: bool | None = None

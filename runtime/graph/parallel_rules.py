@@ -204,8 +204,6 @@ def uneven_joins(c: Check) -> list[Diagnostic]:
 
 #: Loki fields graphrun accepts but does not act on (warned once each).
 _NOT_IMPLEMENTED = {
-    "inject_skill_instructions": "skills",
-    "skill_instructions": "skills",
     "extractor_model": "graph-based RAG",
     "extractor_prompt": "graph-based RAG",
     "graph_hops": "graph-based RAG",

@@ -96,8 +96,9 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "skills_enabled": "Loki's skills switch: llm nodes are offered skill__list, "
         "skill__load and skill__unload.",
         "enabled_skills": "Loki's skill allow-list: the skills skill__load may load.",
-        "inject_skill_instructions": "Loki's skill hint switch (accepted; not implemented).",
-        "skill_instructions": "Loki's skill hint text (accepted; not implemented).",
+        "inject_skill_instructions": "Loki's skill hint switch (default true): llm nodes "
+        "with skills get a paragraph on skill__* appended to their instructions.",
+        "skill_instructions": "Loki's skill hint text: replaces the default paragraph.",
     },
     "Settings": {
         None: "Run-wide limits and switches.",

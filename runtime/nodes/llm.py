@@ -51,7 +51,7 @@ class LlmNode(NodeBase, tag="llm", kw_only=True):
     timeout: float | None = None
     reasoning_effort: str | None = None
     # Loki's skills: skills_enabled/enabled_skills offer skill__* (runtime/nodes/builtins);
-    # the instructions fields are accepted, not implemented (validation warns once).
+    # inject_skill_instructions/skill_instructions append a paragraph on them.
     skills_enabled: bool | None = None
     enabled_skills: list[str] | None = None
     inject_skill_instructions: bool | None = None
@@ -80,8 +80,10 @@ class LlmNode(NodeBase, tag="llm", kw_only=True):
         "skills_enabled": "Loki's skills: offers the node skill__list, skill__load, "
         "skill__unload (default: the graph's).",
         "enabled_skills": "Loki's skills: the skills skill__load may load (default: the graph's).",
-        "inject_skill_instructions": "Loki's skills (accepted; not implemented).",
-        "skill_instructions": "Loki's skills (accepted; not implemented).",
+        "inject_skill_instructions": "Loki's skills: append the skills paragraph to the "
+        "instructions (default: the graph's, else true).",
+        "skill_instructions": "Loki's skills: the paragraph appended (default: the graph's, "
+        "else Loki's own).",
     }
     NEEDS_NEXT: ClassVar[bool] = True
     CALLS_MODEL: ClassVar[bool] = True
@@ -136,7 +138,7 @@ def _effect_names() -> tuple[Any, Any]:
 
 def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
     """The rendered request of an llm node (schema hint placed as the spec says)."""
-    from graphrun.runtime.graph.builtins import node_tools
+    from graphrun.runtime.graph.builtins import node_skill_instructions, node_tools
 
     LlmTask, schema_hint = _effect_names()
     system = (
@@ -144,6 +146,9 @@ def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str,
         if node.instructions is not None
         else None
     )
+    skills_hint = node_skill_instructions(graph, node)  # Loki's inject_skill_instructions
+    if skills_hint is not None:
+        system = f"{system.rstrip()}\n\n{skills_hint}" if system else skills_hint
     prompt = render(node.prompt, s, strict=True, field=f"{node_id}.prompt")
     if node.output_schema is not None:
         hint = schema_hint(node.output_schema)
@@ -316,7 +321,9 @@ class LlmActor:
                 task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools)
             )
         own = self.toolbox(tuple(name for name in task.tools if not is_builtin(name)))
-        box = BuiltinToolbox(own, builtins, ports=self.ports, ctx=ctx, node_id=task.node_id)
+        box = BuiltinToolbox(
+            own, builtins, ports=self.ports, ctx=ctx, node_id=task.node_id, clients=self.clients
+        )
         try:
             return perform_llm(task, ctx, client_factory=self.clients, toolbox=box)
         finally:

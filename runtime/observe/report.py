@@ -30,6 +30,7 @@ from graphrun.eventstore.events import (
     HumanInputReceived,
     HumanInputRequested,
     LlmCalled,
+    LlmContinued,
     LlmResult,
     NodeCompleted,
     NodeEntered,
@@ -457,6 +458,11 @@ def _effect(md: Any, e: Event, prices: Mapping[str, tuple[float, float]]) -> str
             if e.error:
                 return f'<p class="st-failed">LLM result: error: {_e(e.error)}</p>'
             return ""
+        case LlmContinued():
+            return (
+                f"<details><summary>prompted again ({_e(e.reason)}, {e.count})</summary>"
+                f"<pre>{_e(e.prompt)}</pre></details>"
+            )
         case ScriptFinished():
             status = "timed out" if e.timed_out else f"exit {e.exit_code}"
             out = _json(e.output) if e.output is not None else e.stdout
