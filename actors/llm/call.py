@@ -15,7 +15,9 @@ module performs the calls and records each as it happens:
    When the model ends its turn, a toolbox with a ``continuation`` (Loki's
    built-ins: open todos, spawned agents still running) may prompt it again; that
    is recorded as ``LlmContinued`` before the next turn, and a resumed visit
-   takes it from the log.
+   takes it from the log. A toolbox with ``instructions`` adds to the system
+   prompt of the turns that follow a call (Loki's loaded skills); the text a call
+   added is recorded with it (``ToolCalled.instructions``).
 3. With an ``output_schema``, a reply that is not valid JSON for the schema goes
    to the structured-output extractor (purpose ``"extract"``), with one repair
    retry (purpose ``"repair"``) if the extractor's answer is unusable too.
@@ -438,7 +440,7 @@ class _LlmRun:
         said: list[str] = []  # the texts of turns the model was prompted again after
         for iteration in range(1, task.max_iterations + 1):
             response = yield from self._call(
-                "main", iteration, task.system, messages, specs, sampling=True
+                "main", iteration, self._system(), messages, specs, sampling=True
             )
             if isinstance(response, str):
                 return response
@@ -511,6 +513,7 @@ class _LlmRun:
                         is_error=result.is_error,
                         duration_ms=result.duration_ms,
                         source=result.source,
+                        instructions=result.instructions,
                     )
                 )
                 messages.append(
@@ -523,6 +526,15 @@ class _LlmRun:
                 )
             previous = {(call.name, call.arguments) for call in response.tool_calls}
         return f"tool-call loop hit max_iterations={task.max_iterations}"
+
+    def _system(self) -> str | None:
+        """The node's system prompt for the next turn: its own, then what the toolbox
+        has put into it so far (Loki's loaded skills, each after a blank line)."""
+        added = getattr(self.toolbox, "instructions", None)
+        text = added() if added is not None else ""
+        if not text:
+            return self.task.system
+        return f"{self.task.system}\n\n{text}" if self.task.system else text
 
     def _continuation(self, iteration: int, text: str) -> LlmContinued | None:
         """Whether the model, which ended its turn, is prompted again: as recorded

@@ -117,7 +117,17 @@ class BuiltinToolbox:
         if action in ("collect", "cancel") and group == "agent":
             self.agents.reclaimed()
         failed = "error" in value or value.get("status") == "error"
-        return self._notify(result(value, started=started, error=failed))
+        # A loaded skill's body goes into the system prompt, not into the result.
+        loaded = value.pop("instructions", None) if group == "skill" else None
+        done = result(value, started=started, error=failed)
+        if isinstance(loaded, str):
+            done = replace(done, instructions=loaded)
+        return self._notify(done)
+
+    def instructions(self) -> str:
+        """What this visit's calls put into the system prompt so far (Loki's loaded
+        skills, in the order loaded)."""
+        return self.skills.instructions()
 
     def _notify(self, done: ToolResult) -> ToolResult:
         """Loki's escalation notice: a tool result after a spawned agent began waiting
