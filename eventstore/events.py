@@ -281,6 +281,9 @@ class ToolCalled(EventBase, frozen=True, kw_only=True):
     # The text this call put into the system prompt of the following turns (Loki's
     # ``skill__load``: the skill's body; older logs carry it in ``result``).
     instructions: str | None = None
+    # The tools this call offered from the following turn on (``skill__load``: the
+    # skill's ``enabled_tools``).
+    tools: tuple[str, ...] = ()
 
 
 class LlmContinued(EventBase, frozen=True, kw_only=True):

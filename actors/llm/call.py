@@ -16,8 +16,9 @@ module performs the calls and records each as it happens:
    built-ins: open todos, spawned agents still running) may prompt it again; that
    is recorded as ``LlmContinued`` before the next turn, and a resumed visit
    takes it from the log. A toolbox with ``instructions`` adds to the system
-   prompt of the turns that follow a call (Loki's loaded skills); the text a call
-   added is recorded with it (``ToolCalled.instructions``).
+   prompt of the turns that follow a call, and its ``specs`` may grow (Loki's
+   loaded skills); what a call added is recorded with it (``ToolCalled``'s
+   ``instructions`` and ``tools``).
 3. With an ``output_schema``, a reply that is not valid JSON for the schema goes
    to the structured-output extractor (purpose ``"extract"``), with one repair
    retry (purpose ``"repair"``) if the extractor's answer is unusable too.
@@ -91,7 +92,10 @@ class LlmTask:
 class ToolboxLike(Protocol):
     """The tools an llm node may call (exactly the ones its ``tools:`` lists)."""
 
-    specs: list[ToolSpec]
+    @property
+    def specs(self) -> list[ToolSpec]:
+        """The tools offered on the next turn."""
+        ...
 
     def call(self, name: str, arguments: str, *, cancel: CancelToken) -> ToolResult:
         """Run tool ``name`` with JSON ``arguments``; failures come back as ``is_error``."""
@@ -434,11 +438,12 @@ class _LlmRun:
     def _tool_loop(self) -> Steps:
         """The bounded tool-call loop; returns the last response, or why it failed."""
         task = self.task
-        specs = list(self.toolbox.specs) if self.toolbox is not None else []
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
         previous: set[tuple[str, str]] = set()
         said: list[str] = []  # the texts of turns the model was prompted again after
         for iteration in range(1, task.max_iterations + 1):
+            # A call may add tools for the turns that follow (Loki's skills).
+            specs = list(self.toolbox.specs) if self.toolbox is not None else []
             response = yield from self._call(
                 "main", iteration, self._system(), messages, specs, sampling=True
             )
@@ -514,6 +519,7 @@ class _LlmRun:
                         duration_ms=result.duration_ms,
                         source=result.source,
                         instructions=result.instructions,
+                        tools=result.tools,
                     )
                 )
                 messages.append(

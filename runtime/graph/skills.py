@@ -4,7 +4,8 @@ A skill is ``<skills dir>/<name>/SKILL.md``; the skills directory is
 ``$COYOTE_SKILLS_DIR`` (or ``$LOKI_SKILLS_DIR``), else ``skills/`` of the
 configuration directory; a project's own ``.coyote/skills`` (or ``.loki/skills``)
 in the working directory comes first, as in Loki. A skill's YAML front matter
-gives its ``description``; the rest is its body.
+gives its ``description`` and the tools it grants (``enabled_tools``); the rest is
+its body.
 """
 
 from __future__ import annotations
@@ -48,6 +49,28 @@ def read_skill(path: Path) -> tuple[str, str]:
     return description, match.group(2).strip()
 
 
+def read_grants(path: Path) -> list[str]:
+    """The tools a SKILL.md's front matter grants (``enabled_tools``: a list, or names
+    separated by commas), as Loki reads them."""
+    import yaml
+
+    match = _FRONT.match(path.read_text(encoding="utf-8"))
+    if match is None:
+        return []
+    try:
+        meta = yaml.safe_load(match.group(1))
+    except yaml.YAMLError:
+        return []
+    value = meta.get("enabled_tools") if isinstance(meta, dict) else None
+    if isinstance(value, str):
+        names = value.split(",")
+    elif isinstance(value, list):
+        names = [v for v in value if isinstance(v, str)]
+    else:
+        return []
+    return [n.strip() for n in names if n.strip()]
+
+
 def find_skill(name: str, config_dir: Path | None) -> Path | None:
     if not _NAME.match(name):
         return None
@@ -68,4 +91,4 @@ def available(config_dir: Path | None) -> list[str]:
     return sorted(names)
 
 
-__all__ = ["available", "find_skill", "read_skill", "skills_dirs"]
+__all__ = ["available", "find_skill", "read_grants", "read_skill", "skills_dirs"]

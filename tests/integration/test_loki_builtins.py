@@ -562,6 +562,61 @@ def test_kill_9_after_a_skill_load_resumes_with_it_loaded(
     assert replay.code == 0, replay.stdout + replay.stderr
 
 
+def test_a_loaded_skill_grants_its_tools_until_unloaded(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    tools_dir = cfg / "functions" / "tools"
+    tools_dir.mkdir(parents=True)
+    (tools_dir / "shout.sh").write_text(
+        "#!/usr/bin/env bash\n# @describe Shout a text\n# @option --text! The text\n"
+        'main() {\n  echo "$argc_text" | tr a-z A-Z >> "$LLM_OUTPUT"\n}\n'
+        'eval "$(argc --argc-eval "$0" "$@")"\n',
+        encoding="utf-8",
+    )
+    (cfg / "skills" / "loud").mkdir()
+    (cfg / "skills" / "loud" / "SKILL.md").write_text(
+        "---\ndescription: Shouting\nenabled_tools: shout\n---\nSHOUT WHEN ASKED.\n"
+    )
+    (cfg / "skills" / "broken").mkdir()
+    (cfg / "skills" / "broken" / "SKILL.md").write_text(
+        "---\nenabled_tools: [no_such_tool]\n---\nNEVER LOADED.\n"
+    )
+
+    def answer(request: RecordedRequest) -> Reply:
+        turn = len([m for m in request.body["messages"] if m["role"] == "assistant"])
+        script = [
+            tool_calls(("skill__load", {"name": "loud"}), ("skill__load", {"name": "broken"})),
+            tool_calls(("shout", {"text": "hello there"})),
+            tool_calls(("skill__unload", {"name": "loud"})),
+            tool_calls(("shout", {"text": "again"})),
+        ]
+        return script[turn] if turn < len(script) else text("done")
+
+    fake_llm.default = answer
+    env = _env(fake_llm, cfg)
+    res = graphrun("run", "planner", "plan", **env)
+    assert res.code == 0, res.stderr
+
+    def offered(i: int) -> list[str]:
+        return [t["function"]["name"] for t in fake_llm.requests[i].body["tools"]]
+
+    assert "shout" not in offered(0)
+    assert offered(1) == [*offered(0), "shout"]
+    refused = _tool_results(fake_llm.requests[1])[1]
+    assert refused["error"].startswith(
+        "Loaded skill 'broken' but failed to offer the tools it grants: "
+    )
+    assert "NEVER LOADED" not in _system(fake_llm.requests[1])
+    # The granted tool really ran; unloaded, it is gone again.
+    assert _tool_results(fake_llm.requests[2])[-1] == {"text": "HELLO THERE\n"}
+    assert offered(3) == offered(0)
+    assert "unknown tool 'shout'" in fake_llm.requests[4].body["messages"][-1]["content"]
+    calls = [e for e in _events(graphrun, _root(graphrun)) if e["type"] == "ToolCalled"]
+    assert calls[0]["tools"] == ["shout"] and calls[2]["source"] == "global:shout.sh"
+    replay = graphrun("replay", _root(graphrun))
+    assert replay.code == 0, replay.stdout + replay.stderr
+
+
 def _user_messages(request: RecordedRequest) -> list[str]:
     return [str(m["content"]) for m in request.body["messages"] if m["role"] == "user"]
 

@@ -6,10 +6,12 @@ The skills directory is ``$COYOTE_SKILLS_DIR`` (or ``$LOKI_SKILLS_DIR``), else
 YAML front matter gives its ``description``; the rest is its body.
 
 As in Loki, a loaded skill's body goes into the system prompt of the turns that
-follow, after the node's own (a blank line between), in the order loaded;
-``skill__unload`` takes it out again. The body is recorded with the call
-(``ToolCalled.instructions``): a resumed visit rebuilds its loaded skills, texts
-included, from the log, and a replay compares each with the document of today.
+follow, after the node's own (a blank line between), in the order loaded, and
+the tools its front matter grants (``enabled_tools``) are offered from then on;
+``skill__unload`` takes both away again. Both are recorded with the call
+(``ToolCalled``'s ``instructions`` and ``tools``): a resumed visit rebuilds its
+loaded skills from the log, and a replay compares each body with the document of
+today.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import json
 from typing import Any
 
 from graphrun.eventstore.events import ToolCalled
-from graphrun.runtime.graph.skills import available, find_skill, read_skill, skills_dirs
+from graphrun.runtime.graph.skills import (
+    available,
+    find_skill,
+    read_grants,
+    read_skill,
+    skills_dirs,
+)
 
 __all__ = ["Skills", "available", "find_skill", "read_skill", "skills_dirs"]
 
@@ -31,6 +39,7 @@ class Skills:
         self.config_dir = ports.options.config_dir
         self.settings = settings
         self.loaded: dict[str, str] = {}  # name -> body, in the order loaded
+        self.grants: dict[str, tuple[str, ...]] = {}  # name -> the tools it grants
         for event in prior:
             if isinstance(event, ToolCalled) and event.node_id == node_id and not event.is_error:
                 self._track(event)
@@ -45,12 +54,18 @@ class Skills:
             if body is None:  # a log from before the body was recorded on its own
                 body = _recorded_body(event.result)
             self.loaded[skill] = body
+            self.grants[skill] = tuple(event.tools)
         elif event.name == "skill__unload":
             self.loaded.pop(skill, None)
+            self.grants.pop(skill, None)
 
     def instructions(self) -> str:
         """What the loaded skills add to the system prompt."""
         return "\n\n".join(body for body in self.loaded.values() if body)
+
+    def granted(self) -> list[str]:
+        """The tools the loaded skills grant, in the order loaded."""
+        return list(dict.fromkeys(t for name in self.loaded for t in self.grants.get(name, ())))
 
     def _allowed(self, name: str) -> bool:
         enabled = self.settings.enabled_skills
@@ -58,7 +73,8 @@ class Skills:
 
     def call(self, action: str, args: dict[str, Any], cancel: Any) -> dict[str, Any]:
         """Loki's answer to ``skill__<action>``; a load's body is under ``instructions``
-        (taken off the answer by :meth:`answer`, recorded, never shown as a result)."""
+        and its grants under ``tools`` (the toolbox takes both off the answer and
+        records them with the call: the model sees Loki's answer)."""
         if not self.settings.skills_enabled:
             return {"error": "Skills are disabled in this context"}
         if action == "list":
@@ -79,6 +95,7 @@ class Skills:
             if name not in self.loaded:
                 return {"error": f"Skill '{name}' is not loaded"}
             del self.loaded[name]
+            self.grants.pop(name, None)
             return {"status": "ok", "unloaded": name}
         if action != "load":
             return {"error": f"unknown skill function 'skill__{action}'"}
@@ -90,13 +107,21 @@ class Skills:
         if name in self.loaded:
             return {"error": f"Skill '{name}' is already loaded"}
         _description, body = read_skill(path)
+        tools = tuple(read_grants(path))
         self.loaded[name] = body
+        self.grants[name] = tools
         return {
             "status": "ok",
             "loaded": name,
             "message": f"Skill '{name}' loaded",
             "instructions": body,
+            "tools": list(tools),
         }
+
+    def forget(self, name: str) -> None:
+        """Take back a load whose tools could not be offered."""
+        self.loaded.pop(name, None)
+        self.grants.pop(name, None)
 
 
 def _recorded_body(result: str) -> str:
