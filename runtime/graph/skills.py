@@ -4,8 +4,8 @@ A skill is ``<skills dir>/<name>/SKILL.md``; the skills directory is
 ``$COYOTE_SKILLS_DIR`` (or ``$LOKI_SKILLS_DIR``), else ``skills/`` of the
 configuration directory; a project's own ``.coyote/skills`` (or ``.loki/skills``)
 in the working directory comes first, as in Loki. A skill's YAML front matter
-gives its ``description`` and the tools it grants (``enabled_tools``); the rest is
-its body.
+gives its ``description`` and what it grants (``enabled_tools``,
+``enabled_mcp_servers``); the rest is its body.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ def read_skill(path: Path) -> tuple[str, str]:
 
 
 def read_grants(path: Path) -> list[str]:
-    """The tools a SKILL.md's front matter grants (``enabled_tools``: a list, or names
-    separated by commas), as Loki reads them."""
+    """What a SKILL.md's front matter grants, as tools entries: its ``enabled_tools``
+    and, as ``mcp:<server>``, its ``enabled_mcp_servers`` (each a list, or names
+    separated by commas, as Loki reads them)."""
     import yaml
 
     match = _FRONT.match(path.read_text(encoding="utf-8"))
@@ -61,7 +62,13 @@ def read_grants(path: Path) -> list[str]:
         meta = yaml.safe_load(match.group(1))
     except yaml.YAMLError:
         return []
-    value = meta.get("enabled_tools") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        return []
+    tools = _names(meta.get("enabled_tools"))
+    return tools + [f"mcp:{server}" for server in _names(meta.get("enabled_mcp_servers"))]
+
+
+def _names(value: object) -> list[str]:
     if isinstance(value, str):
         names = value.split(",")
     elif isinstance(value, list):

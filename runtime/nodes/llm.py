@@ -290,7 +290,8 @@ class LlmActor:
     def granted(self, names: tuple[str, ...]) -> Any:
         """The toolbox of the tools loaded skills grant: global tools by name, as in
         Loki (``<config_dir>/functions/tools/<name>.sh`` or ``.py``), whether or not
-        the graph lists them, and any tool of the graph's own.
+        the graph lists them, any tool of the graph's own, and ``mcp:<server>`` for
+        an MCP server of ``mcp.json`` (offered as the node's other MCP tools are).
 
         Raises:
             ToolError: a granted name is no tool here.
@@ -309,11 +310,13 @@ class LlmActor:
                 if file_name not in files and (tools_dir / file_name).is_file():
                     files.append(file_name)
                     break
+        servers = list(self.graph.mcp_servers)
+        servers += [n[4:] for n in names if n.startswith("mcp:") and n[4:] not in servers]
         return load_toolbox(
             self.agent_dir,
             list(names),
             global_tools=files,
-            mcp_servers=list(self.graph.mcp_servers),
+            mcp_servers=servers,
             config_dir=self.config_dir,
             variables=self.variables,
         )

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sqlite3
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -20,8 +21,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GraphrunCli
+from tests.conftest import ROOT, GraphrunCli
 from tests.support.fake_llm import FakeLlm, RecordedRequest, Reply, text, tool_calls
+
+MCP_SERVER = ROOT / "tests" / "support" / "mcp_server.py"
 
 TOOLS_SH = """\
 #!/usr/bin/env bash
@@ -273,7 +276,15 @@ def test_todos_and_skills(graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path) -
     )
     results = _tool_results(fake_llm.requests[2])
     assert results[4] == {
-        "skills": [{"name": "checklist", "description": "A review checklist", "loaded": False}]
+        "skills": [
+            {
+                "name": "checklist",
+                "description": "A review checklist",
+                "grants_tools": [],
+                "grants_mcp_servers": [],
+                "loaded": False,
+            }
+        ]
     }
     # As in Loki, the body is not the result: it joins the system prompt that follows.
     assert results[5] == {
@@ -573,9 +584,12 @@ def test_a_loaded_skill_grants_its_tools_until_unloaded(
         'eval "$(argc --argc-eval "$0" "$@")"\n',
         encoding="utf-8",
     )
+    server = {"type": "stdio", "command": sys.executable, "args": [str(MCP_SERVER)]}
+    (cfg / "functions" / "mcp.json").write_text(json.dumps({"mcpServers": {"local": server}}))
     (cfg / "skills" / "loud").mkdir()
     (cfg / "skills" / "loud" / "SKILL.md").write_text(
-        "---\ndescription: Shouting\nenabled_tools: shout\n---\nSHOUT WHEN ASKED.\n"
+        "---\ndescription: Shouting\nenabled_tools: shout\nenabled_mcp_servers: [local]\n"
+        "---\nSHOUT WHEN ASKED.\n"
     )
     (cfg / "skills" / "broken").mkdir()
     (cfg / "skills" / "broken" / "SKILL.md").write_text(
@@ -586,7 +600,10 @@ def test_a_loaded_skill_grants_its_tools_until_unloaded(
         turn = len([m for m in request.body["messages"] if m["role"] == "assistant"])
         script = [
             tool_calls(("skill__load", {"name": "loud"}), ("skill__load", {"name": "broken"})),
-            tool_calls(("shout", {"text": "hello there"})),
+            tool_calls(
+                ("shout", {"text": "hello there"}),
+                ("mcp_invoke_local", {"tool": "add", "arguments": {"a": 40, "b": 2}}),
+            ),
             tool_calls(("skill__unload", {"name": "loud"})),
             tool_calls(("shout", {"text": "again"})),
         ]
@@ -601,18 +618,20 @@ def test_a_loaded_skill_grants_its_tools_until_unloaded(
         return [t["function"]["name"] for t in fake_llm.requests[i].body["tools"]]
 
     assert "shout" not in offered(0)
-    assert offered(1) == [*offered(0), "shout"]
+    meta = ["mcp_search_local", "mcp_describe_local", "mcp_invoke_local"]
+    assert offered(1) == [*offered(0), "shout", *meta]
     refused = _tool_results(fake_llm.requests[1])[1]
     assert refused["error"].startswith(
         "Loaded skill 'broken' but failed to offer the tools it grants: "
     )
     assert "NEVER LOADED" not in _system(fake_llm.requests[1])
     # The granted tool really ran; unloaded, it is gone again.
-    assert _tool_results(fake_llm.requests[2])[-1] == {"text": "HELLO THERE\n"}
+    assert _tool_results(fake_llm.requests[2])[-2:] == [{"text": "HELLO THERE\n"}, 42]
     assert offered(3) == offered(0)
     assert "unknown tool 'shout'" in fake_llm.requests[4].body["messages"][-1]["content"]
     calls = [e for e in _events(graphrun, _root(graphrun)) if e["type"] == "ToolCalled"]
-    assert calls[0]["tools"] == ["shout"] and calls[2]["source"] == "global:shout.sh"
+    assert calls[0]["tools"] == ["shout", "mcp:local"]
+    assert calls[2]["source"] == "global:shout.sh" and calls[3]["source"] == "mcp:local"
     replay = graphrun("replay", _root(graphrun))
     assert replay.code == 0, replay.stdout + replay.stderr
 

@@ -7,7 +7,8 @@ YAML front matter gives its ``description``; the rest is its body.
 
 As in Loki, a loaded skill's body goes into the system prompt of the turns that
 follow, after the node's own (a blank line between), in the order loaded, and
-the tools its front matter grants (``enabled_tools``) are offered from then on;
+what its front matter grants (``enabled_tools``, ``enabled_mcp_servers``) is
+offered from then on;
 ``skill__unload`` takes both away again. Both are recorded with the call
 (``ToolCalled``'s ``instructions`` and ``tools``): a resumed visit rebuilds its
 loaded skills from the log, and a replay compares each body with the document of
@@ -83,9 +84,17 @@ class Skills:
                 if not self._allowed(name):
                     continue
                 path = find_skill(name, self.config_dir)
-                description = read_skill(path)[0] if path is not None else ""
+                if path is None:
+                    continue
+                grants = read_grants(path)
                 entries.append(
-                    {"name": name, "description": description, "loaded": name in self.loaded}
+                    {
+                        "name": name,
+                        "description": read_skill(path)[0],
+                        "grants_tools": [g for g in grants if not g.startswith("mcp:")],
+                        "grants_mcp_servers": [g[4:] for g in grants if g.startswith("mcp:")],
+                        "loaded": name in self.loaded,
+                    }
                 )
             return {"skills": entries}
         name = str(args.get("name") or "")
