@@ -45,6 +45,7 @@ from graphrun.eventstore.fold import RunState, effect_output
 from graphrun.runtime.engine.failures import apply_policy
 from graphrun.runtime.engine.reducers import ABSENT, ReducerError, merge_writes, reduce, writes_of
 from graphrun.runtime.errors import TemplateError
+from graphrun.runtime.graph.expressions import ExpressionError
 from graphrun.runtime.graph.model import (
     ApprovalNode,
     EndNode,
@@ -55,6 +56,7 @@ from graphrun.runtime.graph.model import (
     NodeBase,
     ScriptNode,
 )
+from graphrun.runtime.graph.routing import skip_reason
 from graphrun.runtime.graph.templates import _MISSING, lookup, render
 from graphrun.runtime.nodes import kind_of
 from graphrun.runtime.nodes.guard import input_blocked, output_checked
@@ -111,7 +113,7 @@ def _decide(graph: Graph, state: RunState) -> Step:
     try:
         step = _step(graph, node, state.current, state)
     except TemplateError as exc:
-        return _fail(state.current, state.current_visit, str(exc))
+        return _fail(state.current, state.current_visit, str(exc), "TemplateError")
     if graph.reducers and isinstance(step, Append):
         return _reduce_sequential(graph, state, step)
     return step
@@ -269,7 +271,7 @@ def _parallel(graph: Graph, state: RunState) -> Step:
         try:
             step = _step(graph, node, slot.node_id, view)
         except TemplateError as exc:
-            step = _fail(slot.node_id, slot.visit, str(exc))
+            step = _fail(slot.node_id, slot.visit, str(exc), "TemplateError")
         if isinstance(step, Perform):
             pending.append(replace(step, branch=bid))
         elif isinstance(step, PerformMany):
@@ -357,6 +359,10 @@ def _merge_step(graph: Graph, state: RunState, outcomes: dict[str, tuple[Event, 
 
 def _step(graph: Graph, node: NodeBase, node_id: str, state: RunState) -> Step:
     """One visit of a node: its kind asks for its effect, or decides once it is in."""
+    if node.if_ is not None or node.unless is not None:
+        skipped = _skipped(node, node_id, state)
+        if skipped is not None:
+            return skipped
     if isinstance(node, MapNode):
         return _map_step(graph, node, node_id, state)
     kind = kind_of(node.type)
@@ -374,6 +380,22 @@ def _step(graph: Graph, node: NodeBase, node_id: str, state: RunState) -> Step:
         return again
     step = kind.complete(graph, node, node_id, state, done)
     return output_checked(node, node_id, state, step, kind.primary)
+
+
+def _skipped(node: NodeBase, node_id: str, state: RunState) -> Step | None:
+    """A node whose ``if`` is false (or ``unless`` true) over the state it would run
+    on: it completes at once, skipped, routed to ``next``, with no effect and no
+    writes. None: it runs. The state does not change during a visit, so deciding
+    again on the way (after its effect, say) gives the same answer."""
+    visit = state.current_visit
+    try:
+        reason = skip_reason(node, state.state)
+    except ExpressionError as exc:
+        field = "if" if node.if_ is not None else "unless"
+        return _fail(node_id, visit, f"{field}: {exc}", "ExpressionError")
+    if reason is None:
+        return None
+    return Append((_completed(node_id, visit, node.next, skipped=reason),))
 
 
 # --- map ---------------------------------------------------------------------------
@@ -456,7 +478,7 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
         try:
             step = _step(graph, inner, node.branch, view)
         except TemplateError as exc:
-            step = _fail(node.branch, visit, str(exc))
+            step = _fail(node.branch, visit, str(exc), "TemplateError")
         if isinstance(step, Perform):
             pending.append(Perform(step.node_id, step.node_type, step.task, iid, node_id, cap))
         elif isinstance(step, Append) and any(isinstance(e, NodeRetrying) for e in step.events):
@@ -488,6 +510,8 @@ def _item_result(
             completed = event
     if completed is None:
         return None, "produced no result"
+    if completed.skipped:
+        return None, None  # a skipped item collects null
     if completed.failed and not (isinstance(branch, LlmNode) and branch.fallback):
         return None, completed.error or "failed"
     key = node.output_key

@@ -24,6 +24,7 @@ from graphrun.runtime.graph.model import (
     ScriptNode,
     static_edges,
 )
+from graphrun.runtime.graph.routing import expression_reads, skip_conditions
 from graphrun.runtime.graph.templates import expressions
 from graphrun.runtime.graph.validate import Check, _npath, register_rule
 
@@ -85,7 +86,7 @@ def read_set(node: NodeBase) -> set[str]:
             fields = [node.output]
         case MapNode():
             fields = [node.over]
-    roots: set[str] = node.reads()
+    roots: set[str] = node.reads() | expression_reads(skip_conditions(node))
     for value in fields:
         roots |= _roots(value)
     updates: set[str] = set()
