@@ -155,7 +155,7 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
         if guard is not None and guard.on_fail:
             edges.append(("guard.on_fail", guard.on_fail, "guard failed"))
         for i, err in enumerate(getattr(self, "on_error", None) or ()):
-            label = "on_error" if err.default else "on_error"
+            label = "on_error"
             if err.kind:
                 label += f" {err.kind}"
             if err.match is not None:
