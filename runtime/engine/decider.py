@@ -56,7 +56,7 @@ from graphrun.runtime.graph.model import (
     NodeBase,
     ScriptNode,
 )
-from graphrun.runtime.graph.routing import skip_reason
+from graphrun.runtime.graph.routing import failure_handled, skip_reason
 from graphrun.runtime.graph.templates import _MISSING, lookup, render
 from graphrun.runtime.nodes import kind_of
 from graphrun.runtime.nodes.guard import input_blocked, output_checked
@@ -283,6 +283,41 @@ def _parallel(graph: Graph, state: RunState) -> Step:
     if pending:
         return PerformMany(tuple(pending), join=state.join or None)
     return _merge_step(graph, state, outcomes)
+
+
+def branch_outcome(graph: Graph, state: RunState, bid: str) -> tuple[str, str, str]:
+    """How branch ``bid`` of the running super-step stands, for its join:
+    ``("ok", "", "")`` when it completed (through a failure route the graph declares,
+    too), ``("failed", error, kind)`` when it failed (or its failure flowed on
+    unhandled), ``("pending", "", "")`` while its effect is missing, it waits for a
+    person or it is to be tried again. Pure: what the merge would decide."""
+    slot = state.branches.get(bid)
+    if slot is None:
+        return ("pending", "", "")
+    done: Event | None = slot.done
+    node = graph.nodes.get(slot.node_id)
+    if done is None:
+        if node is None:
+            return ("failed", f"node '{slot.node_id}' is not in the graph", "")
+        view = _branch_view(state, bid, slot.node_id, slot.visit)
+        try:
+            step = _step(graph, node, slot.node_id, view)
+        except TemplateError as exc:
+            return ("failed", str(exc), "TemplateError")
+        if not isinstance(step, Append) or any(
+            isinstance(e, HumanInputRequested | NodeRetrying) for e in step.events
+        ):
+            return ("pending", "", "")
+        done = next((e for e in step.events if isinstance(e, NodeCompleted | NodeFailed)), None)
+    if isinstance(done, NodeFailed):
+        return ("failed", done.error, done.error_kind)
+    if (
+        isinstance(done, NodeCompleted)
+        and done.failed
+        and not failure_handled(node, done.routed_to)
+    ):
+        return ("failed", done.error or "failed", done.error_kind)
+    return ("ok", "", "")
 
 
 def _merge_step(graph: Graph, state: RunState, outcomes: dict[str, tuple[Event, ...]]) -> Append:
@@ -536,6 +571,7 @@ __all__ = [
     "Perform",
     "PerformMany",
     "Step",
+    "branch_outcome",
     "decide",
     "human_task",
     "llm_task",
