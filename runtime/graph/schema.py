@@ -244,7 +244,8 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "max": "The longest delay, in seconds (60).",
         "jitter": "Wait between half and all of the delay (true), from a value fixed by the "
         "run, node, visit and attempt, so a replay decides the same.",
-        "on": "Regular expressions: retry only errors whose message matches one (empty: any).",
+        "on": "Regular expressions searched in `<kind>: <message>`: retry only errors that "
+        "match one (empty: any).",
     },
     "Guard": {
         None: "graphrun: conditions checked before (`input`) and after (`output`) the "
