@@ -87,6 +87,22 @@ def script_next_targets(source: str, node_ids: Iterable[str]) -> list[str]:
     return found
 
 
+def _join_label(node: Any) -> str:
+    """How a fan-out's step is joined, when it says (``, join count 2, 15s``)."""
+    join = getattr(node, "join", None)
+    kind = getattr(join, "type", None)
+    if not isinstance(kind, str):
+        return ""
+    label = f", join {kind}"
+    count = getattr(join, "count", None)
+    if kind == "count" and isinstance(count, int):
+        label += f" {count}"
+    timeout = getattr(join, "timeout", None)
+    if isinstance(timeout, int | float):
+        label += f" within {timeout:g}s"
+    return label
+
+
 def _skip_label(node: Any) -> str:
     """The label of a node's skip edges (to ``next``): its ``if``/``unless``."""
     parts = []
@@ -126,8 +142,9 @@ def build_picture(
                 pic.edges.append(PicEdge(node_id, on_other, "on_other"))
         else:
             targets = _targets(getattr(node, "next", None))
+            fan = "fan-out" + _join_label(node)
             for target in targets:
-                pic.edges.append(PicEdge(node_id, target, "" if len(targets) == 1 else "fan-out"))
+                pic.edges.append(PicEdge(node_id, target, "" if len(targets) == 1 else fan))
             fallback = getattr(node, "fallback", None)
             if fallback:
                 pic.edges.append(PicEdge(node_id, fallback, "fallback"))

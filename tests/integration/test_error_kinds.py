@@ -150,3 +150,15 @@ def test_validate_checks_the_kind(graphrun: GraphrunCli, tmp_path: Path) -> None
         f"error: {f}:13 ($.nodes.work.on_error[3]): node 'work': on_error[3] needs either "
         "`match: PATTERN` and/or `kind: KIND`, or `default: true`"
     ) in result.stderr
+
+
+def test_the_report_and_the_picture_show_the_kind(graphrun: GraphrunCli, tmp_path: Path) -> None:
+    root = write_agent(tmp_path / "k", GRAPH, {"work.py": WORK})
+    assert graphrun("run", str(root), "exit1").code == 0
+    out = tmp_path / "report.html"
+    assert graphrun("report", graphrun.last_run(), "-o", str(out)).code == 0
+    assert "error (ScriptExit): script exited with code 1" in out.read_text()
+    mermaid = graphrun("graph", str(root), "--format", "mermaid").stdout
+    assert '-->|"on_error /TimeoutError/"|' in mermaid
+    assert '-->|"on_error ScriptExit /code 3#124;status 3/"|' in mermaid
+    assert '-->|"on_error ScriptExit"|' in mermaid

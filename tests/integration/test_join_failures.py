@@ -20,6 +20,7 @@ import pytest
 
 from graphrun.eventstore.events import BranchesJoined, NodeFailed, RunFailed, ScriptFinished
 from graphrun.eventstore.store import SqliteStore
+from graphrun.runtime.graph.loader import load_graph
 from graphrun.runtime.replay.divergence import replay_events
 from tests.integration.test_join import _agent, _env, _gone, _joined, _pids, _run, store
 
@@ -174,3 +175,26 @@ def test_kill_after_a_branch_failed_then_resume_completes(tmp_path: Path) -> Non
     [joined] = [e for e in events if isinstance(e, BranchesJoined)]
     assert (joined.counted, joined.failed, joined.cancelled) == (["b", "c"], ["a"], [])
     store.close()
+
+
+def test_the_report_shows_the_failed_branch(
+    store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from graphrun.runtime.observe.report import render_report, view_run
+
+    root = _failing_agent(tmp_path, "{type: count, count: 2}")
+    _env(monkeypatch, tmp_path, a=0, b=0.2, c=0.4)
+    monkeypatch.setenv("FAIL_A", "1")
+    outcome = _run(store, root)
+    assert outcome.status == "completed", outcome.error
+    html = render_report([view_run(store.read(outcome.run_id), {})], {})
+    assert "failed before the join held: left out (join satisfied)" in html
+    assert "script exited with code 1: a could not reach its source" in html
+
+
+def test_the_picture_names_the_join(tmp_path: Path) -> None:
+    from graphrun.runtime.observe.graphpic import build_picture, to_mermaid
+
+    root = _failing_agent(tmp_path, "{type: count, count: 2, timeout: 15}")
+    mermaid = to_mermaid(build_picture(load_graph(root).graph))
+    assert mermaid.count('-->|"fan-out, join count 2 within 15s"|') == 3

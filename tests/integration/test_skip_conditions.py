@@ -150,3 +150,17 @@ def test_the_schema_and_the_picture_show_the_conditions(
         or "skip: if amount > 100 is false" in dot.stdout
     )
     assert "skip: unless vip is true" in dot.stdout
+
+
+def test_the_report_and_the_events_show_the_skip(graphrun: GraphrunCli, tmp_path: Path) -> None:
+    root = _agent(tmp_path)
+    run = graphrun("run", str(root), "50")
+    assert run.code == 0, run.stderr
+    assert "▸ charge skipped (if 'amount > 100' is false) -> greet" in run.stderr
+    out = tmp_path / "report.html"
+    assert graphrun("report", graphrun.last_run(), "-o", str(out)).code == 0
+    html = out.read_text()
+    assert '<span class="st-skipped">skipped</span>' in html
+    assert "skipped: if &#x27;amount &gt; 100&#x27; is false" in html
+    events = graphrun("events", graphrun.last_run()).stdout
+    assert "-> greet SKIPPED(if 'amount > 100' is false)" in events
