@@ -217,6 +217,8 @@ def skip_rules(node: Any, node_id: str, check: Any) -> list[Any]:
     out = check_expressions(node_id, check, found)
     if not found or node.targets or node.next == []:
         return out
+    if any(getattr(n, "branch", None) == node_id for n in check.graph.nodes.values()):
+        return out  # a map's branch: a skipped item collects null
     field = found[0][0]
     return [
         *out,

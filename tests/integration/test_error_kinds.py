@@ -162,3 +162,28 @@ def test_the_report_and_the_picture_show_the_kind(graphrun: GraphrunCli, tmp_pat
     assert '-->|"on_error /TimeoutError/"|' in mermaid
     assert '-->|"on_error ScriptExit /code 3#124;status 3/"|' in mermaid
     assert '-->|"on_error ScriptExit"|' in mermaid
+
+
+def test_a_log_recorded_before_kinds_still_replays(graphrun: GraphrunCli, tmp_path: Path) -> None:
+    import msgspec
+
+    from graphrun.eventstore.events import NodeCompleted, NodeFailed
+    from graphrun.eventstore.store import SqliteStore
+    from graphrun.runtime.replay.divergence import replay_events
+
+    root = write_agent(tmp_path / "k", GRAPH, {"work.py": WORK})
+    assert graphrun("run", str(root), "exit1").code == 0
+    store = SqliteStore(graphrun.db)
+    try:
+        events = store.read(graphrun.last_run())
+    finally:
+        store.close()
+    old = [
+        msgspec.structs.replace(e, error_kind="")
+        if isinstance(e, NodeCompleted | NodeFailed)
+        else e
+        for e in events
+    ]
+    assert old != events  # the run had a kind to drop
+    result = replay_events(old)
+    assert result.ok, result.divergence and result.divergence.format()

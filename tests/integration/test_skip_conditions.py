@@ -164,3 +164,35 @@ def test_the_report_and_the_events_show_the_skip(graphrun: GraphrunCli, tmp_path
     assert "skipped: if &#x27;amount &gt; 100&#x27; is false" in html
     events = graphrun("events", graphrun.last_run()).stdout
     assert "-> greet SKIPPED(if 'amount > 100' is false)" in events
+
+
+def test_a_skipped_map_item_collects_null(graphrun: GraphrunCli, tmp_path: Path) -> None:
+    graph = """
+        name: mapped
+        version: "1.0"
+        start: each
+        initial_state: {items: [1, 5, 2]}
+        nodes:
+          each:
+            type: map
+            over: "{{items}}"
+            as: item
+            branch: double
+            collect_into: doubled
+            next: done
+          double:
+            type: script
+            script: double.py
+            if: "item > 1"
+          done: {type: end, output: "{{doubled}}"}
+    """
+    double = """
+        import json, os
+        state = json.loads(os.environ["GRAPH_STATE"])
+        print(json.dumps({"output": state["item"] * 2}))
+    """
+    root = write_agent(tmp_path / "m", graph, {"double.py": double})
+    assert graphrun("validate", str(root)).code == 0
+    result = graphrun("run", str(root), "")
+    assert (result.code, result.stdout.strip()) == (0, "[null,10,4]"), result.stderr
+    assert graphrun("replay", graphrun.last_run()).code == 0
