@@ -96,7 +96,8 @@ def decide(graph: Graph, state: RunState) -> Step:
 def _decide(graph: Graph, state: RunState) -> Step:
     if state.terminal:
         return Finished(state.status)
-    if state.branches:
+    if state.branches or _join_needs(state.join) is not None:
+        # (a step whose join left no branch is still a step: it merges or fails)
         return _parallel(graph, state)
     if state.current is None:
         return _enter(graph, state)
@@ -350,6 +351,17 @@ def _merge_step(graph: Graph, state: RunState, outcomes: dict[str, tuple[Event, 
         writes[bid] = writes_of(snapshot, after)
         targets.update(done.fan_out or ([done.routed_to] if done.routed_to else []))
     step_no = state.step
+    needed = _join_needs(state.join)
+    if not failures and needed is not None and len(outcomes) < needed:
+        # The join settled without holding (its record is in, the failure that follows
+        # it is not: a crash between them): the step fails, as it did.
+        events.append(
+            RunFailed(
+                error=f"super-step {step_no}: join cannot hold: {len(outcomes)} branch(es) "
+                f"counted, {needed} needed"
+            )
+        )
+        return Append(tuple(events))
     if failures:
         # Deterministic (D8): the first failing node in node-id order names the error.
         bid, failed = failures[0]
@@ -390,6 +402,16 @@ def _merge_step(graph: Graph, state: RunState, outcomes: dict[str, tuple[Event, 
     if ends:
         events.append(ends[0][2])
     return Append(tuple(events))
+
+
+def _join_needs(join: dict[str, Any]) -> int | None:
+    """How many branches an ``any``/``count`` join needs (None: another policy)."""
+    if join.get("type") == "any":
+        return 1
+    count = join.get("count")
+    if join.get("type") == "count" and isinstance(count, int):
+        return count
+    return None
 
 
 def _step(graph: Graph, node: NodeBase, node_id: str, state: RunState) -> Step:

@@ -198,3 +198,25 @@ def test_the_picture_names_the_join(tmp_path: Path) -> None:
     root = _failing_agent(tmp_path, "{type: count, count: 2, timeout: 15}")
     mermaid = to_mermaid(build_picture(load_graph(root).graph))
     assert mermaid.count('-->|"fan-out, join count 2 within 15s"|') == 3
+
+
+def test_a_crash_between_the_join_and_its_failure_still_fails_the_step(
+    store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The join's record is durable, the failure after it is not: deciding again on
+    what the log holds fails the step instead of merging the branches that are left."""
+    from graphrun.eventstore.fold import fold
+    from graphrun.runtime.engine import decider
+
+    root = _failing_agent(tmp_path, "{type: count, count: 2}")
+    _env(monkeypatch, tmp_path, a=0, b=0.2, c=10)
+    monkeypatch.setenv("FAIL_A", "1")
+    monkeypatch.setenv("FAIL_B", "1")
+    outcome = _run(store, root)
+    events = store.read(outcome.run_id)
+    cut = next(i for i, e in enumerate(events) if isinstance(e, BranchesJoined)) + 1
+    step = decider.decide(load_graph(root).graph, fold(events[:cut]))
+    assert isinstance(step, decider.Append)
+    [failed] = step.events
+    assert isinstance(failed, RunFailed)
+    assert failed.error == "super-step 1: join cannot hold: 0 branch(es) counted, 2 needed"
