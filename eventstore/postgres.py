@@ -369,6 +369,9 @@ class PostgresStore:
         self._renew_at: dict[str, float] = {}
         # Runs whose lease a worker holds for longer than one drive (see hold()).
         self._held: set[str] = set()
+        # Runs being handed back right now (finish_claim): a heartbeat that misses
+        # their lease row meanwhile has not lost them to another worker.
+        self._releasing: set[str] = set()
         # run id -> queue settings, for runs whose RunStarted also queues them.
         self._to_queue: dict[str, dict[str, Any]] = {}
         # The connection holding this store's advisory locks on claimed runs (opened
@@ -1249,6 +1252,15 @@ class PostgresStore:
         if state not in ("done", "waiting", "queued", "stuck"):
             raise ValueError(f"unknown queue state {state!r}")
         now = self.clock.now()
+        with self._lock:
+            self._releasing.add(run_id)
+        try:
+            self._finish_claim(run_id, state, now)
+        finally:
+            with self._lock:
+                self._releasing.discard(run_id)
+
+    def _finish_claim(self, run_id: str, state: str, now: float) -> None:
         with self._conn() as conn, conn.transaction():
             self._sync_commit(conn)
             # An answer that came while this worker held the run queues it again.
@@ -1305,7 +1317,11 @@ class PostgresStore:
                     (now + seconds, relocked, self.owner, held),
                 ).fetchall()
             }
-        lost = sorted(set(held) - kept)
+        with self._lock:
+            # Not lost: a run handed back meanwhile (no longer held, or being).
+            lost = sorted(
+                r for r in set(held) - kept if r in self._held and r not in self._releasing
+            )
         for run_id in lost:
             self._forget(run_id)
         return lost

@@ -45,7 +45,12 @@ from graphrun.actors import process
 from graphrun.actors.base import CancelToken, start_actor_around
 from graphrun.actors.messages import Execute
 from graphrun.eventstore.codec import content_hash
-from graphrun.eventstore.errors import GraphrunError
+from graphrun.eventstore.errors import (
+    CorruptStoreError,
+    GraphrunError,
+    StoreError,
+    UnknownRunError,
+)
 from graphrun.eventstore.events import (
     RESULT_TYPES,
     BranchesJoined,
@@ -164,6 +169,14 @@ class _Context:
         """Queue what was recorded so far for the next commit, now (a recording
         that ends inside this effect: what it holds is kept)."""
         self._driver.absorb_effects()
+
+
+def store_lost(exc: BaseException) -> bool:
+    """Whether an error raised under an effect is the store's (unreachable, full,
+    locked, the lease gone), not the node's: the run stops resumable instead of
+    recording a failure. A damaged or missing log that an effect reads (a child's)
+    stays the node's failure."""
+    return isinstance(exc, StoreError) and not isinstance(exc, CorruptStoreError | UnknownRunError)
 
 
 def seed_state(
@@ -498,6 +511,12 @@ class Driver:
             driven = True
             return outcome
         finally:
+            if not driven:
+                # Stopped by an error (the store's, a bug): nothing of this run
+                # goes on running behind it.
+                self.node_cancel.cancel("the run stopped")
+                for token in list(self._tokens):
+                    token.cancel("the run stopped")
             with contextlib.suppress(GraphrunError):
                 self.flush()
             if driven:
@@ -696,6 +715,7 @@ class Driver:
             return None  # cancelled, interrupted or out of time while waiting
         if source is None and self._served_from_cache(step, visit):
             return None
+        future = None
         try:
             effect = self._effect(step.node_type)
             inline = getattr(effect, "inline", None)
@@ -712,6 +732,9 @@ class Driver:
             self.refused = cause if isinstance(cause, GraphrunError) else None
             return getattr(exc, "request", None) or self.state.waiting
         except GraphrunError as exc:
+            if store_lost(exc):
+                self._stop_in_flight(exc, future)
+                raise
             if self.interrupted is not None:
                 self._discard_results(None)
                 return None
@@ -1017,6 +1040,10 @@ class Driver:
             return "ok", None
         if isinstance(exc, WaitingForHuman):
             return "waiting", getattr(exc, "request", None)
+        if store_lost(exc):
+            # The store refused the effect's checkpoint: not the node's failure.
+            self._stop_in_flight(exc, None)
+            raise exc
         if isinstance(exc, GraphrunError):
             return "failed", str(exc)
         # An effect bug must still end the run cleanly.
@@ -1090,6 +1117,20 @@ class Driver:
                 ),
             )
         )
+
+    def _stop_in_flight(self, exc: BaseException, future: Any) -> None:
+        """The store went away (or the run's lease did) under an effect: whatever is
+        still running is cancelled, and the run stops where its log says, resumable.
+        It is not the node's failure: nothing is recorded for it."""
+        reason = f"the event store failed: {exc}"
+        self.node_cancel.cancel(reason)
+        for token in list(self._tokens):
+            token.cancel(reason)
+        if future is not None:
+            with contextlib.suppress(Exception):
+                future.get(timeout=30)
+        with self._effects_lock:
+            self._effects.clear()
 
     def _effect_failed(self, node_id: str, visit: int, error: str) -> None:
         self._speculate(

@@ -161,12 +161,6 @@ def test_a_worker_killed_on_another_host_is_taken_over_in_seconds(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    reason="known bug: across an immediate stop of PostgreSQL a run's log can lose its tail "
-    "(no RunCompleted) while its queue row says done; the outage output and hand-back "
-    "checks above it hold",
-    strict=False,
-)
 def test_workers_through_a_database_restart(
     setup: dict[str, Any],  # noqa: F811
     fake_llm: Any,
@@ -211,7 +205,11 @@ def test_workers_through_a_database_restart(
     for job, run_id in ids.items():
         events = store.read(run_id)
         assert store.verify(run_id) is None
-        assert [type(e).__name__ for e in events].count("RunCompleted") == 1
+        assert [type(e).__name__ for e in events].count("RunCompleted") == 1, (
+            [type(e).__name__ for e in events],
+            store.queue_counts(),
+            everything,
+        )
         assert events[-1].output == f"{job}: ok(one) / ok(two)"  # type: ignore[attr-defined]
         recorded = Counter(
             e.node_id  # type: ignore[attr-defined]
