@@ -27,9 +27,16 @@ def mode_of(args: argparse.Namespace) -> str:
     return "smoke" if args.smoke else "quick" if args.quick else "full"
 
 
-def parse_args(doc: str | None, argv: list[str] | None = None) -> argparse.Namespace:
-    """``--quick`` (smaller sizes, same checks; for CI), ``--smoke`` and ``--json``."""
+def parse_args(
+    doc: str | None,
+    argv: list[str] | None = None,
+    extra: Callable[[argparse.ArgumentParser], object] | None = None,
+) -> argparse.Namespace:
+    """``--quick`` (smaller sizes, same checks; for CI), ``--smoke`` and ``--json``;
+    ``extra`` adds a benchmark's own options."""
     parser = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0])
+    if extra is not None:
+        extra(parser)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, same checks (CI)")
     parser.add_argument(
         "--smoke",

@@ -20,7 +20,8 @@ the ratio judged is at ``full``, matched durability. Target: graphrun's step
 >= 3x cheaper than DBOS's (time per step, best of interleaved rounds). The load
 average is printed with the figures.
 
-Not measured here (yet): batches of runs through 1 and 2 worker processes.
+Batches of runs through 1 and 2 worker processes (graphrun's workers against
+DBOS's queue): bench/dbos_workers_bench.py.
 
 DBOS is optional (``pip install -e '.[bench]'``); without it the comparison is
 skipped, loudly. Usage: ``python bench/dbos_bench.py [--quick | --smoke] [--json]``.

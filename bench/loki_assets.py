@@ -56,7 +56,15 @@ sys.path.insert(0, str(ROOT))
 from tests.support.fake_llm import FakeLlm, RecordedRequest, Reply, text, tool_calls  # noqa: E402
 
 BUILTINS = ("user__", "todo__", "agent__", "skill__")
-PREFERRED = ("fs_write", "execute_command", "fs_ls", "fs_read", "fs_cat", "get_current_time")
+PREFERRED = (
+    "fs_write",
+    "execute_command",
+    "fs_ls",
+    "fs_read",
+    "fs_cat",
+    "get_current_time",
+    "list_tables",
+)
 
 
 def _arguments(spec: dict[str, Any], scratch: Path) -> dict[str, Any]:
@@ -132,9 +140,11 @@ def _mcp_servers(agent_dir: Path) -> list[str]:
     return []
 
 
-def _variables(agent_dir: Path) -> dict[str, str]:
+def _variables(agent_dir: Path, scratch: Path) -> dict[str, str]:
     """``<AGENT>_VARIABLES`` giving a value to each variable without a default (Loki
-    would prompt for those)."""
+    would prompt for those); a ``dsn`` is a SQLite database made in ``scratch``."""
+    import sqlite3
+
     import yaml
 
     path = agent_dir / "config.yaml"
@@ -148,6 +158,13 @@ def _variables(agent_dir: Path) -> dict[str, str]:
     }
     if not missing:
         return {}
+    if "dsn" in missing:
+        database = scratch / "graphrun.db"
+        with sqlite3.connect(database) as conn:
+            conn.execute("create table if not exists notes (body text)")
+            conn.execute("insert into notes values ('written by graphrun')")
+        conn.close()
+        missing["dsn"] = f"sqlite3:{database}"
     name = str(config.get("name") or agent_dir.name).upper().replace("-", "_")
     return {f"{name}_VARIABLES": json.dumps(missing)}
 
@@ -317,7 +334,7 @@ def run_agent(
             "OPENAI_API_KEY": "sk-loki-assets-check",
         }
         env.pop("GRAPHRUN_AGENTS_DIR", None)
-        env.update(_variables(config / "agents" / agent))
+        env.update(_variables(config / "agents" / agent, scratch))
         prompt = "Please do one small thing with your tools."
         proc = subprocess.run(
             [*graphrun, "run", agent, prompt, *_answers(config / "agents" / agent)],

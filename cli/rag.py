@@ -28,8 +28,7 @@ def rebuild_cmd(
     from graphrun.runtime.graph.config import config_dir as resolve_config
     from graphrun.runtime.graph.config import resolve_agent
     from graphrun.runtime.graph.loader import load_graph
-    from graphrun.runtime.graph.model import RagNode
-    from graphrun.runtime.nodes.rag import kb_config, rag_defaults
+    from graphrun.runtime.nodes.rag import RagNode, kb_config, rag_defaults
 
     cfg = resolve_config(config_dir)
     loaded = load_graph(resolve_agent(agent, resolve_agents(agents_dir, config=cfg)))

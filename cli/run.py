@@ -125,19 +125,25 @@ def _options(
     llm_replay: str | None,
     store: Any,
     quiet: bool = False,
-    continuing: str | None = None,
+    continuing: Any = None,
 ) -> Any:
-    """The run options of a command. ``continuing``: the run a command continues;
-    the configuration it began with is used where the command line does not say
-    otherwise (so ``resume``, ``approve``, ``answer`` and ``upgrade`` need no
-    ``--loki-dir`` the run was started with)."""
+    """The run options of a command. ``continuing``: the run a command continues
+    (its id, or the run as the command opened it:
+    :class:`~graphrun.runtime.engine.runs.LoadedRun`); the configuration it began
+    with is used where the command line does not say otherwise (so ``resume``,
+    ``approve``, ``answer`` and ``upgrade`` need no ``--loki-dir`` the run was
+    started with)."""
     from graphrun.actors.human.prompt import is_interactive
     from graphrun.runtime.engine.driver import RunOptions, recorded_config
     from graphrun.runtime.graph.config import agents_dir as resolve_agents
     from graphrun.runtime.graph.config import config_dir as resolve_config
     from graphrun.runtime.narrate import Narrator, child_narrator
 
-    recorded = recorded_config(store, continuing) if continuing else {}
+    recorded: dict[str, Any] = {}
+    if isinstance(continuing, str):
+        recorded = recorded_config(store, continuing)
+    elif continuing is not None:
+        recorded = recorded_config(store, continuing.run_id, first=continuing.first)
     if config_dir is None and recorded.get("config_dir"):
         config_dir = recorded["config_dir"]
     if agents_dir is None and recorded.get("agents_dir"):
@@ -354,16 +360,16 @@ def resume_cmd(
 
     An effect whose result was recorded is never performed again.
     """
-    from graphrun.eventstore.fold import fold
     from graphrun.runtime.engine.driver import Driver
+    from graphrun.runtime.engine.runs import load_run
     from graphrun.runtime.errors import AnswerError
     from graphrun.runtime.narrate import configure_logging
 
     configure_logging()
     store = open_store(db)
     run_id = resolve_run(store, run_id)
-    store.require_intact(run_id)  # never extend a log that does not verify
-    state = fold(store.read(run_id))
+    run = load_run(store, run_id)  # never extend a log that does not verify
+    state = run.state
     if state.status == "failed":
         raise AnswerError(
             f"run {run_id} has already failed; there is nothing to resume",
@@ -381,25 +387,24 @@ def resume_cmd(
         llm_replay=llm_replay,
         store=store,
         quiet=as_json,
-        continuing=run_id,
+        continuing=run,
     )
-    _check_continuation(store, run_id, options, resuming=True)
-    outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
+    _check_continuation(run, options, resuming=True)
+    outcome = _drive(Driver(store, run_id, options, resumed_by=as_user, loaded=run))
     finish(outcome, as_json=as_json, db=db)
 
 
-def _check_continuation(store: Any, run_id: str, options: Any, *, resuming: bool) -> None:
-    """What ``run`` checks before it starts, for a run continued from its log: the
-    answers given (less those the log already holds, on resume) and the model keys."""
-    from graphrun.eventstore.fold import fold
+def _check_continuation(run: Any, options: Any, *, resuming: bool) -> None:
+    """What ``run`` checks before it starts, for a run continued from its log (as
+    the command opened it): the answers given (less those the log already holds,
+    on resume) and the model keys."""
     from graphrun.runtime.engine.answers import check_flag_answers, pending_answers
     from graphrun.runtime.engine.driver import graph_of
     from graphrun.runtime.graph.preflight import check_answers, preflight
 
-    events = store.read(run_id)
-    loaded = graph_of(fold(events))
+    loaded = graph_of(run.state)
     if resuming:
-        options.answers = pending_answers(events, options.answers)
+        options.answers = pending_answers(run.events, options.answers, state=run.state)
     check_answers(loaded, options.answers)
     check_flag_answers(loaded.graph.nodes, options.answers)
     preflight(loaded, options)
@@ -421,8 +426,9 @@ def _answer_and_resume(
     signers: str | None = None,
 ) -> None:
     from graphrun.eventstore.events import ApprovalSigned
-    from graphrun.runtime.engine.answers import submit_answer
+    from graphrun.runtime.engine.answers import answer_run
     from graphrun.runtime.engine.driver import Driver
+    from graphrun.runtime.engine.runs import load_run
     from graphrun.runtime.errors import UsageError
     from graphrun.runtime.narrate import configure_logging
 
@@ -433,12 +439,15 @@ def _answer_and_resume(
         )
     store = open_store(db)
     run_id = resolve_run(store, run_id)
+    # The run is read and verified once here; the checks, the answer and the
+    # driver that continues it all take it from here.
+    run = load_run(store, run_id)
     signed, trust = None, None
     if sign is not None:
         signed, trust = _signed_answer(
-            store, run_id, text, kind, as_user, node, other, sign, signers, config_dir
+            store, run, text, kind, as_user, node, other, sign, signers, config_dir
         )
-    received = submit_answer(
+    received, answered = answer_run(
         store,
         run_id,
         text,
@@ -449,6 +458,7 @@ def _answer_and_resume(
         other=other,
         signed=signed,
         trust=trust,
+        loaded=run,
     )
     if received.run_id != run_id:
         click.echo(f"▸ run {run_id} waits on its child run {received.run_id}", err=True)
@@ -499,14 +509,14 @@ def _answer_and_resume(
         llm_replay=None,
         store=store,
         quiet=as_json,
-        continuing=run_id,
+        continuing=answered,
     )
     # This command answers one question: the run goes on to its end or to the
     # next wait, which is answered by another command, not prompted for here.
     options.interactive = False
     if trust is not None:
         options.signers = trust.signers
-    outcome = _drive(Driver(store, run_id, options, resumed_by=as_user))
+    outcome = _drive(Driver(store, run_id, options, resumed_by=as_user, loaded=answered))
     from graphrun.runtime.engine.driver import resume_ancestors
 
     outcome = resume_ancestors(store, run_id, options, outcome)
@@ -515,7 +525,7 @@ def _answer_and_resume(
 
 def _signed_answer(
     store: Any,
-    run_id: str,
+    run: Any,
     text: str,
     kind: str,
     as_user: str | None,
@@ -535,10 +545,10 @@ def _signed_answer(
     from graphrun.runtime.errors import UsageError
     from graphrun.runtime.graph.config import config_dir as default_config_dir
 
-    first = store.read(run_id, upto=1)[0]
+    run_id = run.run_id
     found = find_signers(
         signers,
-        graph_dir=getattr(first, "agent_dir", "") or None,
+        graph_dir=run.first.agent_dir or None,
         config_dir=default_config_dir(config_dir),
     )
     if found is None:
@@ -567,7 +577,7 @@ def _signed_answer(
             hint="pick one with --as NAME",
         )
     _waiting, statement = prepare_statement(
-        store, run_id, text, kind=kind, principal=principal, node=node, other=other
+        store, run_id, text, kind=kind, principal=principal, node=node, other=other, loaded=run
     )
     signature = ssh_sign(statement, sign)
     return SignedDecision(statement, signature, "sshsig"), make_trust(found)
@@ -752,12 +762,14 @@ def fork_cmd(
     --answer for a different human decision.
     """
     from graphrun.runtime.engine.driver import Driver
+    from graphrun.runtime.engine.runs import load_run
     from graphrun.runtime.narrate import configure_logging
     from graphrun.runtime.replay.fork import fork_run
 
     configure_logging()
     store = open_store(db)
     run_id = resolve_run(store, run_id)
+    source = load_run(store, run_id)  # a fork copies only a log that verifies
     options = _options(
         answers=answers,
         others=others,
@@ -767,12 +779,13 @@ def fork_cmd(
         llm_replay=llm_replay,
         store=store,
         quiet=as_json,
-        continuing=run_id,
+        continuing=source,
     )
-    _check_continuation(store, run_id, options, resuming=False)
-    new_id = fork_run(store, run_id, at_seq, by=as_user)
+    _check_continuation(source, options, resuming=False)
+    new_id = fork_run(store, run_id, at_seq, by=as_user, source=source)
     click.echo(f"▸ forked {run_id} at seq {at_seq} as {new_id}", err=True)
-    reused = [e for e in store.read(new_id) if getattr(e, "signature", "") and hasattr(e, "by")]
+    forked = load_run(store, new_id)
+    reused = [e for e in forked.events if getattr(e, "signature", "") and hasattr(e, "by")]
     if reused:
         signers = ", ".join(dict.fromkeys(str(getattr(e, "by", "")) for e in reused))
         click.echo(
@@ -780,5 +793,5 @@ def fork_cmd(
             "kept as signed for that run, not signed again",
             err=True,
         )
-    outcome = _drive(Driver(store, new_id, options, resumed_by=as_user))
+    outcome = _drive(Driver(store, new_id, options, resumed_by=as_user, loaded=forked))
     finish(outcome, as_json=as_json, db=db)

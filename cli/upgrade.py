@@ -60,8 +60,10 @@ def upgrade_cmd(
     run was upgraded (one run: its outcome's exit code, as for `run`), 1 when any
     was refused, 2 for bad input.
     """
+    from graphrun.eventstore.errors import BrokenLogError
     from graphrun.runtime.agents import load_agent
     from graphrun.runtime.engine.driver import check_graph, whoami
+    from graphrun.runtime.engine.runs import load_run
     from graphrun.runtime.errors import UsageError
     from graphrun.runtime.graph.config import agents_dir as resolve_agents
     from graphrun.runtime.graph.config import config_dir as resolve_config
@@ -93,10 +95,24 @@ def upgrade_cmd(
     results: list[dict[str, Any]] = []
     refused = 0
     to_drive: list[str] = []
+    # Each run is read and verified once; what upgrade appends extends it, and the
+    # driver that continues it takes it from there.
+    opened: dict[str, Any] = {}
     for run_id in targets:
         if from_seq is not None:
             run_id = _fork(store, run_id, from_seq, who, dry_run)
-        check = check_upgrade(store, run_id, loaded)
+        try:
+            run = load_run(store, run_id)
+        except BrokenLogError as exc:
+            if len(targets) == 1:
+                raise
+            # One damaged run never stops the others; it is refused, untouched.
+            refused += 1
+            results.append({"run_id": run_id, "result": "refused", "why": exc.message})
+            if not as_json:
+                click.echo(f"▸ run {run_id}: not upgraded: {exc.message}", err=True)
+            continue
+        check = check_upgrade(store, run_id, loaded, run=run)
         data = check.as_dict()
         if not check.ok:
             refused += 1
@@ -113,7 +129,7 @@ def upgrade_cmd(
                     err=True,
                 )
         else:
-            record_upgrade(store, check, loaded, by=who)
+            opened[run_id] = run.extended([record_upgrade(store, check, loaded, by=who)])
             data["result"] = "upgraded"
             if not as_json:
                 click.echo(
@@ -128,11 +144,11 @@ def upgrade_cmd(
         # One run: continue it here, as `resume` would, and exit with its outcome.
         from graphrun.cli.run import finish
 
-        outcome = _continue(store, to_drive[0], as_user, agents_dir, config_dir, as_json)
+        outcome = _continue(store, opened[to_drive[0]], as_user, agents_dir, config_dir, as_json)
         finish(outcome, as_json=as_json, db=db)
     outcomes: dict[str, str] = {}
     for run_id in to_drive if not dry_run else []:
-        outcome = _continue(store, run_id, as_user, agents_dir, config_dir, True)
+        outcome = _continue(store, opened[run_id], as_user, agents_dir, config_dir, True)
         outcomes[run_id] = outcome.status
         if not as_json:
             click.echo(f"▸ run {run_id} {outcome.status}", err=True)
@@ -146,7 +162,7 @@ def upgrade_cmd(
     if refused:
         raise SystemExit(1)
     if len(targets) == 1 and not to_drive and not dry_run:
-        _say_waiting(store, targets[0], db, as_json)
+        _say_waiting(store, opened.get(targets[0]) or targets[0], db, as_json)
 
 
 def _v(graph_hash: str) -> str:
@@ -187,7 +203,7 @@ def _fork(store: Any, run_id: str, at_seq: int, who: str, dry_run: bool) -> str:
 
 def _continue(
     store: Any,
-    run_id: str,
+    run: Any,
     as_user: str | None,
     agents_dir: str | None,
     config_dir: str | None,
@@ -204,18 +220,22 @@ def _continue(
         llm_replay=None,
         store=store,
         quiet=quiet,
-        continuing=run_id,
+        continuing=run,
     )
-    _check_continuation(store, run_id, options, resuming=True)
-    return _drive(Driver(store, run_id, options, resumed_by=as_user))
+    _check_continuation(run, options, resuming=True)
+    return _drive(Driver(store, run.run_id, options, resumed_by=as_user, loaded=run))
 
 
-def _say_waiting(store: Any, run_id: str, db: str | None, as_json: bool) -> None:
-    """An upgraded waiting run still waits: say for what, and how to answer."""
+def _say_waiting(store: Any, run: Any, db: str | None, as_json: bool) -> None:
+    """An upgraded waiting run (its id, or as it was opened and upgraded) still
+    waits: say for what, and how to answer."""
     from graphrun.cli.render import render_waiting
     from graphrun.eventstore.fold import fold
     from graphrun.runtime.engine.driver import RunOutcome
 
-    state = fold(store.read(run_id))
+    if isinstance(run, str):
+        run_id, state = run, fold(store.read(run))
+    else:
+        run_id, state = run.run_id, run.state
     if state.status == "waiting" and not as_json:
         render_waiting(RunOutcome(run_id, "waiting", waiting=state.waiting), db)

@@ -144,6 +144,7 @@ def verify_chain(
     rows: Iterable[tuple[int, bytes, str, str]],
     run_id: str | None = None,
     into: list[Event] | None = None,
+    hashes: dict[int, str] | None = None,
 ) -> ChainProblem | None:
     """Check stored ``(seq, body, prev_hash, hash)`` rows of one run, in seq order.
 
@@ -151,7 +152,8 @@ def verify_chain(
     stored bytes; unknown fields a newer graphrun wrote verify like any other.
     Returns the first problem (gap, broken link, unknown hash algorithm, wrong
     hash, a body that is not UTF-8 JSON of this run and seq), or ``None``. ``into``,
-    if given, gets each verified event, decoded (the check decodes it anyway).
+    if given, gets each verified event, decoded (the check decodes it anyway);
+    ``hashes``, if given, each verified event's chain hash by seq.
     """
     expected_prev = GENESIS
     expected_seq = 1
@@ -169,6 +171,8 @@ def verify_chain(
             return ChainProblem(seq, problem)
         if into is not None and event is not None:
             into.append(event)
+        if hashes is not None:
+            hashes[seq] = stored_hash
         expected_prev = stored_hash
         expected_seq += 1
     return None

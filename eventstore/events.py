@@ -290,6 +290,20 @@ class ToolCalled(EventBase, frozen=True, kw_only=True):
     source: str = ""  # "tools.sh", "tools.py", "global", "mcp:<server>"
 
 
+class LlmContinued(EventBase, frozen=True, kw_only=True):
+    """An llm visit's model ended its turn and was prompted again (Loki's
+    ``auto_continue`` while todos are open, ``reason="todos"``; its guardrail while
+    spawned agents still run, ``reason="pending_agents"``). ``prompt`` is the user
+    message sent; the next turn is ``iteration + 1``."""
+
+    node_id: str
+    visit: int
+    iteration: int
+    reason: str
+    prompt: str
+    count: int = 1  # the how-manieth continuation of this reason
+
+
 class LlmResult(EventBase, frozen=True, kw_only=True):
     """What an llm node's calls amounted to: the final text, or why it failed.
 
@@ -494,6 +508,7 @@ Event = (
     | ScriptFinished
     | LlmCalled
     | ToolCalled
+    | LlmContinued
     | LlmResult
     | RetrievalDone
     | ChildRunStarted
@@ -516,6 +531,7 @@ EFFECT_TYPES: tuple[type, ...] = (
     ToolFinished,
     LlmCalled,
     ToolCalled,
+    LlmContinued,
     LlmResult,
     RetrievalDone,
     ChildRunStarted,
@@ -565,6 +581,7 @@ __all__ = [
     "HumanInputReceived",
     "HumanInputRequested",
     "LlmCalled",
+    "LlmContinued",
     "LlmResult",
     "NodeCompleted",
     "NodeEntered",

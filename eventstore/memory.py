@@ -166,17 +166,22 @@ class MemoryStore:
         yield from rows
 
     def verify(self, run_id: str) -> codec.ChainProblem | None:
+        return self.read_verified(run_id)[1]
+
+    def read_verified(
+        self, run_id: str, *, hashes: dict[int, str] | None = None
+    ) -> tuple[list[Event], codec.ChainProblem | None]:
+        """The run's events and :meth:`verify`'s answer, in one pass over the log (the
+        events are the run's only when there is no problem); ``hashes``, if given,
+        gets each verified event's chain hash by seq."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
         rows = list(self.raw_rows(run_id))
         if not rows:
-            return codec.ChainProblem(1, "the run has no events")
-        return codec.verify_chain(rows, run_id)
-
-    def read_verified(self, run_id: str) -> tuple[list[Event], codec.ChainProblem | None]:
-        """The run's events and :meth:`verify`'s answer (the events only when none)."""
-        problem = self.verify(run_id)
-        return ([] if problem is not None else self.read(run_id)), problem
+            return [], codec.ChainProblem(1, "the run has no events")
+        events: list[Event] = []
+        problem = codec.verify_chain(rows, run_id, into=events, hashes=hashes)
+        return ([] if problem is not None else events), problem
 
     def lost_head(self, run_id: str) -> str | None:
         """Never behind a reported head here (nothing of it outlives the process)."""

@@ -848,14 +848,16 @@ class PostgresStore:
     def verify(self, run_id: str) -> codec.ChainProblem | None:
         return self.read_verified(run_id)[1]
 
-    def read_verified(self, run_id: str) -> tuple[list[Event], codec.ChainProblem | None]:
+    def read_verified(
+        self, run_id: str, *, hashes: dict[int, str] | None = None
+    ) -> tuple[list[Event], codec.ChainProblem | None]:
         """The run's events and :meth:`verify`'s answer, in one reading of the log
         (each event decoded once); the events are the run's only when there is no
-        problem."""
+        problem. ``hashes``, if given, gets each verified event's chain hash by seq."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
         events: list[Event] = []
-        return events, codec.verify_chain(self.raw_rows(run_id), into=events)
+        return events, codec.verify_chain(self.raw_rows(run_id), into=events, hashes=hashes)
 
     def lost_head(self, run_id: str) -> str | None:
         """Never behind a reported head here (PostgreSQL never drops a commit it acknowledged)."""

@@ -175,7 +175,9 @@ class Store(Protocol):
 
     def verify(self, run_id: str) -> codec.ChainProblem | None: ...
 
-    def read_verified(self, run_id: str) -> tuple[list[Event], codec.ChainProblem | None]: ...
+    def read_verified(
+        self, run_id: str, *, hashes: dict[int, str] | None = None
+    ) -> tuple[list[Event], codec.ChainProblem | None]: ...
 
     def lost_head(self, run_id: str) -> str | None: ...
 
@@ -677,15 +679,17 @@ class SqliteStore:
         a row SQLite cannot read (a damaged page)."""
         return self.read_verified(run_id)[1]
 
-    def read_verified(self, run_id: str) -> tuple[list[Event], codec.ChainProblem | None]:
+    def read_verified(
+        self, run_id: str, *, hashes: dict[int, str] | None = None
+    ) -> tuple[list[Event], codec.ChainProblem | None]:
         """The run's events and :meth:`verify`'s answer, in one reading of the log
         (each event decoded once). The events are the run's only when there is no
-        problem."""
+        problem. ``hashes``, if given, gets each verified event's chain hash by seq."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
         rows, failure = self._stored_rows(run_id)
         events: list[Event] = []
-        problem = codec.verify_chain(self._chained(rows), run_id, into=events)
+        problem = codec.verify_chain(self._chained(rows), run_id, into=events, hashes=hashes)
         if problem is not None:
             return events, problem
         if failure is not None:

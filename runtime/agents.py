@@ -35,7 +35,7 @@ import yaml
 
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.runtime.errors import GraphLoadError, GraphValidationError
-from graphrun.runtime.graph.builtins import settings_from_config
+from graphrun.runtime.graph.builtins import SKILL_INSTRUCTIONS, settings_from_config
 from graphrun.runtime.graph.loader import LoadedGraph, load_graph, load_text
 
 #: config.yaml fields graphrun reads; others are accepted and warned about once.
@@ -64,13 +64,20 @@ KNOWN_FIELDS = {
     "skills_enabled",
     "enabled_skills",
     "auto_continue",
+    "max_auto_continues",
+    "continuation_prompt",
+    "inject_skill_instructions",
+    "skill_instructions",
+    "summarization_model",
+    "summarization_threshold",
+    "escalation_timeout",
 }
 #: Loki fields graphrun reads but does not act on (warned about once when set).
 _UNSUPPORTED = {"agent_session": "graphrun runs have no chat sessions"}
 #: Loki fields graphrun acts on only in part (warned about once when set).
 _PARTIAL = {
-    "auto_continue": "it offers the todo__* functions, but graphrun does not prompt the "
-    "agent again while todos are open"
+    "escalation_timeout": "a spawned agent's question waits for its parent's reply "
+    "(agent__reply_escalation) without a time limit"
 }
 _warned: set[str] = set()
 
@@ -387,8 +394,11 @@ def loop_agent_graph(
         if not offline or node is None:
             raise
         tools = [name for name in node.tools if not _is_builtin(name)]
-    tools += _builtin_names(config, template)
-    instructions += settings_from_config(config).injected()
+    settings = _builtin_settings(config, config_dir, recorded if offline else None)
+    tools += settings.names(ask="user__ask" in template)
+    instructions += settings.injected(
+        skills_installed=_skills_installed(settings, config_dir, recorded if offline else None)
+    )
     graph: dict[str, Any] = {
         "name": name,
         "description": config.get("description") or f"LLM-loop agent {name}",
@@ -445,20 +455,40 @@ def _is_builtin(name: str) -> bool:
     return is_builtin(name)
 
 
-def _builtin_names(config: dict[str, Any], template: str) -> list[str]:
-    """Loki's built-in functions the agent is offered: by its settings (spawning, todos,
-    skills when it sets ``skills_enabled``/``enabled_skills``); the user functions, and
-    skills, when its instructions name them."""
+def _builtin_settings(config: dict[str, Any], config_dir: Path | None, recorded: Any) -> Any:
+    """Loki's built-in functions for this agent: its own settings, with skills off when
+    the configuration directory's ``config.yaml`` turns them off for everyone (replayed
+    without it: when the recorded agent was offered none)."""
     settings = settings_from_config(config)
-    mentions = set(re.findall(r"\b(user|skill)__[a-z_]+\b", template))
-    wants_skills = (
-        config.get("skills_enabled") is True
-        or bool(config.get("enabled_skills"))
-        or "skill" in mentions
-    )
-    if not wants_skills:
-        settings = dataclasses.replace(settings, skills_enabled=False)
-    return settings.names(user="user" in mentions)
+    if settings.skills_enabled and recorded is not None:
+        node = recorded.nodes.get("agent")
+        if "skill__list" not in (getattr(node, "tools", None) or ()):
+            settings = dataclasses.replace(settings, skills_enabled=False)
+    elif settings.skills_enabled and config_dir is not None:
+        path = Path(config_dir) / "config.yaml"
+        try:
+            app = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+        except (OSError, yaml.YAMLError):
+            app = None  # a broken config.yaml is reported where a model is needed
+        if isinstance(app, dict) and app.get("skills_enabled") is False:
+            settings = dataclasses.replace(settings, skills_enabled=False)
+    return settings
+
+
+def _skills_installed(settings: Any, config_dir: Path | None, recorded: Any) -> bool:
+    """Whether a skill the agent may load is installed (Loki hints at skills only
+    then). Replayed without the configuration directory, the recorded instructions
+    say whether they carried the hint."""
+    if not settings.skills_enabled:
+        return False
+    if recorded is not None:
+        node = recorded.nodes.get("agent")
+        system = getattr(node, "instructions", None) or ""
+        return (settings.skill_instructions or SKILL_INSTRUCTIONS) in system
+    from graphrun.runtime.graph.skills import available
+
+    chosen = settings.enabled_skills
+    return any(chosen is None or name in chosen for name in available(config_dir))
 
 
 def _declared_names(name: str, config: dict[str, Any]) -> dict[str, str]:
@@ -514,10 +544,8 @@ def _with_default_model(
     """Loki's default-model chain for a graph agent: llm nodes without a model, in a
     graph without one, use :func:`default_model`. The model is written into the graph
     text (at its end, so no line moves), so the run records it and replays it."""
-    from graphrun.runtime.graph.model import LlmNode
-
     graph = loaded.graph
-    needs = any(isinstance(n, LlmNode) and not n.model for n in graph.nodes.values())
+    needs = any(type(n).CALLS_MODEL and not getattr(n, "model", None) for n in graph.nodes.values())
     if graph.model or not needs:
         return loaded
     if re.search(r"^model\s*:", loaded.source, re.MULTILINE):

@@ -11,6 +11,7 @@
     ├── UsageError                     bad flags or arguments
     ├── RunError (exit 1)              the run itself failed
     │   └── WaitingForHuman (exit 3)   non-interactive and no answer supplied
+    │       └── ChildWaiting           a child run waits for a person (so its parent does)
     ├── AnswerError                    answering a run that waits for nothing, refused approver
     ├── ReplayDivergence (exit 1)      replay decided differently than the log
     └── (actors add ToolError, LlmConfigError, RagError, …)
@@ -66,6 +67,14 @@ class WaitingForHuman(GraphrunError):
     exit_code = 3
 
 
+class ChildWaiting(WaitingForHuman):
+    """A child run waits for a person; the parent waits with it."""
+
+    def __init__(self, message: str, request: Any) -> None:
+        super().__init__(message)
+        self.request = request
+
+
 class AnswerError(GraphrunError):
     """An answer cannot be recorded (nothing waits, wrong node, not an approver, …)."""
 
@@ -89,6 +98,7 @@ def node_context(node_id: str) -> Iterator[None]:
 
 __all__ = [
     "AnswerError",
+    "ChildWaiting",
     "GraphError",
     "GraphLoadError",
     "GraphValidationError",

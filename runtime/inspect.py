@@ -17,6 +17,7 @@ from graphrun.eventstore.events import (
     HumanInputReceived,
     HumanInputRequested,
     LlmCalled,
+    LlmContinued,
     LlmResult,
     NodeCompleted,
     NodeEntered,
@@ -86,6 +87,8 @@ def summarize_event(event: Event) -> str:
             )
         case ToolCalled():
             return f"{event.name}({_short(event.arguments, 30)}) -> {_short(event.result, 30)}"
+        case LlmContinued():
+            return f"{event.reason} #{event.count}: {_short(event.prompt, 40)}"
         case LlmResult():
             return f"error={_short(event.error)}" if event.error else _short(event.text or "")
         case RetrievalDone():

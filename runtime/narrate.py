@@ -22,6 +22,7 @@ from graphrun.eventstore.events import (
     Event,
     HumanInputRequested,
     LlmCalled,
+    LlmContinued,
     LlmResult,
     NodeCompleted,
     NodeEntered,
@@ -194,6 +195,8 @@ class Narrator:
                 )
             case ToolCalled():
                 self.line(f"▸ tool: {event.name}" + (" (error)" if event.is_error else ""))
+            case LlmContinued():
+                self.line(f"▸ prompted again ({event.reason}, {event.count})")
             case NodeCompleted(routed_to=None):
                 pass
             case NodeCompleted():
@@ -438,7 +441,7 @@ def _map_size(state: RunState, node_id: str) -> tuple[int, int]:
     try:
         from graphrun.runtime.engine.decider import map_items
         from graphrun.runtime.engine.driver import graph_of
-        from graphrun.runtime.graph.model import MapNode
+        from graphrun.runtime.nodes.map import MapNode
 
         graph = graph_of(state).graph
         node = graph.nodes.get(node_id)

@@ -12,6 +12,10 @@ module performs the calls and records each as it happens:
    More than ``max_iterations`` turns fails the node. A call identical (name and
    arguments) to one of the previous turn is not run again: the model gets an
    error result saying so, and the turn still counts towards ``max_iterations``.
+   When the model ends its turn, a toolbox with a ``continuation`` (Loki's
+   built-ins: open todos, spawned agents still running) may prompt it again; that
+   is recorded as ``LlmContinued`` before the next turn, and a resumed visit
+   takes it from the log.
 3. With an ``output_schema``, a reply that is not valid JSON for the schema goes
    to the structured-output extractor (purpose ``"extract"``), with one repair
    retry (purpose ``"repair"``) if the extractor's answer is unusable too.
@@ -30,7 +34,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from graphrun.actors.base import CancelToken, EffectContext
@@ -48,7 +52,7 @@ from graphrun.actors.llm.providers.base import (
     ToolSpec,
 )
 from graphrun.actors.llm.structured import extractor_system, parse_json_output
-from graphrun.eventstore.events import LlmCalled, LlmResult, ToolCalled
+from graphrun.eventstore.events import LlmCalled, LlmContinued, LlmResult, ToolCalled
 
 # The scope token's reason when the node's own timeout fired.
 _NODE_TIMEOUT = "node timeout"
@@ -113,6 +117,40 @@ def perform_llm(
         run.close()
     ctx.record(result)
     return result
+
+
+def perform_side_call(
+    task: LlmTask,
+    ctx: EffectContext,
+    *,
+    client_factory: ClientFactory,
+    purpose: str,
+    iteration: int = 1,
+) -> tuple[str | None, str | None]:
+    """One call for a built-in of an llm visit (a child's output summarised):
+    ``task.prompt`` to ``task.model``, no tools, recorded as ``LlmCalled`` of the
+    visit with ``purpose`` and ``iteration`` (the how-manieth such call), served
+    from the log when a resumed visit recorded it. Returns the text, or why not."""
+    run = _LlmRun(task, ctx, client_factory, None)
+
+    def steps() -> Steps:
+        try:
+            resolved = client_factory.resolve(task.model)
+        except LlmConfigError as err:
+            return str(err)
+        run.resolved = resolved
+        run.provider = get_provider(resolved.provider)
+        run.client = client_factory.client(resolved.base_url)
+        messages = [{"role": "user", "content": task.prompt}]
+        return (yield from run._call(purpose, iteration, task.system, messages, [], sampling=True))
+
+    try:
+        response = run.blocking(steps())
+    finally:
+        run.close()
+    if isinstance(response, str):
+        return None, response
+    return response.text, None
 
 
 async def perform_llm_async(
@@ -206,6 +244,7 @@ class _LlmRun:
         "deadline",
         "factory",
         "prior_calls",
+        "prior_continued",
         "prior_tools",
         "provider",
         "resolved",
@@ -245,6 +284,7 @@ class _LlmRun:
         self.prior_tools = {
             (e.iteration, e.call_id, e.name): e for e in prior if isinstance(e, ToolCalled)
         }
+        self.prior_continued = {e.iteration: e for e in prior if isinstance(e, LlmContinued)}
         # Whether something was recorded since the last commit (``_checkpoint``).
         self._unsaved = False
         self.deadline: float | None = None
@@ -395,6 +435,7 @@ class _LlmRun:
         specs = list(self.toolbox.specs) if self.toolbox is not None else []
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
         previous: set[tuple[str, str]] = set()
+        said: list[str] = []  # the texts of turns the model was prompted again after
         for iteration in range(1, task.max_iterations + 1):
             response = yield from self._call(
                 "main", iteration, task.system, messages, specs, sampling=True
@@ -402,7 +443,19 @@ class _LlmRun:
             if isinstance(response, str):
                 return response
             if not response.tool_calls:
-                return response
+                again = self._continuation(iteration, response.text)
+                if again is None:
+                    if said and task.output_schema is None:
+                        # Every turn's text, as Loki accumulates an agent's output.
+                        joined = "\n".join([*said, response.text] if response.text else said)
+                        return replace(response, text=joined)
+                    return response
+                if response.text:
+                    said.append(response.text)
+                    messages.append({"role": "assistant", "content": response.text})
+                messages.append({"role": "user", "content": again.prompt})
+                previous = set()
+                continue
             if iteration == task.max_iterations:
                 break
             messages.append(
@@ -470,6 +523,32 @@ class _LlmRun:
                 )
             previous = {(call.name, call.arguments) for call in response.tool_calls}
         return f"tool-call loop hit max_iterations={task.max_iterations}"
+
+    def _continuation(self, iteration: int, text: str) -> LlmContinued | None:
+        """Whether the model, which ended its turn, is prompted again: as recorded
+        (a resumed visit), else as the toolbox says (Loki's ``auto_continue`` and its
+        guardrail for spawned agents still running). Never on the last turn."""
+        recorded = self.prior_continued.get(iteration)
+        if recorded is not None:
+            return recorded
+        ask = getattr(self.toolbox, "continuation", None)
+        if ask is None or iteration >= self.task.max_iterations or self.scope.cancelled:
+            return None
+        decided = ask(text)
+        if decided is None:
+            return None
+        reason, prompt, count = decided
+        event = LlmContinued(
+            node_id=self.task.node_id,
+            visit=self.ctx.visit,
+            iteration=iteration,
+            reason=reason,
+            prompt=prompt,
+            count=count,
+        )
+        self.ctx.record(event)
+        self._unsaved = True
+        return event
 
     def _checkpoint(self) -> Steps:
         """Commit what this visit recorded since the last commit, if anything."""

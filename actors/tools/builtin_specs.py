@@ -59,6 +59,65 @@ _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "agent__list_running": ("The agents you spawned and their status.", _obj({})),
     "agent__list_available": ("The agents you may spawn, with descriptions.", _obj({})),
     "agent__cancel": ("Stop a spawned agent.", _obj({"id": _ID}, ["id"])),
+    "agent__task_create": (
+        "Create a task in the task queue; returns its id. A task with blocked_by waits "
+        "until those tasks are completed; with agent and prompt, that agent is started "
+        "when it becomes runnable.",
+        _obj(
+            {
+                "subject": {"type": "string", "description": "A short title"},
+                "description": {"type": "string", "description": "What the task is"},
+                "blocked_by": {
+                    "type": "array",
+                    "items": _S,
+                    "description": "Ids of tasks that must be completed first",
+                },
+                "agent": {"type": "string", "description": "An agent to start when runnable"},
+                "prompt": {"type": "string", "description": "The prompt for that agent"},
+            },
+            ["subject"],
+        ),
+    ),
+    "agent__task_list": ("The tasks in the queue, their status and dependencies.", _obj({})),
+    "agent__task_complete": (
+        "Mark a task completed; returns the tasks it unblocked (and the agents started).",
+        _obj({"task_id": {"type": "string", "description": "The task's id"}}, ["task_id"]),
+    ),
+    "agent__task_fail": (
+        "Mark a task failed; the tasks waiting on it stay blocked.",
+        _obj({"task_id": {"type": "string", "description": "The task's id"}}, ["task_id"]),
+    ),
+    "agent__reply_escalation": (
+        "Answer the question of a spawned agent that waits for you (from "
+        "pending_escalations); it goes on with your reply.",
+        _obj(
+            {
+                "escalation_id": {
+                    "type": "string",
+                    "description": "The escalation_id from pending_escalations",
+                },
+                "reply": {
+                    "type": "string",
+                    "description": "Your answer: an option's exact text, or free text",
+                },
+            },
+            ["escalation_id", "reply"],
+        ),
+    ),
+    "agent__send_message": (
+        "Leave a message for an agent you spawned or one working next to you.",
+        _obj(
+            {
+                "id": {"type": "string", "description": "The agent's id"},
+                "message": {"type": "string", "description": "The message"},
+            },
+            ["id", "message"],
+        ),
+    ),
+    "agent__check_inbox": (
+        "The messages other agents left for you since you last looked.",
+        _obj({}),
+    ),
     "user__ask": (
         "Ask the user to pick one of several options (or answer in their own words).",
         _obj({"question": _QUESTION, "options": _OPTIONS}, ["question", "options"]),

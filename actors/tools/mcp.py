@@ -59,7 +59,7 @@ from typing import IO, Any
 from graphrun.actors import process
 from graphrun.actors.base import CancelToken
 from graphrun.actors.llm.providers.base import ToolResult, ToolSpec
-from graphrun.actors.tools.toolbox import DEFAULT_TIMEOUT, ToolError
+from graphrun.actors.tools.base import DEFAULT_TIMEOUT, ToolError
 
 __all__ = [
     "META_PREFIXES",

@@ -46,6 +46,7 @@ from graphrun.actors import process
 from graphrun.actors.base import CancelToken
 from graphrun.actors.llm.providers.base import ToolResult, ToolSpec
 from graphrun.actors.paths import outside_hint, outside_problem
+from graphrun.actors.tools.base import DEFAULT_TIMEOUT, ToolError
 from graphrun.actors.tools.lokienv import work_dir
 from graphrun.eventstore import redaction
 from graphrun.eventstore.errors import GraphrunError
@@ -69,15 +70,8 @@ __all__ = [
     "validate_whitelist",
 ]
 
-DEFAULT_TIMEOUT = 60.0
-"""Seconds a tool may run before its process group is killed."""
-
 # What the model gets back when a tool succeeds without writing anything (as Loki).
 EMPTY_OUTPUT = "DONE"
-
-
-class ToolError(GraphrunError):
-    """A tool file that cannot be read, or a whitelist that names unknown tools."""
 
 
 class Tool(Protocol):

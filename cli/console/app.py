@@ -776,7 +776,7 @@ def create_app(config: Config) -> Starlette:
             store = open_store(config.db)
             try:
                 signers = signers_file(store, prepared.run_id, config.signers)
-                received = record(
+                received, answered = record(
                     store,
                     prepared,
                     signature=signature,
@@ -788,7 +788,12 @@ def create_app(config: Config) -> Starlette:
                 store.close()
                 raise
             state = continue_run(
-                store, received, principal=who.principal, signers=signers, on_error=_log_problem
+                store,
+                received,
+                principal=who.principal,
+                signers=signers,
+                on_error=_log_problem,
+                loaded=answered,
             )
             return received, state
 

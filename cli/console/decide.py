@@ -170,14 +170,16 @@ def record(
     kind: str,
     identity: str,
     trust: Any,
-) -> HumanInputReceived | ApprovalSigned:
-    """Record the answer (``submit_answer`` checks and appends it, or refuses).
+) -> tuple[HumanInputReceived | ApprovalSigned, Any]:
+    """Record the answer (``answer_run`` checks and appends it, or refuses); returns
+    it and the answered run as it is now (a ``LoadedRun``: :func:`continue_run`
+    continues it without reading its log again).
 
     A signature (``kind`` set) goes with the prepared statement and is verified
     against ``trust``; an answer without one is recorded with ``identity``
     ("token" or "proxy") as its identity class.
     """
-    from graphrun.runtime.engine.answers import submit_answer
+    from graphrun.runtime.engine.answers import answer_run
 
     signed = None
     if kind:
@@ -185,7 +187,7 @@ def record(
             statement=prepared.statement, signature=signature, kind=kind, identity=identity
         )
     authenticated = None if kind else identity
-    received = submit_answer(
+    return answer_run(
         store,
         prepared.run_id,
         prepared.answer,
@@ -198,7 +200,6 @@ def record(
         trust=trust,
         identity_class=authenticated or "claimed",
     )
-    return received
 
 
 def continue_run(
@@ -208,10 +209,12 @@ def continue_run(
     principal: str,
     signers: Path | None,
     on_error: Callable[[BaseException], None],
+    loaded: Any = None,
 ) -> str:
     """Continue the run ``received`` answered, as ``graphrun approve`` does; returns
     ``"waiting for more signatures"``, ``"queued"`` (a worker continues it) or
-    ``"continuing"`` (driven here). ``store`` holds the run's lease; it is closed."""
+    ``"continuing"`` (driven here). ``store`` holds the run's lease; it is closed.
+    ``loaded``: the run as :func:`record` left it (not read again)."""
     if isinstance(received, ApprovalSigned):
         store.release_lease(received.run_id)
         store.close()
@@ -235,11 +238,12 @@ def continue_run(
                 llm_replay=None,
                 store=store,
                 quiet=True,
-                continuing=received.run_id,
+                continuing=loaded if loaded is not None else received.run_id,
             )
             options.interactive = False
             options.signers = signers
-            outcome = _drive(Driver(store, received.run_id, options, resumed_by=principal))
+            driver = Driver(store, received.run_id, options, resumed_by=principal, loaded=loaded)
+            outcome = _drive(driver)
             resume_ancestors(store, received.run_id, options, outcome)
         except BaseException as exc:
             on_error(exc)

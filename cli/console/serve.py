@@ -110,6 +110,10 @@ def serve_cmd(
         sock.bind((host, port))
     except OSError as exc:
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    if not no_serve:
+        # Listening before the address is printed: a client that connects at once
+        # waits in the backlog until the server accepts (never "connection refused").
+        sock.listen(2048)
     port = sock.getsockname()[1]
     if origin is None:
         shown_host = "localhost" if host in ("127.0.0.1", "::1", "localhost") else host

@@ -50,14 +50,16 @@ Public API (stable; other faces add signature kinds, they do not change it):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
 from graphrun.eventstore.errors import GraphrunError
+from graphrun.runtime.decisions.signing import DOMAIN, SignatureInvalid, SignatureKind, Trust
+from graphrun.runtime.decisions.sshsig import SSHSIG
+from graphrun.runtime.decisions.webauthn import WEBAUTHN
 
 __all__ = [
     "DOMAIN",
@@ -79,17 +81,11 @@ __all__ = [
     "verify_signature",
 ]
 
-#: The domain tag of every statement, and the SSHSIG namespace signatures use.
-DOMAIN = "graphrun-decision@v1"
 IDENTITIES = ("verified", "token", "proxy", "claimed")
 
 
 class StatementError(GraphrunError):
     """Stored statement bytes are not a canonical decision statement."""
-
-
-class SignatureInvalid(GraphrunError):
-    """A signature does not verify; the message says which check failed."""
 
 
 class DecisionStatement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -163,37 +159,8 @@ def shown_hash(text: str | bytes) -> str:
     return statement_hash(text)
 
 
-@dataclass(frozen=True)
-class Trust:
-    """What verification may consult: local files and data only.
-
-    Attributes:
-        signers: An OpenSSH ``allowed_signers`` file (``"sshsig"``).
-        extra: Per signature kind, whatever that kind verifies against
-            (e.g. ``extra["webauthn"]``: the registered passkeys).
-    """
-
-    signers: Path | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-
-class SignatureKind(Protocol):
-    """One way of signing statement bytes."""
-
-    name: str
-
-    def verify(self, statement: bytes, signature: str, principal: str, trust: Trust) -> str:
-        """The id of the key that signed ``statement`` as ``principal`` (e.g. an SSH
-        key's ``SHA256:`` fingerprint, a credential id).
-
-        Raises:
-            SignatureInvalid: The signature does not verify, the key is not
-                ``principal``'s, or the trust material is missing (the message says which).
-        """
-        ...
-
-
-_KINDS: dict[str, SignatureKind] = {}
+#: The signature kinds by name; the built-in ones first.
+_KINDS: dict[str, SignatureKind] = {SSHSIG.name: SSHSIG, WEBAUTHN.name: WEBAUTHN}
 
 
 def register_kind(kind: SignatureKind) -> None:
@@ -207,7 +174,6 @@ def signature_kind(name: str) -> SignatureKind:
     Raises:
         SignatureInvalid: No such kind is known to this graphrun.
     """
-    _builtin()
     found = _KINDS.get(name)
     if found is None:
         known = ", ".join(sorted(_KINDS))
@@ -230,7 +196,6 @@ def verify_signature(
 def make_trust(signers: Path | None) -> Trust:
     """A :class:`Trust` over the ``signers`` file, with each registered kind's own
     material (its optional ``load_trust(signers)``) under ``extra[kind.name]``."""
-    _builtin()
     extra: dict[str, Any] = {}
     for name, kind in _KINDS.items():
         load = getattr(kind, "load_trust", None)
@@ -254,11 +219,3 @@ class SignedDecision:
     signature: str
     kind: str
     identity: str = "verified"
-
-
-def _builtin() -> None:
-    from graphrun.runtime.decisions.sshsig import SSHSIG
-    from graphrun.runtime.decisions.webauthn import WEBAUTHN
-
-    _KINDS.setdefault(SSHSIG.name, SSHSIG)
-    _KINDS.setdefault(WEBAUTHN.name, WEBAUTHN)

@@ -6,7 +6,7 @@ signs through ``ssh-agent`` when given a public key, and checks an
 ``allowed_signers`` file exactly as git does (principals, ``namespaces=``,
 ``valid-after``/``valid-before``). Verification runs ``ssh-keygen`` with no agent
 socket in its environment and touches no network. The namespace is
-:data:`~graphrun.runtime.decisions.DOMAIN`.
+:data:`~graphrun.runtime.decisions.signing.DOMAIN`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from graphrun.runtime.decisions import DOMAIN, SignatureInvalid, Trust
+from graphrun.runtime.decisions.signing import DOMAIN, SignatureInvalid, Trust
 
 __all__ = [
     "SSHSIG",

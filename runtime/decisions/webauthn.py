@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphrun.runtime.decisions import DOMAIN, SignatureInvalid, Trust
+from graphrun.runtime.decisions.signing import DOMAIN, SignatureInvalid, Trust
 
 SK_KEY_TYPE = "sk-ecdsa-sha2-nistp256@openssh.com"
 WEBAUTHN_SIG_TYPE = "webauthn-sk-ecdsa-sha2-nistp256@openssh.com"

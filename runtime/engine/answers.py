@@ -47,9 +47,17 @@ from graphrun.runtime.decisions import (
     verify_signature,
 )
 from graphrun.runtime.decisions.policy import Policy, governing_policy
+from graphrun.runtime.engine.runs import LoadedRun, load_run, still_current
 from graphrun.runtime.errors import AnswerError
+from graphrun.runtime.graph.loader import graph_of
 
-__all__ = ["check_flag_answers", "pending_answers", "prepare_statement", "submit_answer"]
+__all__ = [
+    "answer_run",
+    "check_flag_answers",
+    "pending_answers",
+    "prepare_statement",
+    "submit_answer",
+]
 
 _VERB = {"approval": "approve", "input": "answer"}
 
@@ -68,6 +76,7 @@ def submit_answer(
     signed: SignedDecision | None = None,
     trust: Trust | None = None,
     identity_class: str = "claimed",
+    loaded: LoadedRun | None = None,
 ) -> HumanInputReceived | ApprovalSigned:
     """Record a person's answer to the ``kind`` node the run waits at.
 
@@ -99,6 +108,8 @@ def submit_answer(
             ``"claimed"`` (typed), ``"token"`` (an authenticated session or API
             token) or ``"proxy"`` (asserted by a trusted front). Where the graph
             requires signed answers, none of these is enough.
+        loaded: ``run_id`` as the caller opened it (:func:`load_run`), so that its
+            log is not read again.
 
     Returns:
         The appended ``HumanInputReceived`` (or ``ApprovalSigned``), stamped.
@@ -115,14 +126,48 @@ def submit_answer(
         LeaseHeldError: Another process kept the run for longer than
             ``wait_for_lease`` seconds.
     """
+    return answer_run(
+        store,
+        run_id,
+        text,
+        kind=kind,
+        as_user=as_user,
+        node=node,
+        channel=channel,
+        other=other,
+        wait_for_lease=wait_for_lease,
+        signed=signed,
+        trust=trust,
+        identity_class=identity_class,
+        loaded=loaded,
+    )[0]
+
+
+def answer_run(
+    store: Store,
+    run_id: str,
+    text: str,
+    *,
+    kind: str,
+    as_user: str | None,
+    node: str | None = None,
+    channel: str,
+    other: bool = False,
+    wait_for_lease: float = 5.0,
+    signed: SignedDecision | None = None,
+    trust: Trust | None = None,
+    identity_class: str = "claimed",
+    loaded: LoadedRun | None = None,
+) -> tuple[HumanInputReceived | ApprovalSigned, LoadedRun]:
+    """:func:`submit_answer`, which also returns the run that was answered (a child
+    run the given one waits on, maybe) as it is after the answer, to be continued
+    without reading its log again (the lease is left held)."""
     ident = identity(as_user)
-    store.require_intact(run_id)  # never extend a log that does not verify
-    waiting = _waiting_run(store, run_id, node)
-    if waiting != run_id:
-        store.require_intact(waiting)
-    run_id = waiting
-    events = store.read(run_id)
-    request = _request(events, run_id, kind=kind, node=node)
+    # Never extend a log that does not verify: opening a run verifies it.
+    run = _waiting_run(store, _opened(store, run_id, loaded), node)
+    run_id = run.run_id
+    events = run.events
+    request = _request(run, kind=kind, node=node)
     policy = governing_policy(events, request.node_id)
     how = f"pass --as NAME with one of them to graphrun {_VERB[kind]}"
     cosigs = _cosignatures(events, request)
@@ -135,16 +180,16 @@ def submit_answer(
         if identity_class not in ("claimed", "token", "proxy"):
             raise AnswerRefused(f"an unsigned answer cannot be {identity_class!r}")
         check_approver(policy.approvers, ident.by, request.node_id, how=how)
-        text = _checked(events, request, text, other=other)
+        text = _checked(run, request, text, other=other)
         event: HumanInputReceived | ApprovalSigned = ident.answered(request, text, channel)
         if identity_class != "claimed":
             import msgspec
 
             event = msgspec.structs.replace(event, identity=identity_class)
     else:
-        stmt, key = _verified(store, events, request, signed, trust, as_user)
+        stmt, key = _verified(run, request, signed, trust, as_user)
         check_approver(policy.approvers, stmt.principal, request.node_id)
-        if _checked(events, request, stmt.answer, other=stmt.other) != stmt.answer:
+        if _checked(run, request, stmt.answer, other=stmt.other) != stmt.answer:
             raise AnswerRefused("the signed answer is not as graphrun records it")
         earlier = {e.by: e for e in cosigs}
         if stmt.principal in earlier:
@@ -181,25 +226,36 @@ def submit_answer(
             break
         except LeaseHeldError:
             # Whoever holds the run may be answering this very request.
-            _still_waiting(store.read(run_id), request)
+            held = store.read(run_id)
+            _still_waiting(held, fold(held), request)
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
     try:
-        now = store.read(run_id)
-        _still_waiting(now, request)
-        if _cosignatures(now, request) != cosigs:
+        # Holding the lease: the log as read, unless another process extended it.
+        now = still_current(store, run)
+        _still_waiting(now.events, now.state, request)
+        if _cosignatures(now.events, request) != cosigs:
             raise AnswerRefused(
                 f"another signature for node '{request.node_id}' arrived meanwhile; "
                 "nothing was recorded",
                 hint="run the command again (it signs over the signatures now recorded)",
             )
         (stamped,) = store.append(run_id, [event], sync=True)
+        head = store.run(run_id)
     except BaseException:
         store.release_lease(run_id)
         raise
     assert isinstance(stamped, HumanInputReceived | ApprovalSigned)
-    return stamped
+    digest = head.last_hash if head.last_seq == stamped.seq else None
+    return stamped, now.extended([stamped], head_hash=digest)
+
+
+def _opened(store: Store, run_id: str, loaded: LoadedRun | None) -> LoadedRun:
+    """``loaded`` when it is ``run_id``'s, else the run opened now."""
+    if loaded is not None and loaded.run_id == run_id:
+        return loaded
+    return load_run(store, run_id)
 
 
 def prepare_statement(
@@ -212,6 +268,7 @@ def prepare_statement(
     node: str | None = None,
     other: bool = False,
     shown: str | None = None,
+    loaded: LoadedRun | None = None,
 ) -> tuple[str, bytes]:
     """The decision statement to sign for answering ``run_id`` with ``text`` as
     ``principal``: ``(the run that waits, canonical statement bytes)``.
@@ -225,13 +282,10 @@ def prepare_statement(
     Raises:
         AnswerError, InvalidAnswer: As :func:`submit_answer`, before anything is signed.
     """
-    store.require_intact(run_id)
-    waiting = _waiting_run(store, run_id, node)
-    if waiting != run_id:
-        store.require_intact(waiting)
-    events = store.read(waiting)
-    request = _request(events, waiting, kind=kind, node=node)
-    answer = _checked(events, request, text, other=other)
+    run = _waiting_run(store, _opened(store, run_id, loaded), node)
+    waiting, events = run.run_id, run.events
+    request = _request(run, kind=kind, node=node)
+    answer = _checked(run, request, text, other=other)
     if shown is None:
         shown = shown_text(request.question, request.options, request.default)
     stmt = DecisionStatement(
@@ -245,7 +299,7 @@ def prepare_statement(
         answer=answer,
         other=other,
         asked_seq=request.seq,
-        asked_head=_hash_at(store, waiting, request.seq),
+        asked_head=_hash_at(run, request.seq),
         shown=shown_hash(shown),
         principal=principal,
         signed_at=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
@@ -254,18 +308,20 @@ def prepare_statement(
     return waiting, build_statement(stmt)
 
 
-def _hash_at(store: Store, run_id: str, seq: int) -> str:
-    for number, _body, _prev, digest in store.raw_rows(run_id):
-        if number == seq:
-            return digest
-    raise AnswerError(f"run {run_id} has no event {seq}")
+def _hash_at(run: LoadedRun, seq: int) -> str:
+    digest = run.hashes.get(seq)
+    if digest is None:
+        raise AnswerError(f"run {run.run_id} has no event {seq}")
+    return digest
 
 
 def _cosignatures(events: Sequence[Event], request: HumanInputRequested) -> list[ApprovalSigned]:
     """The signatures already recorded for ``request`` (a multi-signer approval)."""
+    # Events are in seq order from seq 1: the ones after the request follow its index.
+    after = events[request.seq :] if events and events[0].seq == 1 else events
     return [
         e
-        for e in events
+        for e in after
         if isinstance(e, ApprovalSigned)
         and e.seq > request.seq
         and (e.node_id, e.visit) == (request.node_id, request.visit)
@@ -280,8 +336,7 @@ def _still_needed(policy: Policy, cosigs: Sequence[ApprovalSigned], answer: str)
 
 
 def _verified(
-    store: Store,
-    events: Sequence[Event],
+    run: LoadedRun,
     request: HumanInputRequested,
     signed: SignedDecision,
     trust: Trust | None,
@@ -303,10 +358,10 @@ def _verified(
         "question": (stmt.question, request.question),
         "options": (list(stmt.options), list(request.options)),
         "question seq": (stmt.asked_seq, request.seq),
-        "log head": (stmt.asked_head, _hash_at(store, run_id, request.seq)),
+        "log head": (stmt.asked_head, _hash_at(run, request.seq)),
         "co-signatures": (
             list(stmt.cosigned),
-            [statement_hash(e.statement) for e in _cosignatures(events, request)],
+            [statement_hash(e.statement) for e in _cosignatures(run.events, request)],
         ),
     }
     wrong = [name for name, (have, want) in expected.items() if have != want]
@@ -330,9 +385,7 @@ def _verified(
     return stmt, key
 
 
-def _checked(
-    events: Sequence[Event], request: HumanInputRequested, text: str, *, other: bool
-) -> str:
+def _checked(run: LoadedRun, request: HumanInputRequested, text: str, *, other: bool) -> str:
     """The answer as it will be recorded, or InvalidAnswer (nothing recorded)."""
     from graphrun.actors.human.prompt import check_free_form, check_input, pick_option
 
@@ -340,16 +393,10 @@ def _checked(
         if other:
             return check_free_form(text, request.options, request.node_id)
         return pick_option(text, request.options, request.node_id)
-    node = _graph_nodes(events).get(request.node_id)
+    node = graph_of(run.state).graph.nodes.get(request.node_id)
     validation = getattr(node, "validation", None)
     check_input(text, validation, has_default=request.default is not None, node_id=request.node_id)
     return text
-
-
-def _graph_nodes(events: Sequence[Event]) -> dict[str, Any]:
-    from graphrun.runtime.engine.driver import graph_of
-
-    return dict(graph_of(fold(events)).graph.nodes)
 
 
 def check_flag_answers(nodes: Mapping[str, Any], answers: Mapping[str, Sequence[str]]) -> None:
@@ -397,7 +444,9 @@ def check_flag_answers(nodes: Mapping[str, Any], answers: Mapping[str, Sequence[
                 raise
 
 
-def pending_answers(events: Sequence[Event], answers: dict[str, list[str]]) -> dict[str, list[str]]:
+def pending_answers(
+    events: Sequence[Event], answers: dict[str, list[str]], *, state: RunState | None = None
+) -> dict[str, list[str]]:
     """The ``resume --answer`` values still to be used, per node.
 
     A list that starts with every answer the log already holds for a node (the
@@ -406,13 +455,16 @@ def pending_answers(events: Sequence[Event], answers: dict[str, list[str]]) -> d
     else is ambiguous and refused, as is a list made of recorded answers only while
     the run waits at that node: the message says which answer is still needed.
 
+    ``state``: the fold of ``events``, when the caller has it.
+
     Raises:
         UsageError: The list is ambiguous.
     """
     from graphrun.actors.human.prompt import FreeForm
     from graphrun.runtime.errors import UsageError
 
-    state = fold(events)
+    if state is None:
+        state = fold(events)
     waiting = state.waiting
     recorded: dict[str, list[HumanInputReceived]] = {}
     for event in events:
@@ -462,39 +514,39 @@ def _same_answer(given: str, recorded: HumanInputReceived, *, free: bool) -> boo
         return False
 
 
-def _waiting_run(store: Store, run_id: str, node: str | None) -> str:
-    """The run to answer: ``run_id``, or the one descendant of it that waits."""
+def _waiting_run(store: Store, run: LoadedRun, node: str | None) -> LoadedRun:
+    """The run to answer: ``run``, or the one descendant of it that waits (opened)."""
     from graphrun.runtime.engine.lifecycle import run_tree
 
-    state = fold(store.read(run_id))
+    state, run_id = run.state, run.run_id
     if state.waiting is not None or state.terminal:
-        return run_id
+        return run
     waiting: list[tuple[str, str]] = []
     for rid in run_tree(store, run_id)[1:]:
         row = store.run(rid)
         if row.waiting_node and (node is None or row.waiting_node == node):
             waiting.append((rid, row.waiting_node))
     if len(waiting) == 1:
-        return waiting[0][0]
+        return load_run(store, waiting[0][0])
     if len(waiting) > 1:
         listed = ", ".join(f"'{n}' in run {rid}" for rid, n in waiting)
         raise AnswerError(
             f"several child runs of run {run_id} wait for an answer: {listed}",
             hint="name the run that waits, or the node with --node",
         )
-    return run_id
+    return run
 
 
-def _request(
-    events: Sequence[Event], run_id: str, *, kind: str, node: str | None
-) -> HumanInputRequested:
+def _request(run: LoadedRun, *, kind: str, node: str | None) -> HumanInputRequested:
     """The request this answer is for, or the error that says why there is none."""
-    state = fold(events)
+    events, state, run_id = run.events, run.state, run.run_id
     waiting = None if state.terminal else state.waiting
+    if waiting is not None and (node is None or node == waiting.node_id) and waiting.kind == kind:
+        return waiting
+    # No answer can be taken: the last one given says why (a walk of the log, for
+    # the refusal only).
     previous = _last_answer(events, node, kind)
     if waiting is not None and (node is None or node == waiting.node_id):
-        if waiting.kind == kind:
-            return waiting
         now = f"waits at {waiting.kind} node '{waiting.node_id}'"
         hint = f"use graphrun {_VERB[waiting.kind]} {run_id} ..."
         if previous is not None:
@@ -514,9 +566,9 @@ def _request(
     raise AnswerError(_nothing_waits(state, run_id, previous))
 
 
-def _still_waiting(events: Sequence[Event], request: HumanInputRequested) -> None:
-    """Raise unless the run still waits at ``request`` (same event, not a later visit)."""
-    state = fold(events)
+def _still_waiting(events: Sequence[Event], state: RunState, request: HumanInputRequested) -> None:
+    """Raise unless the run (``events`` and their fold) still waits at ``request``
+    (same event, not a later visit)."""
     waiting = state.waiting
     if not state.terminal and waiting is not None and waiting.seq == request.seq:
         return
@@ -526,8 +578,6 @@ def _still_waiting(events: Sequence[Event], request: HumanInputRequested) -> Non
 def _check_node(state: RunState, run_id: str, node: str, kind: str) -> None:
     """Raise when ``node`` is not a ``kind`` node of the run's graph."""
     import difflib
-
-    from graphrun.runtime.engine.driver import graph_of
 
     nodes = graph_of(state).graph.nodes
     found = nodes.get(node)

@@ -46,22 +46,15 @@ from graphrun.runtime.engine.failures import apply_policy
 from graphrun.runtime.engine.reducers import ABSENT, ReducerError, merge_writes, reduce, writes_of
 from graphrun.runtime.errors import TemplateError
 from graphrun.runtime.graph.expressions import ExpressionError
-from graphrun.runtime.graph.model import (
-    ApprovalNode,
-    EndNode,
-    Graph,
-    InputNode,
-    LlmNode,
-    MapNode,
-    NodeBase,
-    ScriptNode,
-)
+from graphrun.runtime.graph.model import Graph, NodeBase
 from graphrun.runtime.graph.routing import failure_handled, skip_reason
 from graphrun.runtime.graph.templates import _MISSING, lookup, render
 from graphrun.runtime.nodes import kind_of
+from graphrun.runtime.nodes.end import EndNode
 from graphrun.runtime.nodes.guard import input_blocked, output_checked
 from graphrun.runtime.nodes.human import human_task, match_choice
-from graphrun.runtime.nodes.llm import llm_task, structured_value
+from graphrun.runtime.nodes.llm import LlmNode, llm_task, structured_value
+from graphrun.runtime.nodes.map import MapNode
 from graphrun.runtime.nodes.plan import (
     ERROR_KEY,
     Append,
@@ -75,6 +68,7 @@ from graphrun.runtime.nodes.plan import (
     state_json,
 )
 from graphrun.runtime.nodes.retry import pending_retry, retry_step
+from graphrun.runtime.nodes.script import ScriptNode
 
 #: A stand-in successor for a map's branch node, whose own routing is ignored.
 _MAP_ITEM_NEXT = "\x00map-item"
@@ -506,10 +500,7 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
     branch = graph.nodes.get(node.branch)
     if branch is None:
         return _fail(node_id, visit, f"map node '{node_id}': branch '{node.branch}' not found")
-    if (
-        isinstance(branch, ApprovalNode | InputNode | EndNode | MapNode)
-        or not type(branch).MAP_BRANCH
-    ):
+    if not type(branch).MAP_BRANCH:
         return _fail(
             node_id,
             visit,
@@ -521,7 +512,10 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
     # and a sequential map never share an id.
     prefix = node_id
     pending: list[Perform] = []
-    done: list[tuple[Step, RunState]] = []
+    # Each finished item's value as it is met (its view and step are not kept: a map
+    # of 10,000 items holds its results, not 10,000 states), and the first failure.
+    collected: list[Any] = []
+    problem: tuple[int, str] | None = None
     # What every item's view of the state shares; each adds its own effects and item.
     base = msgspec.structs.replace(
         state, current=node.branch, current_visit=visit, waiting=None, branches={}
@@ -540,18 +534,16 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
             pending.append(Perform(step.node_id, step.node_type, step.task, iid, node_id, cap))
         elif isinstance(step, Append) and any(isinstance(e, NodeRetrying) for e in step.events):
             return Append(tuple(_tag(e, iid) for e in step.events))
-        else:
-            done.append((step, view))
+        elif not pending and problem is None:  # (with items pending, nothing is collected)
+            value, why = _item_result(graph, node, branch, step, view)
+            if why is not None:
+                problem = (i, why)
+            collected.append(value)
     if pending:
         return PerformMany(tuple(pending))
-    collected: list[Any] = []
-    for i, (step, view) in enumerate(done):
-        value, problem = _item_result(graph, node, branch, step, view)
-        if problem is not None:
-            return _fail(
-                node_id, visit, f"map node '{node_id}': sub-branch [{i}] failed: {problem}"
-            )
-        collected.append(value)
+    if problem is not None:
+        i, why = problem
+        return _fail(node_id, visit, f"map node '{node_id}': sub-branch [{i}] failed: {why}")
     return Append((_completed(node_id, visit, node.next, updates={node.collect_into: collected}),))
 
 

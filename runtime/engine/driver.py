@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty, SimpleQueue
@@ -73,6 +73,7 @@ from graphrun.eventstore.ids import Clock, new_run_id
 from graphrun.eventstore.store import Store
 from graphrun.runtime.engine import decider
 from graphrun.runtime.engine.lifecycle import cancel_run, whoami
+from graphrun.runtime.engine.runs import LoadedRun, load_run, still_current
 from graphrun.runtime.errors import GraphValidationError, WaitingForHuman
 from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph, graph_of
 from graphrun.runtime.graph.model import Graph
@@ -277,10 +278,12 @@ def run_config(loaded: LoadedGraph, options: RunOptions) -> dict[str, Any]:
     return config
 
 
-def recorded_config(store: Store, run_id: str) -> dict[str, Any]:
-    """The configuration a run began with (its root run's, for a child run)."""
-    events = store.read(run_id, upto=1)
-    first = events[0] if events else None
+def recorded_config(store: Store, run_id: str, *, first: Event | None = None) -> dict[str, Any]:
+    """The configuration a run began with (its root run's, for a child run).
+    ``first``: the run's ``RunStarted``, when the caller has it (else it is read)."""
+    if first is None:
+        events = store.read(run_id, upto=1)
+        first = events[0] if events else None
     if not isinstance(first, RunStarted):
         return {}
     own = dict(first.config)
@@ -309,9 +312,13 @@ class Driver:
         clock: Clock | None = None,
         cancel: CancelToken | None = None,
         resumed_by: str | None = None,
+        loaded: LoadedRun | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
+        # The run as the command that continues it opened it (read and verified
+        # once): driving takes it instead of reading the log again.
+        self.loaded = loaded if loaded is not None and loaded.run_id == run_id else None
         self.options = options or RunOptions()
         self.clock = clock or Clock()
         self.cancel = cancel or CancelToken()
@@ -472,14 +479,17 @@ class Driver:
         finally:
             unhook()
 
-    def _require_answers_allowed(self, events: list[Event]) -> None:
+    def _require_answers_allowed(
+        self, events: Sequence[Event], hashes: Mapping[int, str] | None = None
+    ) -> None:
         from graphrun.eventstore.events import ApprovalSigned
         from graphrun.runtime.decisions import make_trust
         from graphrun.runtime.decisions.sshsig import find_signers
         from graphrun.runtime.decisions.verify import require_answers_allowed
         from graphrun.runtime.graph.config import config_dir as default_config_dir
 
-        if not any(isinstance(e, HumanInputReceived | ApprovalSigned) for e in events):
+        # From the end: a run continued after an answer finds it at once.
+        if not any(isinstance(e, HumanInputReceived | ApprovalSigned) for e in reversed(events)):
             return
         first = events[0]
         config = getattr(first, "config", {}) or {}
@@ -488,7 +498,8 @@ class Driver:
             graph_dir=getattr(first, "agent_dir", "") or None,
             config_dir=self.options.config_dir or config.get("config_dir") or default_config_dir(),
         )
-        hashes = {seq: digest for seq, _b, _p, digest in self.store.raw_rows(self.run_id)}
+        if hashes is None:
+            hashes = {seq: digest for seq, _b, _p, digest in self.store.raw_rows(self.run_id)}
         require_answers_allowed(events, make_trust(signers), hashes=hashes)
 
     def _sign_head(self) -> None:
@@ -556,9 +567,19 @@ class Driver:
             self._tmp_dir = Path(tempfile.mkdtemp(prefix="graphrun-"))
         return self._tmp_dir
 
-    def _drive(self) -> RunOutcome:
+    def _opened(self) -> tuple[Sequence[Event], RunState, Mapping[int, str] | None, bool]:
+        """The run's events, their fold, their chain hashes (when at hand) and whether
+        they were verified: the run its command opened, while the log still ends
+        there (this driver holds the lease now), else read here."""
+        if self.loaded is not None:
+            run = still_current(self.store, self.loaded)
+            self.loaded = None  # what it holds is the driver's state from here on
+            return run.events, run.state, run.hashes, True
         events = self.store.read(self.run_id)
-        self.durable = fold(events)
+        return events, fold(events), None, False
+
+    def _drive(self) -> RunOutcome:
+        events, self.durable, hashes, verified = self._opened()
         self.state = self.durable
         if self.state.terminal:
             return self._outcome()
@@ -569,9 +590,10 @@ class Driver:
         if resumed:
             # Never extend a log that does not verify (whoever resumes: a command,
             # a worker, an answer).
-            self.store.require_intact(self.run_id)
+            if not verified:
+                self.store.require_intact(self.run_id)
             # Nor one holding an answer the governing graph does not allow.
-            self._require_answers_allowed(events)
+            self._require_answers_allowed(events, hashes)
             # A graphrun killed outright may have left a script or tool running on
             # this host (if its lifeline died with it): end it before the node is
             # performed again, never beside it.
@@ -589,7 +611,7 @@ class Driver:
             # Committed with the first step that follows: a resume that only offers
             # a refused answer leaves the log exactly as it was.
         elif self.options.listener is not None:
-            self.options.listener(events, self.durable)
+            self.options.listener(list(events), self.durable)
         timeout = self.graph.settings.timeout
         deadline = self.clock.monotonic() + timeout if timeout else None
         # A recorded source stops the loop where its log stops (``LogEnds``).
@@ -1520,11 +1542,13 @@ def _make_supervisor() -> type:
 RunSupervisor: Any = _make_supervisor()
 
 
-def for_run(options: RunOptions, store: Store, run_id: str) -> RunOptions:
+def for_run(
+    options: RunOptions, store: Store, run_id: str, *, first: Event | None = None
+) -> RunOptions:
     """A copy of ``options`` carrying the variables ``run_id`` was started with
     (None for a run recorded before variables were: its scripts and tools then get
-    the declared defaults)."""
-    values = recorded_config(store, run_id).get("variables")
+    the declared defaults). ``first``: the run's ``RunStarted``, when at hand."""
+    values = recorded_config(store, run_id, first=first).get("variables")
     out = copy.copy(options)
     out.variables = dict(values) if isinstance(values, dict) else None
     return out
@@ -1590,9 +1614,11 @@ def resume_ancestors(store: Store, run_id: str, options: RunOptions, outcome: Ru
     row = store.run(run_id)
     while current.status in TERMINAL and row.parent_run_id:
         parent_id = row.parent_run_id
-        if fold(store.read(parent_id)).terminal:
+        parent = load_run(store, parent_id)
+        if parent.state.terminal:
             break
-        current = drive(Driver(store, parent_id, for_run(options, store, parent_id)))
+        parent_options = for_run(options, store, parent_id, first=parent.first)
+        current = drive(Driver(store, parent_id, parent_options, loaded=parent))
         row = store.run(parent_id)
     return current
 

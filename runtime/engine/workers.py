@@ -136,14 +136,19 @@ def _options(settings: dict[str, Any]) -> Any:
 def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any:
     """Drive a claimed run to its end or to a wait; returns the outermost outcome."""
     from graphrun.runtime.engine.driver import Driver, RunOutcome, drive, graph_of, resume_ancestors
+    from graphrun.runtime.engine.runs import load_run
 
     run_id = claim["run_id"]
     options = _options(claim.get("settings") or {})
     target = claim.get("resume_run") or run_id
-    state = fold(store.read(target))
+    # The run to drive, read and verified once: the driver takes it from here.
+    run = load_run(store, target)
+    state = run.state
     if state.terminal and target == run_id:
         return RunOutcome(run_id, state.status, state.output, state.error)
-    loaded = graph_of(fold(store.read(run_id)))
+    # The graph of the run that was queued (the root, when a child run goes on).
+    root = run.state if target == run_id else fold(store.read(run_id, upto=1))
+    loaded = graph_of(root)
     if any(n.type == "rag" for n in loaded.graph.nodes.values()):
         from graphrun.runtime.nodes.rag import prepare_knowledge_bases
 
@@ -152,8 +157,8 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any
         )
     from graphrun.runtime.engine.driver import for_run
 
-    options = for_run(options, store, target)  # the variables it was started with
-    outcome = drive(Driver(store, target, options, resumed_by=worker_name))
+    options = for_run(options, store, target, first=run.first)  # the variables it began with
+    outcome = drive(Driver(store, target, options, resumed_by=worker_name, loaded=run))
     if target != run_id:
         # A person answered a child run: it went on first; now its parents.
         outcome = resume_ancestors(store, target, options, outcome)

@@ -1,6 +1,8 @@
-"""Validation rules that need the effect layer (tools, models, knowledge bases).
+"""Validation rules that need the effect layer across a graph's nodes: the graph's
+MCP servers, the models its nodes call. (What concerns one node kind alone, its
+tools or its knowledge base, is a rule of that kind, in its module.)
 
-They are registered with :func:`graphrun.runtime.graph.validate.register_rule` and marked
+They are registered with :func:`graphrun.runtime.graph.check.register_rule` and marked
 ``deep`` (``Check(deep=False)`` skips them).
 """
 
@@ -11,47 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from graphrun.eventstore.errors import GraphrunError
+from graphrun.runtime.graph.check import Check, register_rule
+from graphrun.runtime.graph.check import node_path as _npath
 from graphrun.runtime.graph.loader import Diagnostic
-from graphrun.runtime.graph.model import LlmNode, RagNode
-from graphrun.runtime.graph.validate import Check, _npath, register_rule
 
 
 def deep(fn):  # type: ignore[no-untyped-def]
     fn.deep = True
     return fn
-
-
-@register_rule
-@deep
-def llm_tools_known(c: Check) -> list[Diagnostic]:
-    """Each ``tools:`` entry must name a known tool or ``mcp:<server>``."""
-    from graphrun.actors.tools.builtin_specs import known
-    from graphrun.actors.tools.toolbox import validate_whitelist
-
-    out = []
-    for nid, node in c.nodes():
-        if not isinstance(node, LlmNode) or not node.tools:
-            continue
-        own = [name for name in node.tools if not known(name)]  # Loki's built-ins are offered
-        if not own:
-            continue
-        try:
-            problems = validate_whitelist(
-                c.loaded.agent_dir,
-                own,
-                global_tools=c.graph.global_tools,
-                mcp_servers=c.graph.mcp_servers,
-                config_dir=c.config_dir,
-            )
-        except GraphrunError as exc:
-            problems = [str(exc)]
-        out += [
-            c.diag(
-                "error", "unknown-tool", f"llm node '{nid}': {p}", _npath(nid, "tools"), node=nid
-            )
-            for p in problems
-        ]
-    return out
 
 
 @register_rule
@@ -96,7 +65,7 @@ def llm_models_known(c: Check) -> list[Diagnostic]:
     """Each llm node's model (or the graph's default) must resolve to a provider or client."""
     from graphrun.actors.llm.config import load_llm_config
 
-    nodes = [(nid, n) for nid, n in c.nodes() if isinstance(n, LlmNode)]
+    nodes = [(nid, n) for nid, n in c.nodes() if type(n).CALLS_MODEL]
     if not nodes:
         return []
     try:
@@ -105,8 +74,9 @@ def llm_models_known(c: Check) -> list[Diagnostic]:
         return [c.diag("error", "llm-config", str(exc), "$")]
     out = []
     for nid, node in nodes:
-        model = node.model or c.graph.model
-        where = _npath(nid, "model") if node.model else "$.model"
+        own = getattr(node, "model", None)
+        model = own or c.graph.model
+        where = _npath(nid, "model") if own else "$.model"
         if not model:
             out.append(
                 c.diag(
@@ -186,36 +156,3 @@ def _unlisted_model(config: Any, model_id: str) -> tuple[str, str, str] | None:
     ):
         return ("warning", f"model '{model_id}' is in no models table of the configuration", hint)
     return None
-
-
-@register_rule
-@deep
-def rag_sources_unchanged(c: Check) -> list[Diagnostic]:
-    """Knowledge bases are never rebuilt silently: warn when their sources changed."""
-    out = []
-    for nid, node in c.nodes():
-        if not isinstance(node, RagNode) or not node.documents:
-            continue
-        from graphrun.actors.rag.retrieval import kb_config, kb_file, sources_changed
-
-        if not kb_file(c.loaded.agent_dir, nid).exists():
-            continue
-        try:
-            changed = sources_changed(c.loaded.agent_dir, nid, kb_config(node))
-        except GraphrunError as exc:
-            out.append(c.diag("error", "rag-kb", str(exc), _npath(nid), node=nid))
-            continue
-        if changed:
-            shown = ", ".join(changed[:5]) + (", …" if len(changed) > 5 else "")
-            out.append(
-                c.diag(
-                    "warning",
-                    "rag-sources-changed",
-                    f"rag node '{nid}': sources changed since its knowledge base was built "
-                    f"({shown})",
-                    _npath(nid, "documents"),
-                    node=nid,
-                    hint=f"graphrun rag rebuild {c.loaded.agent_dir} {nid}",
-                )
-            )
-    return out

@@ -1,13 +1,16 @@
-"""graph.yaml as typed Structs: the graph, its settings and the seven node types.
+"""graph.yaml as typed Structs: the graph, its settings and what every node has.
 
-Unknown fields are errors (``forbid_unknown_fields``); nodes are one tagged union
-on ``type``. ``graph.schema.json`` is generated from these Structs
+Unknown fields are errors (``forbid_unknown_fields``). Each node kind's Struct lives
+in its own module under ``runtime/nodes/`` (a :class:`NodeBase` tagged on ``type``)
+and registers itself with :func:`register_node_type`; what the code that iterates
+over kinds needs to know of one, the kind declares on its Struct (the ClassVars and
+hooks of :class:`NodeBase`). ``graph.schema.json`` is generated from these Structs
 (:mod:`graphrun.runtime.graph.schema`) and a test keeps the committed copy in step.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import msgspec
 
@@ -108,6 +111,15 @@ class JoinPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return branches
 
 
+class ItemBranch(NamedTuple):
+    """What a node that runs a branch per item declares: the branch node, the key
+    each item is put under, and the key the results are collected into."""
+
+    node: str
+    item: str
+    collect_into: str
+
+
 class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
     """Fields every node has."""
 
@@ -137,11 +149,71 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
     NEEDS_NEXT: ClassVar[bool] = False
     #: May run as a map's branch (an item at a time, concurrently).
     MAP_BRANCH: ClassVar[bool] = True
+    #: Why the validator refuses the kind as a map's branch (None: it does not).
+    MAP_BRANCH_PROBLEM: ClassVar[str | None] = None
+    #: Ends the run (a graph needs one, reachable).
+    ENDS_RUN: ClassVar[bool] = False
+    #: Starts child runs (the graph then can spawn agents).
+    SPAWNS_AGENTS: ClassVar[bool] = False
+    #: Waits for a person's answer (never an immediate target of a fan-out).
+    HUMAN: ClassVar[bool] = False
+    #: Calls a model (``model:``, else the graph's): preflight and validation check it.
+    CALLS_MODEL: ClassVar[bool] = False
+    #: A failure without ``fallback`` flows on to ``next`` (Loki's rule), unhandled.
+    FAILURE_FLOWS_ON: ClassVar[bool] = False
+    #: Its JSON result merges into the state, whatever keys it has.
+    MERGES_ANY_KEY: ClassVar[bool] = False
+    #: Its ``state_updates`` declare the keys its output sets (``meta: "{{meta}}"``
+    #: is a write, not a read), and a parallel branch of it must declare them.
+    UPDATES_DECLARE_WRITES: ClassVar[bool] = False
+    #: The variable its ``state_updates`` see the node's own result as.
+    SCOPED: ClassVar[str] = ""
 
     @property
     def targets(self) -> tuple[str, ...]:
         """The static successors: ``next`` as a tuple (empty when absent)."""
         return next_targets(self.next)
+
+    def static_edges(self) -> list[tuple[str, str]]:
+        """``(field, target)`` for every declared static edge: ``next``, the kind's
+        own edges (:meth:`body_edges`), ``fallback``, then :meth:`route_edges`."""
+        edges: list[tuple[str, str]] = []
+        targets = self.targets
+        if isinstance(self.next, list):
+            edges.extend((f"next[{i}]", target) for i, target in enumerate(targets))
+        elif targets:
+            edges.append(("next", targets[0]))
+        edges.extend(self.body_edges())
+        fallback = getattr(self, "fallback", None)
+        if fallback:
+            edges.append(("fallback", fallback))
+        edges.extend((field, target) for field, target, _label in self.route_edges())
+        return edges
+
+    def body_edges(self) -> list[tuple[str, str]]:
+        """``(field, target)`` of the nodes the kind runs itself (a map's branch)."""
+        return []
+
+    def per_item(self) -> ItemBranch | None:
+        """The branch the kind runs once per item of a list, if it does (a map)."""
+        return None
+
+    def strict_fields(self) -> list[tuple[str, object]]:
+        """``(field, text)`` of the templates rendered strictly (a missing key fails
+        the run there): the validator checks the keys they read."""
+        return []
+
+    def template_fields(self) -> list[object]:
+        """Every template the node renders against the snapshot, ``state_updates``
+        aside (a parallel branch must not read what a sibling writes)."""
+        return [value for _field, value in self.strict_fields()]
+
+    def result_keys(self) -> set[str]:
+        """State keys the node's result writes beyond ``state_updates`` (the
+        top-level properties of an ``output_schema``)."""
+        schema = getattr(self, "output_schema", None)
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        return {str(key) for key in props} if isinstance(props, dict) else set()
 
     def route_edges(self) -> list[tuple[str, str, str]]:
         """``(field path, target, label)`` of the node's routes beyond ``next`` and
@@ -176,126 +248,6 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
         )
 
 
-class AgentNode(NodeBase, tag="agent", kw_only=True):
-    routes: list[Route] = []
-    on_error: list[ErrorRoute] = []
-    retry: RetryPolicy | None = None
-    guard: Guard | None = None
-    agent: str
-    prompt: str
-    timeout: float = 300.0
-    output_schema: dict[str, Any] | None = None
-
-
-class ScriptNode(NodeBase, tag="script", kw_only=True):
-    routes: list[Route] = []
-    on_error: list[ErrorRoute] = []
-    retry: RetryPolicy | None = None
-    cache: CachePolicy | None = None
-    script: str
-    timeout: float = 30.0
-    fallback: str | None = None
-
-
-class Approvals(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``approvals:`` of an approval node: how many distinct signers, out of whom."""
-
-    required: int
-    of: list[str]
-
-
-class ApprovalNode(NodeBase, tag="approval", kw_only=True):
-    question: str
-    options: list[str]
-    on_other: str
-    routes: dict[str, str] = {}
-    # Extension: only these identities may answer.
-    approvers: list[str] | None = None
-    # Extension: answers here must be signed (overrides settings.signed_decisions).
-    signed_decisions: Literal["required", "optional"] | None = None
-    # Extension: the run continues once this many distinct signers gave one answer.
-    approvals: Approvals | None = None
-
-
-class InputNode(NodeBase, tag="input", kw_only=True):
-    routes: list[Route] = []
-    question: str
-    default: str | None = None
-    validation: str | None = None
-    # Extension: only these identities may answer.
-    approvers: list[str] | None = None
-    # Extension: answers here must be signed (overrides settings.signed_decisions).
-    signed_decisions: Literal["required", "optional"] | None = None
-
-
-class LlmNode(NodeBase, tag="llm", kw_only=True):
-    routes: list[Route] = []
-    on_error: list[ErrorRoute] = []
-    retry: RetryPolicy | None = None
-    guard: Guard | None = None
-    cache: CachePolicy | None = None
-    prompt: str
-    instructions: str | None = None
-    tools: list[str] | None = None
-    model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    max_attempts: int = 1
-    max_iterations: int = 10
-    fallback: str | None = None
-    output_schema: dict[str, Any] | None = None
-    timeout: float | None = None
-    reasoning_effort: str | None = None
-    # Loki's skills: skills_enabled/enabled_skills offer skill__* (runtime/nodes/builtins);
-    # the instructions fields are accepted, not implemented (validation warns once).
-    skills_enabled: bool | None = None
-    enabled_skills: list[str] | None = None
-    inject_skill_instructions: bool | None = None
-    skill_instructions: str | None = None
-
-
-class RagNode(NodeBase, tag="rag", kw_only=True):
-    routes: list[Route] = []
-    on_error: list[ErrorRoute] = []
-    retry: RetryPolicy | None = None
-    documents: list[str] = []
-    query: str = "{{initial_prompt}}"
-    top_k: int | None = None
-    timeout: float = 120.0
-    embedding_model: str | None = None
-    chunk_size: int | None = None
-    chunk_overlap: int | None = None
-    reranker_model: str | None = None
-    batch_size: int | None = None
-    # Loki's graph-RAG and storage fields (accepted, not implemented: validation warns).
-    extractor_model: str | None = None
-    extractor_prompt: str | None = None
-    graph_hops: int | None = None
-    driver: str | None = None
-
-
-class EndNode(NodeBase, tag="end", kw_only=True):
-    output: str = ""
-    # Extension: "failed" ends the run as failed, with ``output`` as the error.
-    status: Literal["completed", "failed"] = "completed"
-
-
-class MapNode(NodeBase, tag="map", kw_only=True):
-    """Runs ``branch`` once per item of the list ``over`` resolves to, concurrently.
-
-    Each item runs against the step's snapshot with the item under ``as``; the
-    items' results are collected, in input order, into ``collect_into``."""
-
-    over: str
-    as_: str = msgspec.field(name="as")
-    branch: str
-    collect_into: str
-    output_key: str = "output"
-    max_concurrency: int | None = None
-
-
-Node = AgentNode | ScriptNode | ApprovalNode | InputNode | LlmNode | RagNode | EndNode | MapNode
-
 #: Reducers a graph may declare for a state key (``reducers: {key: name}``).
 REDUCER_NAMES = ("append", "extend", "concat", "sum", "max", "min", "merge", "overwrite")
 Reducer = Literal["append", "extend", "concat", "sum", "max", "min", "merge", "overwrite"]
@@ -309,16 +261,9 @@ class Variable(msgspec.Struct, kw_only=True):
     default: str | None = None
 
 
-NODE_TYPES: dict[str, type[NodeBase]] = {
-    "agent": AgentNode,
-    "script": ScriptNode,
-    "approval": ApprovalNode,
-    "input": InputNode,
-    "llm": LlmNode,
-    "rag": RagNode,
-    "end": EndNode,
-    "map": MapNode,
-}
+#: The node kinds by ``type``, in the order they are listed (errors, the schema):
+#: filled by :func:`register_node_type` as ``graphrun.runtime.nodes`` imports them.
+NODE_TYPES: dict[str, type[NodeBase]] = {}
 
 
 def register_node_type(cls: type[NodeBase]) -> type[NodeBase]:
@@ -347,7 +292,7 @@ class Graph(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: str
     version: str
     start: str
-    nodes: dict[str, Node]
+    nodes: dict[str, NodeBase]
     description: str | None = None
     model: str | None = None
     temperature: float | None = None
@@ -361,7 +306,7 @@ class Graph(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     variables: list[Variable] = []
     reasoning_effort: str | None = None
     # Loki's skills: skills_enabled/enabled_skills offer skill__* (runtime/nodes/builtins);
-    # the instructions fields are accepted, not implemented (validation warns once).
+    # inject_skill_instructions/skill_instructions append a paragraph on them.
     skills_enabled: bool | None = None
     enabled_skills: list[str] | None = None
     inject_skill_instructions: bool | None = None
@@ -370,32 +315,9 @@ class Graph(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     @property
     def can_spawn_agents(self) -> bool:
         """Derived, never declared: true iff the graph has an agent node."""
-        return any(isinstance(n, AgentNode) for n in self.nodes.values())
+        return any(type(n).SPAWNS_AGENTS for n in self.nodes.values())
 
 
 def static_edges(node: NodeBase) -> list[tuple[str, str]]:
     """``(field, target)`` for every declared static edge of a node."""
-    edges: list[tuple[str, str]] = []
-    if isinstance(node, ApprovalNode):
-        # `next` is ignored on approval nodes (routing is routes + on_other), but where
-        # a skipped one (``if``/``unless``) goes.
-        edges.extend((f"routes.{key}", target) for key, target in node.routes.items())
-        edges.append(("on_other", node.on_other))
-        if node.if_ is not None or node.unless is not None:
-            edges.extend(
-                (f"next[{i}]" if isinstance(node.next, list) else "next", target)
-                for i, target in enumerate(node.targets)
-            )
-        return edges
-    targets = node.targets
-    if isinstance(node.next, list):
-        edges.extend((f"next[{i}]", target) for i, target in enumerate(targets))
-    elif targets:
-        edges.append(("next", targets[0]))
-    if isinstance(node, MapNode):
-        edges.append(("branch", node.branch))
-    fallback = getattr(node, "fallback", None)
-    if fallback:
-        edges.append(("fallback", fallback))
-    edges.extend((field, target) for field, target, _label in node.route_edges())
-    return edges
+    return node.static_edges()

@@ -3,7 +3,7 @@
 A *parallel group* is the entries of one node's ``next`` list when it has two or
 more. Only immediate successors count (no transitive analysis), as in Loki; the
 runtime single-writer rule catches what the validator cannot see. Registered with
-:func:`graphrun.runtime.graph.validate.register_rule`.
+:func:`graphrun.runtime.graph.check.register_rule`.
 """
 
 from __future__ import annotations
@@ -11,22 +11,12 @@ from __future__ import annotations
 import re
 from collections import deque
 
+from graphrun.runtime.graph.check import Check, register_rule
+from graphrun.runtime.graph.check import node_path as _npath
 from graphrun.runtime.graph.loader import Diagnostic
-from graphrun.runtime.graph.model import (
-    AgentNode,
-    ApprovalNode,
-    EndNode,
-    InputNode,
-    LlmNode,
-    MapNode,
-    NodeBase,
-    RagNode,
-    ScriptNode,
-    static_edges,
-)
+from graphrun.runtime.graph.model import NodeBase, static_edges
 from graphrun.runtime.graph.routing import expression_reads, skip_conditions
 from graphrun.runtime.graph.templates import expressions
-from graphrun.runtime.graph.validate import Check, _npath, register_rule
 
 _ROOT = re.compile(r"^([^.\[]+)")
 _LOKI_TOOLS = re.compile(r"\b(user|agent|todo|skill)__[a-z_]+\b")
@@ -43,13 +33,7 @@ def groups(c: Check) -> list[tuple[str, list[str]]]:
 
 
 def write_set(node: NodeBase) -> set[str]:
-    keys = set(node.state_updates)
-    schema = getattr(node, "output_schema", None)
-    if isinstance(node, LlmNode | AgentNode) and isinstance(schema, dict):
-        props = schema.get("properties")
-        if isinstance(props, dict):
-            keys.update(props)
-    return keys
+    return set(node.state_updates) | node.result_keys()
 
 
 def _roots(template: object) -> set[str]:
@@ -64,35 +48,14 @@ def _roots(template: object) -> set[str]:
 
 
 def read_set(node: NodeBase) -> set[str]:
-    fields: list[object] = []
-    scoped = ""
-    match node:
-        case LlmNode():
-            fields = [node.prompt, node.instructions]
-            scoped = "output"
-        case AgentNode():
-            fields = [node.prompt]
-            scoped = "output"
-        case RagNode():
-            fields = [node.query]
-            scoped = "output"
-        case ApprovalNode():
-            fields = [node.question]
-            scoped = "choice"
-        case InputNode():
-            fields = [node.question, node.default]
-            scoped = "input"
-        case EndNode():
-            fields = [node.output]
-        case MapNode():
-            fields = [node.over]
+    scoped = type(node).SCOPED
     roots: set[str] = node.reads() | expression_reads(skip_conditions(node))
-    for value in fields:
+    for value in node.template_fields():
         roots |= _roots(value)
     updates: set[str] = set()
     for key, value in node.state_updates.items():
         roots = _roots(value)
-        if isinstance(node, ScriptNode):
+        if type(node).UPDATES_DECLARE_WRITES:
             # `meta: "{{meta}}"` declares that the script writes `meta`: its own
             # output is merged before its state_updates render, so that is no read
             # of the snapshot.
@@ -115,18 +78,6 @@ def max_concurrency_positive(c: Check) -> list[Diagnostic]:
                 "$.settings.max_concurrency",
             )
         )
-    for nid, node in c.nodes():
-        cap = node.max_concurrency if isinstance(node, MapNode) else None
-        if cap is not None and cap < 1:
-            out.append(
-                c.diag(
-                    "error",
-                    "max-concurrency",
-                    f"map node '{nid}': max_concurrency must be >= 1 (got {cap})",
-                    _npath(nid, "max_concurrency"),
-                    node=nid,
-                )
-            )
     return out
 
 
@@ -140,7 +91,7 @@ def fan_out_groups(c: Check) -> list[Diagnostic]:
     for fan, members in groups(c):
         for member in members:
             node = nodes[member]
-            if isinstance(node, ApprovalNode | InputNode):
+            if type(node).HUMAN:
                 out.append(
                     c.diag(
                         "error",
@@ -153,7 +104,7 @@ def fan_out_groups(c: Check) -> list[Diagnostic]:
                     )
                 )
             declared = _npath(member, "state_updates") in c.loaded.lines
-            if isinstance(node, ScriptNode) and not declared:
+            if type(node).UPDATES_DECLARE_WRITES and not declared:
                 out.append(
                     c.diag(
                         "error",
@@ -252,75 +203,8 @@ def uneven_joins(c: Check) -> list[Diagnostic]:
     return out
 
 
-@register_rule
-def map_contract(c: Check) -> list[Diagnostic]:
-    out: list[Diagnostic] = []
-    nodes = c.graph.nodes
-    for nid, node in c.nodes():
-        if not isinstance(node, MapNode) or node.branch not in nodes:
-            continue
-        branch = nodes[node.branch]
-        bad = {
-            "approval": "an approval node cannot run inside a parallel map branch",
-            "input": "an input node cannot run inside a parallel map branch",
-            "end": "map branches end through the map's collect mechanism, not end nodes",
-            "map": "nested map fan-outs are not supported",
-        }.get(branch.type)
-        if bad is not None:
-            out.append(
-                c.diag(
-                    "error",
-                    "map-branch",
-                    f"map node '{nid}': branch '{node.branch}': {bad}",
-                    _npath(nid, "branch"),
-                    node=nid,
-                )
-            )
-            continue
-        if branch.next is not None:
-            out.append(
-                c.diag(
-                    "error",
-                    "map-branch",
-                    f"map branch '{node.branch}' has a `next` declared: map branches must be "
-                    "atomic (one node, one run per item)",
-                    _npath(node.branch, "next"),
-                    node=node.branch,
-                    hint=f"chain after the map: put it in map node '{nid}''s next",
-                )
-            )
-        for key in sorted(branch.state_updates):
-            if key != node.output_key:
-                out.append(
-                    c.diag(
-                        "error",
-                        "map-branch",
-                        f"map branch '{node.branch}' writes '{key}': map branches may only "
-                        f"write through their `output_key` ('{node.output_key}')",
-                        _npath(node.branch, "state_updates", key),
-                        node=node.branch,
-                    )
-                )
-        schema = getattr(branch, "output_schema", None)
-        if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
-            props = ", ".join(sorted(schema["properties"]))
-            out.append(
-                c.diag(
-                    "error",
-                    "map-branch",
-                    f"map branch '{node.branch}' has an `output_schema` with top-level "
-                    f"properties ({props}): map branches write only through their `output_key`",
-                    _npath(node.branch, "output_schema"),
-                    node=node.branch,
-                )
-            )
-    return out
-
-
 #: Loki fields graphrun accepts but does not act on (warned once each).
 _NOT_IMPLEMENTED = {
-    "inject_skill_instructions": "skills",
-    "skill_instructions": "skills",
     "extractor_model": "graph-based RAG",
     "extractor_prompt": "graph-based RAG",
     "graph_hops": "graph-based RAG",

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from graphrun.runtime.graph.loader import LoadedGraph
-from graphrun.runtime.graph.model import LlmNode
 
 
 def preflight(loaded: LoadedGraph, options: Any) -> None:
@@ -18,8 +17,9 @@ def preflight(loaded: LoadedGraph, options: Any) -> None:
     graph = loaded.graph
     users: dict[str, list[str]] = {}  # model id -> the llm nodes calling it
     for node_id, node in graph.nodes.items():
-        if isinstance(node, LlmNode):
-            users.setdefault(node.model or graph.model or "", []).append(node_id)
+        if type(node).CALLS_MODEL:
+            model = getattr(node, "model", None) or graph.model or ""
+            users.setdefault(model, []).append(node_id)
     if not users or options.llm_replay is not None:
         return
     from graphrun.actors.llm.config import LlmConfigError, load_llm_config
@@ -44,12 +44,11 @@ def check_answers(loaded: LoadedGraph, answers: dict[str, list[str]]) -> None:
     Graphs with agent nodes are not checked: an answer may be for a child run's node.
     """
     from graphrun.runtime.errors import UsageError
-    from graphrun.runtime.graph.model import AgentNode, ApprovalNode, InputNode
 
     nodes = loaded.graph.nodes
-    if any(isinstance(n, AgentNode) for n in nodes.values()):
+    if loaded.graph.can_spawn_agents:
         return
-    human = [nid for nid, n in nodes.items() if isinstance(n, ApprovalNode | InputNode)]
+    human = [nid for nid, n in nodes.items() if type(n).HUMAN]
     for node_id in answers:
         if node_id in human:
             continue

@@ -341,7 +341,7 @@ def join_rules(node: Any, node_id: str, check: Any) -> list[Any]:
     out = []
     branches = len(set(targets))
     nodes = check.graph.nodes
-    maps = sorted({t for t in targets if getattr(nodes.get(t), "type", "") == "map"})
+    maps = sorted({t for t in targets if t in nodes and nodes[t].per_item() is not None})
     if maps:
         out.append(
             err(

@@ -29,8 +29,9 @@ def _close_objects(node: Any) -> None:
 
 
 #: What an editor shows on hover: the description of each definition (key ``None``)
-#: and of each property, by definition. Node fields every node type has are in
-#: ``_NODE_COMMON``; a node type's own entry wins. The text is the user's manual in
+#: and of each property, by definition. A node kind's (and its own Structs') are its
+#: ``DESCRIPTIONS``, in its module under runtime/nodes/. Node fields every node type
+#: has are in ``_NODE_COMMON``; a node type's own entry wins. The text is the user's manual in
 #: brief (docs/graph-yaml.md has the whole of it); a test checks that every property
 #: of the generated schema has one.
 _NODE_COMMON: dict[str, str] = {
@@ -100,8 +101,9 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "skills_enabled": "Loki's skills switch: llm nodes are offered skill__list, "
         "skill__load and skill__unload.",
         "enabled_skills": "Loki's skill allow-list: the skills skill__load may load.",
-        "inject_skill_instructions": "Loki's skill hint switch (accepted; not implemented).",
-        "skill_instructions": "Loki's skill hint text (accepted; not implemented).",
+        "inject_skill_instructions": "Loki's skill hint switch (default true): llm nodes "
+        "with skills get a paragraph on skill__* appended to their instructions.",
+        "skill_instructions": "Loki's skill hint text: replaces the default paragraph.",
     },
     "Settings": {
         None: "Run-wide limits and switches.",
@@ -122,118 +124,6 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "not signed by an allowed signer (graphrun approve --sign KEY); default optional.",
         "cancel_by": "graphrun extension: `approvers` lets only the graph's approvers cancel "
         "the run; default anyone.",
-    },
-    "Approvals": {
-        None: "graphrun extension: several distinct signers must give the same answer.",
-        "required": "How many distinct signers (at least 1, at most the length of `of`).",
-        "of": "The principals (of the allowed_signers file) who may sign.",
-    },
-    "AgentNode": {
-        None: "Spawns a child agent (graph or LLM loop) and waits for its final text.",
-        "agent": "The child agent's name in the agents directory (required).",
-        "prompt": "The child's prompt (its {{initial_prompt}}); templated, strict.",
-        "timeout": "Wall-clock cap on the child run, in seconds (default 300); exceeding "
-        "it fails the graph.",
-        "next": "Where to go when the child finishes (required).",
-        "state_updates": "Map of state key -> template; {{output}} is the child's final "
-        "text (or its parsed value with output_schema).",
-        "output_schema": "A JSON Schema: the child's final text is extracted to a value; "
-        "an object's keys merge into state. No schema hint is sent to the child.",
-    },
-    "ScriptNode": {
-        None: "Runs scripts/<file> (.sh with bash, .py with python3, .ts with npx tsx); "
-        "its stdout JSON object merges into state.",
-        "script": "The script's path, relative to the agent directory (required).",
-        "timeout": "Wall-clock cap in seconds (default 30); the process group is killed.",
-        "next": "The default route; a `_next` key in the script's output overrides it.",
-        "fallback": "Where to route when the script exits non-zero, times out or prints "
-        "no JSON object.",
-    },
-    "ApprovalNode": {
-        None: "Asks a person to pick one of the options (or answer in their own words) "
-        "and routes on the answer.",
-        "question": "The question; templated, strict.",
-        "options": "The options shown, in order (answers may give an option's 1-based number).",
-        "routes": "Map of option -> node id: where each option routes.",
-        "on_other": "Where a free-form answer (one that is no option) routes; required. "
-        "Its text is {{choice}}.",
-        "approvers": "graphrun extension: only these identities may answer (principals of "
-        "the allowed_signers file when answers are signed; else the --as name).",
-        "signed_decisions": "graphrun extension: `required` or `optional`; overrides "
-        "settings.signed_decisions for this node.",
-        "approvals": "graphrun extension: {required: N, of: [principals]}: the run waits "
-        "until N distinct signers gave the same answer.",
-        "next": "Ignored: approval nodes route with routes and on_other.",
-        "state_updates": "Map of state key -> template; {{choice}} is the picked option "
-        "or the free-form text.",
-    },
-    "InputNode": {
-        None: "Asks a person for a line of free text.",
-        "question": "The question; templated, strict.",
-        "default": "Taken when the answer is empty; templated. Not validated.",
-        "validation": "A length rule `len(input) <op> <integer>` with <op> one of >, >=, "
-        "<, <=, ==. An answer that fails it is refused and the run keeps waiting.",
-        "approvers": "graphrun extension: only these identities may answer.",
-        "signed_decisions": "graphrun extension: `required` or `optional`; overrides "
-        "settings.signed_decisions for this node.",
-        "next": "Where to go with the answer (required; of a list only the first entry is used).",
-        "state_updates": "Map of state key -> template; {{input}} is the answer (or the default).",
-    },
-    "LlmNode": {
-        None: "One LLM call with an optional bounded tool loop, in a fresh context.",
-        "prompt": "The user message; templated, strict (required).",
-        "instructions": "The system prompt; templated, strict.",
-        "tools": "The tools this node may call, and only these: global tools, agent "
-        "tools, MCP functions or mcp:<server>. Unset or []: none.",
-        "model": "provider:model for this node (default: the graph's model).",
-        "temperature": "Sampling temperature (default: the graph's; unset: not sent).",
-        "top_p": "Sampling top-p (default: the graph's; unset: not sent).",
-        "reasoning_effort": "Reasoning effort for models that take one.",
-        "max_attempts": "Attempts on transient errors (timeouts, rate limits, 429, 5xx, "
-        "refused connections); default 1.",
-        "max_iterations": "Cap on tool-loop turns (default 10).",
-        "fallback": "Where to route when the call fails; without it the run continues "
-        'to next with {{output}} = "LLM node failed: ...".',
-        "timeout": "Wall-clock cap on the node in seconds (unset: none).",
-        "output_schema": "A JSON Schema: a hint is added to the prompt, the reply is "
-        "parsed (or extracted) as JSON, an object's keys merge into state.",
-        "state_updates": "Map of state key -> template; {{output}} is the reply text (or "
-        "the parsed value with output_schema).",
-        "skills_enabled": "Loki's skills: offers the node skill__list, skill__load, "
-        "skill__unload (default: the graph's).",
-        "enabled_skills": "Loki's skills: the skills skill__load may load (default: the graph's).",
-        "inject_skill_instructions": "Loki's skills (accepted; not implemented).",
-        "skill_instructions": "Loki's skills (accepted; not implemented).",
-    },
-    "RagNode": {
-        None: "Hybrid (vector + keyword) retrieval over the node's knowledge base; the "
-        "result goes to state through state_updates.",
-        "documents": "Knowledge sources: files, folders, URLs, relative to the agent "
-        "directory (required).",
-        "query": "The retrieval query; templated (default {{initial_prompt}}).",
-        "top_k": "How many chunks to retrieve (default: the knowledge base's).",
-        "timeout": "Retrieval timeout in seconds (default 120).",
-        "embedding_model": "Embedding model for the corpus (used when the knowledge base "
-        "is built).",
-        "chunk_size": "Chunk size when the knowledge base is built.",
-        "chunk_overlap": "Overlap between chunks when the knowledge base is built.",
-        "reranker_model": "Reranker applied to the hybrid results.",
-        "batch_size": "Embedding-request batch size.",
-        "extractor_model": "Loki's graph-RAG extractor (accepted; not implemented).",
-        "extractor_prompt": "Loki's graph-RAG prompt (accepted; not implemented).",
-        "graph_hops": "Loki's graph-RAG depth (accepted; not implemented).",
-        "driver": "Loki's knowledge-base storage driver (accepted; not implemented).",
-        "next": "Where to go after retrieval (required).",
-        "state_updates": "Where the result goes: {{output.context}} (the text block) and "
-        "{{output.sources}} (the source list).",
-    },
-    "EndNode": {
-        None: "Ends the run; its output is the run's result.",
-        "output": "The final result; templated against the state after state_updates.",
-        "status": 'graphrun extension: "failed" ends the run as failed with output as '
-        'the error (default "completed").',
-        "next": "Ignored: an end node ends the run.",
-        "state_updates": "Last state changes (lenient; no scoped variables).",
     },
     "RetryPolicy": {
         None: "graphrun: how a failed effect is tried again; each attempt, its error and "
@@ -292,17 +182,6 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "a value to compare a decision's `expr` with, or `default` (always matches).",
         "to": "The node the run goes to when this route matches.",
     },
-    "MapNode": {
-        None: "Runs the `branch` node once per item of a list, concurrently, and collects "
-        "the results in input order.",
-        "over": "Exactly one {{path}} that resolves to a JSON array (required).",
-        "as": "The state key each item is put under inside its branch (required).",
-        "branch": "The id of the llm, agent, rag or script node run per item (required).",
-        "collect_into": "The state key that receives the list of results (required).",
-        "output_key": "Which key of a branch's result is collected (default output).",
-        "max_concurrency": "How many items run at once (default: settings.max_concurrency).",
-        "next": "Where to go once every item is done (required).",
-    },
     "Variable": {
         None: "An agent variable.",
         "name": "The variable's name; scripts and tools see LLM_AGENT_VAR_<NAME>.",
@@ -312,14 +191,40 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
 }
 
 
+def _own_descriptions(types: list[Any]) -> dict[str, dict[str | None, str]]:
+    """The ``DESCRIPTIONS`` the Structs of ``types`` (and the Structs in their fields)
+    declare, by definition name: a node kind describes itself in its own module."""
+    import msgspec
+
+    found: dict[str, dict[str | None, str]] = {}
+
+    def walk(info: Any) -> None:
+        if isinstance(info, msgspec.inspect.StructType):
+            if info.cls.__name__ in found:
+                return
+            found[info.cls.__name__] = getattr(info.cls, "DESCRIPTIONS", {})
+            for f in info.fields:
+                walk(f.type)
+        for attr in ("types", "item_type", "key_type", "value_type"):
+            inner = getattr(info, attr, None)
+            for sub in inner if isinstance(inner, tuple) else (inner,):
+                if sub is not None:
+                    walk(sub)
+
+    for info in msgspec.inspect.multi_type_info(types):
+        walk(info)
+    return {name: table for name, table in found.items() if table}
+
+
 def _describe(defs: dict[str, Any]) -> None:
-    """Put the descriptions of :data:`_DESCRIPTIONS` into the schema's definitions."""
+    """Put the descriptions of :data:`_DESCRIPTIONS` (and those the node kinds declare)
+    into the schema's definitions."""
     from graphrun.runtime.graph.model import NODE_TYPES
 
     node_defs = {cls.__name__: cls for cls in NODE_TYPES.values()}
+    own = _own_descriptions(list(NODE_TYPES.values()))
     for name, definition in defs.items():
-        kind = node_defs.get(name)
-        table = _DESCRIPTIONS.get(name) or (kind.DESCRIPTIONS if kind is not None else {})
+        table = _DESCRIPTIONS.get(name) or own.get(name, {})
         if None in table:
             definition["description"] = table[None]
         common = _NODE_COMMON if name in node_defs else {}
@@ -345,7 +250,9 @@ def generate() -> dict[str, Any]:
     from graphrun.runtime.graph.model import NODE_TYPES, Graph
 
     schema = msgspec.json.schema(Graph)
-    # Node kinds defined in their own modules (not in the Node union) join the defs.
+    # Graph.nodes holds any NodeBase: the kinds, each defined in its own module, join
+    # the defs instead (``nodes`` dispatches on ``type`` below).
+    del schema["$defs"]["NodeBase"]
     (_extra, more) = msgspec.json.schema_components(list(NODE_TYPES.values()))
     for name, definition in more.items():
         schema["$defs"].setdefault(name, definition)

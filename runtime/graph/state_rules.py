@@ -13,30 +13,18 @@ mean"; a key nothing declares is only advice from ``validate`` (``run --set`` ma
 give it). A script's JSON output can set any key, so after a script (on the node's
 static path) only a close near miss is reported, as a warning (declaring the key in
 the script's ``state_updates`` silences it). Registered with
-:func:`graphrun.runtime.graph.validate.register_rule`.
+:func:`graphrun.runtime.graph.check.register_rule`.
 """
 
 from __future__ import annotations
 
 import difflib
 
+from graphrun.runtime.graph.check import Check, advice, register_rule
+from graphrun.runtime.graph.check import node_path as _npath
 from graphrun.runtime.graph.loader import Diagnostic
-from graphrun.runtime.graph.model import (
-    AgentNode,
-    ApprovalNode,
-    EndNode,
-    InputNode,
-    LlmNode,
-    MapNode,
-    NodeBase,
-    RagNode,
-    static_edges,
-)
+from graphrun.runtime.graph.model import static_edges
 from graphrun.runtime.graph.templates import expressions, parse_path
-from graphrun.runtime.graph.validate import Check, _npath, advice, register_rule
-
-#: Node types whose JSON result merges into the state whatever keys it has.
-_MERGES_ANY_KEY = ("script", "tool")
 
 #: Keys every run has.
 BUILTIN_KEYS = ("initial_prompt", "_error")
@@ -48,34 +36,11 @@ def declared_keys(c: Check) -> set[str]:
     keys = set(BUILTIN_KEYS) | set(graph.initial_state) | set(c.loaded.seed_state)
     keys |= set(graph.reducers)
     for _, node in c.nodes():
-        keys |= set(node.state_updates)
-        schema = getattr(node, "output_schema", None)
-        if isinstance(node, LlmNode | AgentNode) and isinstance(schema, dict):
-            props = schema.get("properties")
-            if isinstance(props, dict):
-                keys |= {str(k) for k in props}
-        if isinstance(node, MapNode):
-            keys.add(node.collect_into)
+        keys |= set(node.state_updates) | node.result_keys()
+        item = node.per_item()
+        if item is not None:
+            keys.add(item.collect_into)
     return keys
-
-
-def _strict_fields(node: NodeBase) -> list[tuple[str, object]]:
-    match node:
-        case LlmNode():
-            return [("prompt", node.prompt), ("instructions", node.instructions)]
-        case AgentNode():
-            return [("prompt", node.prompt)]
-        case RagNode():
-            return [("query", node.query)]
-        case ApprovalNode():
-            return [("question", node.question)]
-        case InputNode():
-            return [("question", node.question)]
-        case EndNode():
-            return [("output", node.output)]
-        case MapNode():
-            return [("over", node.over)]
-    return []
 
 
 def _after_scripts(c: Check) -> set[str]:
@@ -83,7 +48,7 @@ def _after_scripts(c: Check) -> set[str]:
     successors onward: their templates may read keys its JSON result set."""
     succ: dict[str, list[str]] = {nid: [t for _, t in static_edges(n)] for nid, n in c.nodes()}
     seen: set[str] = set()
-    todo = [t for nid, n in c.nodes() if n.type in _MERGES_ANY_KEY for t in succ[nid]]
+    todo = [t for nid, n in c.nodes() if type(n).MERGES_ANY_KEY for t in succ[nid]]
     while todo:
         nid = todo.pop()
         if nid in seen or nid not in succ:
@@ -100,11 +65,11 @@ def _unknown_keys(c: Check, *, near_misses: bool) -> list[Diagnostic]:
         return []  # an LLM-loop agent's instructions render its variables, not state
     known = declared_keys(c)
     after_scripts = _after_scripts(c)
-    item_names = {n.branch: n.as_ for _, n in c.nodes() if isinstance(n, MapNode)}
+    item_names = {i.node: i.item for _, n in c.nodes() if (i := n.per_item()) is not None}
     out: list[Diagnostic] = []
     for nid, node in c.nodes():
         scoped = {item_names[nid]} if nid in item_names else set()
-        for fname, value in _strict_fields(node):
+        for fname, value in node.strict_fields():
             if not isinstance(value, str):
                 continue
             for expr in expressions(value):

@@ -7,78 +7,23 @@ run, warnings are printed and the run continues.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphrun.actors.paths import outside_hint, outside_problem, real_path
-from graphrun.actors.rag.loaders import document_problem
-from graphrun.runtime.agents import is_agent_path
+from graphrun.runtime.graph import check as registered
+from graphrun.runtime.graph import effect_rules, parallel_rules, state_rules
+from graphrun.runtime.graph.check import Check, Rule
+from graphrun.runtime.graph.check import did_you_mean as _did_you_mean
+from graphrun.runtime.graph.check import node_path as _npath
 from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph
-from graphrun.runtime.graph.model import (
-    AgentNode,
-    ApprovalNode,
-    EndNode,
-    InputNode,
-    LlmNode,
-    MapNode,
-    NodeBase,
-    RagNode,
-    ScriptNode,
-    static_edges,
-)
+from graphrun.runtime.graph.model import static_edges
 
-SCRIPT_RUNTIMES = {".sh": ["bash"], ".py": ["python3"], ".ts": ["npx", "tsx"]}
+#: The rule modules beside this one (their rules register as they are imported).
+RULE_MODULES = (effect_rules, parallel_rules, state_rules)
 
 
-@dataclass
-class Check:
-    """What the rules look at."""
-
-    loaded: LoadedGraph
-    agents_dir: Path | None = None
-    config_dir: Path | None = None
-    # Optional, expensive checks (tool discovery, model config) can be switched off.
-    deep: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def graph(self) -> Any:
-        return self.loaded.graph
-
-    def nodes(self) -> Iterator[tuple[str, NodeBase]]:
-        yield from self.loaded.graph.nodes.items()
-
-    def diag(
-        self,
-        severity: str,
-        rule: str,
-        message: str,
-        path: str,
-        *,
-        node: str | None = None,
-        hint: str | None = None,
-    ) -> Diagnostic:
-        return Diagnostic(
-            severity, rule, message, self.loaded.file, self.loaded.line(path), path, node, hint
-        )
-
-
-def _npath(node_id: str, *fields: str) -> str:
-    from graphrun.runtime.graph.loader import _child
-
-    path = _child("$.nodes", node_id)
-    for f in fields:
-        # ``routes[0]`` / ``next[1]``: a field, then list indices.
-        name, _, rest = f.partition("[")
-        path = _child(path, name)
-        for index in rest.rstrip("]").split("][") if rest else ():
-            path = _child(path, int(index)) if index.isdigit() else _child(path, index)
-    return path
-
-
-Rule = Callable[[Check], list[Diagnostic]]
+#: This module's own rules (the rule modules beside it register theirs in
+#: :mod:`graphrun.runtime.graph.check`).
 RULES: list[Rule] = []
 
 
@@ -215,7 +160,7 @@ def no_static_cycles(c: Check) -> list[Diagnostic]:
 
 @rule
 def has_end_node(c: Check) -> list[Diagnostic]:
-    if not any(isinstance(n, EndNode) for _, n in c.nodes()):
+    if not any(type(n).ENDS_RUN for _, n in c.nodes()):
         return [
             c.diag(
                 "error",
@@ -226,6 +171,11 @@ def has_end_node(c: Check) -> list[Diagnostic]:
             )
         ]
     return []
+
+
+def map_branches(c: Check) -> set[str]:
+    """The nodes a map runs per item (their own routing is never used)."""
+    return {item.node for _, n in c.nodes() if (item := n.per_item()) is not None}
 
 
 def _reachable(c: Check) -> set[str]:
@@ -270,7 +220,7 @@ def unreachable_nodes(c: Check) -> list[Diagnostic]:
 def end_reachable(c: Check) -> list[Diagnostic]:
     if c.graph.start not in c.graph.nodes:
         return []
-    if not any(isinstance(c.graph.nodes[n], EndNode) for n in _reachable(c)):
+    if not any(type(c.graph.nodes[n]).ENDS_RUN for n in _reachable(c)):
         return [
             c.diag(
                 "warning",
@@ -288,12 +238,10 @@ def next_where_required(c: Check) -> list[Diagnostic]:
     """agent, rag, input and llm nodes route via ``next``; without it the run fails there."""
     reachable = _reachable(c) if c.graph.start in c.graph.nodes else set()
     # A map's branch node runs once per item; its own routing is never used.
-    branches = {n.branch for _, n in c.nodes() if isinstance(n, MapNode)}
+    branches = map_branches(c)
     out = []
     for nid, node in c.nodes():
-        needs_next = type(node).NEEDS_NEXT or isinstance(
-            node, AgentNode | RagNode | InputNode | LlmNode | MapNode
-        )
+        needs_next = type(node).NEEDS_NEXT
         routes = getattr(node, "routes", None)
         if isinstance(routes, list) and any(r.when == "default" for r in routes):
             needs_next = False  # a `when: default` route always leads on
@@ -321,13 +269,13 @@ def unhandled_failure_flow(c: Check) -> list[Diagnostic]:
     if policy == "continue" or c.graph.start not in c.graph.nodes:
         return []
     reachable = _reachable(c)
-    branches = {n.branch for _, n in c.nodes() if isinstance(n, MapNode)}
+    branches = map_branches(c)
     ends = "fails the run" if policy == "fail" else "ends the run completed_with_errors (exit 4)"
     out = []
     for nid, node in c.nodes():
-        if not isinstance(node, LlmNode | ScriptNode) or nid not in reachable:
+        if not type(node).FAILURE_FLOWS_ON or nid not in reachable:
             continue
-        if nid in branches or not node.targets or handled(node, node.fallback):
+        if nid in branches or not node.targets or handled(node, getattr(node, "fallback", None)):
             continue
         if any(e.default for e in getattr(node, "on_error", None) or ()):
             continue
@@ -360,61 +308,7 @@ def node_kind_rules(c: Check) -> list[Diagnostic]:
     return out
 
 
-# --- approval / input ----------------------------------------------------------------
-
-
-@rule
-def approval_options_routed(c: Check) -> list[Diagnostic]:
-    out = []
-    for nid, node in c.nodes():
-        if not isinstance(node, ApprovalNode):
-            continue
-        if node.next is not None:
-            out.append(
-                c.diag(
-                    "warning",
-                    "approval-next-ignored",
-                    f"approval '{nid}': `next` is ignored (an approval routes by its "
-                    "answer: routes and on_other)",
-                    _npath(nid, "next"),
-                    node=nid,
-                    hint="route each option under routes, free-form answers with on_other",
-                )
-            )
-        for i, option in enumerate(node.options):
-            if option not in node.routes:
-                out.append(
-                    c.diag(
-                        "error",
-                        "option-without-route",
-                        f"approval '{nid}': option '{option}' has no routes entry",
-                        _npath(nid, "options") + f"[{i}]",
-                        node=nid,
-                        hint=f"add routes: {{'{option}': <node>}}",
-                    )
-                )
-        for key in node.routes:
-            if key not in node.options:
-                out.append(
-                    c.diag(
-                        "warning",
-                        "route-without-option",
-                        f"approval '{nid}': routes entry '{key}' matches no option",
-                        _npath(nid, "routes", key),
-                        node=nid,
-                    )
-                )
-        if not node.options:
-            out.append(
-                c.diag(
-                    "error",
-                    "no-options",
-                    f"approval '{nid}' has no options",
-                    _npath(nid, "options"),
-                    node=nid,
-                )
-            )
-    return out
+# --- approvals, templates ------------------------------------------------------------
 
 
 @rule
@@ -465,24 +359,6 @@ def approvals_quorum(c: Check) -> list[Diagnostic]:
 
 
 @rule
-def input_validation_grammar(c: Check) -> list[Diagnostic]:
-    from graphrun.actors.human.prompt import parse_validation
-
-    out = []
-    for nid, node in c.nodes():
-        if isinstance(node, InputNode) and node.validation is not None:
-            try:
-                parse_validation(node.validation)
-            except ValueError as exc:
-                out.append(
-                    c.diag(
-                        "error", "validation-grammar", str(exc), _npath(nid, "validation"), node=nid
-                    )
-                )
-    return out
-
-
-@rule
 def templates_terminated(c: Check) -> list[Diagnostic]:
     """Every ``{{`` in a node's text is closed by ``}}``."""
     import msgspec
@@ -525,53 +401,7 @@ def templates_terminated(c: Check) -> list[Diagnostic]:
     return out
 
 
-# --- script ---------------------------------------------------------------------------
-
-
-def script_path(agent_dir: Path, script: str) -> Path:
-    return (agent_dir / script).resolve()
-
-
-@rule
-def script_files(c: Check) -> list[Diagnostic]:
-    out = []
-    agent_dir = c.loaded.agent_dir.resolve()
-    for nid, node in c.nodes():
-        if not isinstance(node, ScriptNode):
-            continue
-        where = _npath(nid, "script")
-        path = script_path(agent_dir, node.script)
-        ext = Path(node.script).suffix
-        outside = outside_problem(agent_dir, node.script, what=f"script '{node.script}'")
-        if outside is not None:
-            out.append(
-                c.diag("error", "script-outside", outside, where, node=nid, hint=outside_hint())
-            )
-        elif ext not in SCRIPT_RUNTIMES:
-            out.append(
-                c.diag(
-                    "error",
-                    "script-extension",
-                    f"script '{node.script}' has unsupported extension '{ext or '(none)'}'",
-                    where,
-                    node=nid,
-                    hint="script extensions are exactly .sh, .py and .ts",
-                )
-            )
-        elif not path.is_file():
-            out.append(
-                c.diag(
-                    "error",
-                    "script-missing",
-                    f"script file '{node.script}' does not exist in {agent_dir}",
-                    where,
-                    node=nid,
-                )
-            )
-    return out
-
-
-# --- agent / rag / llm ---------------------------------------------------------------
+# --- agent directory, output schemas -------------------------------------------------
 
 
 @rule
@@ -589,110 +419,6 @@ def agent_dir_files(c: Check) -> list[Diagnostic]:
             )
         ]
     return []
-
-
-@rule
-def agents_exist(c: Check) -> list[Diagnostic]:
-    out = []
-    for nid, node in c.nodes():
-        if not isinstance(node, AgentNode):
-            continue
-        where = _npath(nid, "agent")
-        path_like = is_agent_path(node.agent)
-        if path_like:  # a path from the graph's folder: the rule the run applies
-            outside = outside_problem(c.loaded.agent_dir, node.agent, what=f"agent '{node.agent}'")
-            if outside is not None:
-                out.append(
-                    c.diag(
-                        "error",
-                        "agent-outside",
-                        outside,
-                        where,
-                        node=nid,
-                        hint="name an agent in the agents directory, or " + outside_hint(),
-                    )
-                )
-                continue
-        if c.agents_dir is None:
-            continue
-        adir = c.agents_dir / node.agent
-        if path_like:
-            adir = Path(real_path(c.loaded.agent_dir, node.agent))
-        if not adir.is_dir():
-            known = (
-                sorted(p.name for p in c.agents_dir.iterdir() if p.is_dir())
-                if c.agents_dir.is_dir()
-                else []
-            )
-            out.append(
-                c.diag(
-                    "error",
-                    "unknown-agent",
-                    f"agent node '{nid}': no agent '{node.agent}' in {c.agents_dir}",
-                    where,
-                    node=nid,
-                    hint=_did_you_mean(node.agent, known) or "set --agents-dir",
-                )
-            )
-        elif not (adir / "graph.yaml").exists() and not (adir / "config.yaml").exists():
-            out.append(
-                c.diag(
-                    "error",
-                    "agent-without-definition",
-                    f"agent node '{nid}': {adir} has neither config.yaml nor graph.yaml",
-                    where,
-                    node=nid,
-                )
-            )
-    return out
-
-
-@rule
-def rag_documents(c: Check) -> list[Diagnostic]:
-    out = []
-    for nid, node in c.nodes():
-        if not isinstance(node, RagNode):
-            continue
-        if not node.documents:
-            out.append(
-                c.diag(
-                    "error",
-                    "rag-no-documents",
-                    f"rag node '{nid}' has no documents",
-                    _npath(nid),
-                    node=nid,
-                    hint="at least one knowledge source is required",
-                )
-            )
-        for index, entry in enumerate(node.documents):
-            problem = document_problem(entry, c.loaded.agent_dir) if entry else None
-            if problem is not None:
-                out.append(
-                    c.diag(
-                        "error",
-                        "document-outside",
-                        f"rag node '{nid}': {problem}",
-                        _npath(nid, "documents") + f"[{index}]",
-                        node=nid,
-                        hint=outside_hint(),
-                    )
-                )
-        kb_file = outside_problem(
-            c.loaded.agent_dir, f"{nid}.yaml", what=f"the knowledge base file of rag node '{nid}'"
-        )
-        if kb_file is not None:
-            out.append(c.diag("error", "kb-outside", kb_file, _npath(nid), node=nid))
-        if not node.state_updates:
-            out.append(
-                c.diag(
-                    "warning",
-                    "rag-no-state-updates",
-                    f"rag node '{nid}' has no state_updates: its result goes nowhere",
-                    _npath(nid),
-                    node=nid,
-                )
-            )
-    return out
 
 
 @rule
@@ -719,30 +445,12 @@ def output_schemas_valid(c: Check) -> list[Diagnostic]:
     return out
 
 
-#: Rules contributed by effect modules (tools, models, knowledge bases), registered
-#: by :func:`register_rule` so this module never imports them eagerly.
-def register_rule(fn: Rule) -> Rule:
-    return rule(fn)
-
-
-def _did_you_mean(name: str, choices: list[str]) -> str | None:
-    import difflib
-
-    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
-    return f"did you mean '{close[0]}'?" if close else None
-
-
 def validate(check: Check, *, with_advice: bool = False) -> list[Diagnostic]:
     """Run every rule (and with ``with_advice``, the advice ``validate`` gives);
     errors first, each group in file order."""
-    from graphrun.runtime.graph import (  # noqa: F401  (register rules)
-        effect_rules,
-        parallel_rules,
-        state_rules,
-    )
-
     found: list[Diagnostic] = list(check.loaded.warnings)
-    for fn in RULES + (ADVICE if with_advice else []):
+    rules = RULES + registered.RULES
+    for fn in rules + (ADVICE + registered.ADVICE if with_advice else []):
         if not check.deep and getattr(fn, "deep", False):
             continue
         found.extend(fn(check))
@@ -813,7 +521,7 @@ def _filled(node_id: str, nodes: dict[str, Any], errors: list[Diagnostic]) -> An
 def _salvaged(
     target: Path, first: list[Diagnostic], agents_dir: Path | None, config_dir: Path | None
 ) -> list[Diagnostic]:
-    from graphrun.runtime.graph.loader import LoadedGraph, find_graph_file, parse_yaml, structure
+    from graphrun.runtime.graph.loader import find_graph_file, parse_yaml, structure
 
     try:
         path = find_graph_file(target)

@@ -1,17 +1,19 @@
 """Node kinds: one module per ``type:`` of node, and this registry of them.
 
-Each ``runtime/nodes/<kind>.py`` holds what the engine needs to know about its
-kind (a :class:`~graphrun.runtime.nodes.kind.NodeKind`): how a visit asks for its
+Each ``runtime/nodes/<kind>.py`` holds everything about its kind: its graph.yaml
+Struct, with what the validator, the schema and the pictures ask of a kind (its
+descriptions, rules, the state keys it reads and writes, its edges: the ClassVars
+and hooks of :class:`~graphrun.runtime.graph.model.NodeBase`), and what the engine
+needs (a :class:`~graphrun.runtime.nodes.kind.NodeKind`): how a visit asks for its
 effect, how it decides once the effect is in, its result as a map branch, and the
 actor that performs its effect (llm, rag and agent effects need the run's
 configuration: their actors live next to their kind).
 
-Adding a node kind is one module here (its Struct, with its descriptions, rules,
-reads and routes as :class:`~graphrun.runtime.graph.model.NodeBase` hooks, and a
-``KIND``), plus its effect under ``actors/`` where it has one: every module of this
-package that defines ``KIND`` (or ``KINDS``) is found and registered when
-``graphrun.runtime`` is imported, its Struct included (the loader and the schema
-then know its ``type``).
+Adding a node kind is one module here (its Struct and a ``KIND``), plus its effect
+under ``actors/`` where it has one: every module of this package that defines
+``KIND`` (or ``KINDS``, or only a ``STRUCT`` for control flow the decider runs
+itself, as ``map``) is found and registered when ``graphrun.runtime`` is imported,
+its Struct included (the loader and the schema then know its ``type``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from graphrun.runtime.errors import GraphrunError
 from graphrun.runtime.graph.model import register_node_type
 from graphrun.runtime.nodes import agent, end, human, llm, rag, script
+from graphrun.runtime.nodes import map as map_node
 from graphrun.runtime.nodes.kind import NodeKind
 
 if TYPE_CHECKING:
@@ -43,15 +46,33 @@ KINDS: dict[str, NodeKind] = {
     )
 }
 
+#: Loki's node types, in the order errors and the schema list them; the kinds
+#: :func:`_discover` finds follow, by module name.
+for _struct in (
+    agent.AgentNode,
+    script.ScriptNode,
+    human.ApprovalNode,
+    human.InputNode,
+    llm.LlmNode,
+    rag.RagNode,
+    end.EndNode,
+    map_node.MapNode,
+):
+    register_node_type(_struct)
+
 
 def _discover() -> None:
-    """Every other module of this package that defines ``KIND`` or ``KINDS``."""
+    """Every other module of this package that defines ``KIND`` or ``KINDS`` (or only
+    a ``STRUCT``: a control-flow kind the decider runs itself)."""
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{info.name}")
         found = getattr(module, "KINDS", None) or (getattr(module, "KIND", None),)
         for kind in found:
             if isinstance(kind, NodeKind) and kind.type not in KINDS:
                 KINDS[kind.type] = kind
+        struct = getattr(module, "STRUCT", None)
+        if struct is not None:
+            register_node_type(struct)
     for kind in KINDS.values():
         register_node_type(kind.struct)
 

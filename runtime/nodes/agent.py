@@ -11,10 +11,14 @@ cancels children still running (the supervisor's policy).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import msgspec
 
 from graphrun.actors.base import CancelToken
 from graphrun.actors.messages import AgentTask
+from graphrun.actors.paths import outside_hint, outside_problem, real_path
 from graphrun.eventstore.events import (
     ChildCancelled,
     ChildRunFinished,
@@ -23,10 +27,12 @@ from graphrun.eventstore.events import (
 )
 from graphrun.eventstore.fold import RunState, fold
 from graphrun.eventstore.ids import new_run_id
-from graphrun.runtime.errors import GraphrunError, WaitingForHuman
+from graphrun.runtime.agents import is_agent_path
+from graphrun.runtime.errors import ChildWaiting, GraphrunError
+from graphrun.runtime.graph.check import did_you_mean, node_path
 from graphrun.runtime.graph.expressions import ExpressionError
 from graphrun.runtime.graph.loader import graph_of
-from graphrun.runtime.graph.model import AgentNode, Graph
+from graphrun.runtime.graph.model import ErrorRoute, Graph, Guard, NodeBase, RetryPolicy, Route
 from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.error_kinds import kind_of_result
@@ -40,18 +46,95 @@ from graphrun.runtime.nodes.plan import (
     last,
     tolerated,
 )
+from graphrun.runtime.nodes.rag import knowledge_of
 
 if TYPE_CHECKING:
     from graphrun.eventstore.events import Event
     from graphrun.runtime.nodes.ports import RunPorts
 
 
-class ChildWaiting(WaitingForHuman):
-    """A child run waits for a person; the parent waits with it."""
+class AgentNode(NodeBase, tag="agent", kw_only=True):
+    routes: list[Route] = msgspec.field(default_factory=list)
+    on_error: list[ErrorRoute] = msgspec.field(default_factory=list)
+    retry: RetryPolicy | None = None
+    guard: Guard | None = None
+    agent: str
+    prompt: str
+    timeout: float = 300.0
+    output_schema: dict[str, Any] | None = None
 
-    def __init__(self, message: str, request: Any) -> None:
-        super().__init__(message)
-        self.request = request
+    DESCRIPTIONS: ClassVar[dict[str | None, str]] = {
+        None: "Spawns a child agent (graph or LLM loop) and waits for its final text.",
+        "agent": "The child agent's name in the agents directory (required).",
+        "prompt": "The child's prompt (its {{initial_prompt}}); templated, strict.",
+        "timeout": "Wall-clock cap on the child run, in seconds (default 300); exceeding "
+        "it fails the graph.",
+        "next": "Where to go when the child finishes (required).",
+        "state_updates": "Map of state key -> template; {{output}} is the child's final "
+        "text (or its parsed value with output_schema).",
+        "output_schema": "A JSON Schema: the child's final text is extracted to a value; "
+        "an object's keys merge into state. No schema hint is sent to the child.",
+    }
+    NEEDS_NEXT: ClassVar[bool] = True
+    SPAWNS_AGENTS: ClassVar[bool] = True
+    SCOPED: ClassVar[str] = "output"
+
+    def strict_fields(self) -> list[tuple[str, object]]:
+        return [("prompt", self.prompt)]
+
+    def rules(self, node_id: str, check: Any) -> list[Any]:
+        return super().rules(node_id, check) + self._agent_rules(node_id, check)
+
+    def _agent_rules(self, nid: str, c: Any) -> list[Any]:
+        """The child agent exists: in the agents directory, or a path from the graph's
+        folder that stays inside it."""
+        where = node_path(nid, "agent")
+        path_like = is_agent_path(self.agent)
+        if path_like:  # a path from the graph's folder: the rule the run applies
+            outside = outside_problem(c.loaded.agent_dir, self.agent, what=f"agent '{self.agent}'")
+            if outside is not None:
+                return [
+                    c.diag(
+                        "error",
+                        "agent-outside",
+                        outside,
+                        where,
+                        node=nid,
+                        hint="name an agent in the agents directory, or " + outside_hint(),
+                    )
+                ]
+        if c.agents_dir is None:
+            return []
+        adir = c.agents_dir / self.agent
+        if path_like:
+            adir = Path(real_path(c.loaded.agent_dir, self.agent))
+        if not adir.is_dir():
+            known = (
+                sorted(p.name for p in c.agents_dir.iterdir() if p.is_dir())
+                if c.agents_dir.is_dir()
+                else []
+            )
+            return [
+                c.diag(
+                    "error",
+                    "unknown-agent",
+                    f"agent node '{nid}': no agent '{self.agent}' in {c.agents_dir}",
+                    where,
+                    node=nid,
+                    hint=did_you_mean(self.agent, known) or "set --agents-dir",
+                )
+            ]
+        if not (adir / "graph.yaml").exists() and not (adir / "config.yaml").exists():
+            return [
+                c.diag(
+                    "error",
+                    "agent-without-definition",
+                    f"agent node '{nid}': {adir} has neither config.yaml nor graph.yaml",
+                    where,
+                    node=nid,
+                )
+            ]
+        return []
 
 
 class AgentActor:
@@ -82,7 +165,7 @@ class AgentActor:
         if existing is not None and store.has_run(existing.child_run_id):
             # Resumed: re-attach to the child this visit already started.
             child_id = existing.child_run_id
-            knowledge = _knowledge(graph_of(fold(store.read(child_id, upto=1))), options)
+            knowledge = knowledge_of(graph_of(fold(store.read(child_id, upto=1))), options)
         else:
             ref = resolve_agent_dir(task.agent, options.agents_dir, graph_dir=parent.agent_dir)
             loaded = load_agent(ref.path, config_dir=options.config_dir)
@@ -91,7 +174,7 @@ class AgentActor:
             # Its own variables: not the parent's presets, and no prompt (Loki).
             variables = resolve_variables(loaded)
             loaded = with_variables(loaded, variables)
-            knowledge = _knowledge(loaded, options)
+            knowledge = knowledge_of(loaded, options)
             if existing is not None:  # recorded, but the process died before the child began
                 child_id = existing.child_run_id
             else:
@@ -203,15 +286,6 @@ class AgentActor:
 
 #: The statuses of a child run whose output the agent node takes.
 _COMPLETED = ("completed", "completed_with_errors")
-
-
-def _knowledge(loaded: Any, options: Any) -> dict[str, Any] | None:
-    """The child's knowledge bases, when it has rag nodes (built once, never silently)."""
-    if not any(n.type == "rag" for n in loaded.graph.nodes.values()):
-        return None
-    from graphrun.runtime.nodes.rag import prepare_knowledge_bases
-
-    return prepare_knowledge_bases(loaded, interactive=False, config_dir=options.config_dir)
 
 
 def _child_model(store: Any, child_id: str) -> str | None:

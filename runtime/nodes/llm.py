@@ -4,12 +4,24 @@ structured output into the state."""
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import msgspec
+
+from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import LlmResult
 from graphrun.eventstore.fold import RunState
+from graphrun.runtime.graph.check import node_path
 from graphrun.runtime.graph.expressions import ExpressionError
-from graphrun.runtime.graph.model import Graph, LlmNode
+from graphrun.runtime.graph.model import (
+    CachePolicy,
+    ErrorRoute,
+    Graph,
+    Guard,
+    NodeBase,
+    RetryPolicy,
+    Route,
+)
 from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.error_kinds import kind_of_result
@@ -19,6 +31,99 @@ from graphrun.runtime.nodes.plan import ERROR_KEY, Append, Perform, Step, comple
 if TYPE_CHECKING:
     from graphrun.eventstore.events import Event
     from graphrun.runtime.nodes.ports import RunPorts
+
+
+class LlmNode(NodeBase, tag="llm", kw_only=True):
+    routes: list[Route] = msgspec.field(default_factory=list)
+    on_error: list[ErrorRoute] = msgspec.field(default_factory=list)
+    retry: RetryPolicy | None = None
+    guard: Guard | None = None
+    cache: CachePolicy | None = None
+    prompt: str
+    instructions: str | None = None
+    tools: list[str] | None = None
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_attempts: int = 1
+    max_iterations: int = 10
+    fallback: str | None = None
+    output_schema: dict[str, Any] | None = None
+    timeout: float | None = None
+    reasoning_effort: str | None = None
+    # Loki's skills: skills_enabled/enabled_skills offer skill__* (runtime/nodes/builtins);
+    # inject_skill_instructions/skill_instructions append a paragraph on them.
+    skills_enabled: bool | None = None
+    enabled_skills: list[str] | None = None
+    inject_skill_instructions: bool | None = None
+    skill_instructions: str | None = None
+
+    DESCRIPTIONS: ClassVar[dict[str | None, str]] = {
+        None: "One LLM call with an optional bounded tool loop, in a fresh context.",
+        "prompt": "The user message; templated, strict (required).",
+        "instructions": "The system prompt; templated, strict.",
+        "tools": "The tools this node may call, and only these: global tools, agent "
+        "tools, MCP functions or mcp:<server>. Unset or []: none.",
+        "model": "provider:model for this node (default: the graph's model).",
+        "temperature": "Sampling temperature (default: the graph's; unset: not sent).",
+        "top_p": "Sampling top-p (default: the graph's; unset: not sent).",
+        "reasoning_effort": "Reasoning effort for models that take one.",
+        "max_attempts": "Attempts on transient errors (timeouts, rate limits, 429, 5xx, "
+        "refused connections); default 1.",
+        "max_iterations": "Cap on tool-loop turns (default 10).",
+        "fallback": "Where to route when the call fails; without it the run continues "
+        'to next with {{output}} = "LLM node failed: ...".',
+        "timeout": "Wall-clock cap on the node in seconds (unset: none).",
+        "output_schema": "A JSON Schema: a hint is added to the prompt, the reply is "
+        "parsed (or extracted) as JSON, an object's keys merge into state.",
+        "state_updates": "Map of state key -> template; {{output}} is the reply text (or "
+        "the parsed value with output_schema).",
+        "skills_enabled": "Loki's skills: offers the node skill__list, skill__load, "
+        "skill__unload (default: the graph's).",
+        "enabled_skills": "Loki's skills: the skills skill__load may load (default: the graph's).",
+        "inject_skill_instructions": "Loki's skills: append the skills paragraph to the "
+        "instructions (default: the graph's, else true).",
+        "skill_instructions": "Loki's skills: the paragraph appended (default: the graph's, "
+        "else Loki's own).",
+    }
+    NEEDS_NEXT: ClassVar[bool] = True
+    CALLS_MODEL: ClassVar[bool] = True
+    FAILURE_FLOWS_ON: ClassVar[bool] = True
+    SCOPED: ClassVar[str] = "output"
+
+    def strict_fields(self) -> list[tuple[str, object]]:
+        return [("prompt", self.prompt), ("instructions", self.instructions)]
+
+    def rules(self, node_id: str, check: Any) -> list[Any]:
+        out = super().rules(node_id, check)
+        if check.deep:
+            out += self._tool_rules(node_id, check)
+        return out
+
+    def _tool_rules(self, nid: str, c: Any) -> list[Any]:
+        """Each ``tools:`` entry must name a known tool or ``mcp:<server>``."""
+        from graphrun.actors.tools.builtin_specs import known
+        from graphrun.actors.tools.toolbox import validate_whitelist
+
+        own = [name for name in self.tools or () if not known(name)]  # Loki's built-ins
+        if not own:
+            return []
+        try:
+            problems = validate_whitelist(
+                c.loaded.agent_dir,
+                own,
+                global_tools=c.graph.global_tools,
+                mcp_servers=c.graph.mcp_servers,
+                config_dir=c.config_dir,
+            )
+        except GraphrunError as exc:
+            problems = [str(exc)]
+        return [
+            c.diag(
+                "error", "unknown-tool", f"llm node '{nid}': {p}", node_path(nid, "tools"), node=nid
+            )
+            for p in problems
+        ]
 
 
 @functools.cache
@@ -34,7 +139,7 @@ def _effect_names() -> tuple[Any, Any]:
 
 def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
     """The rendered request of an llm node (schema hint placed as the spec says)."""
-    from graphrun.runtime.graph.builtins import node_tools
+    from graphrun.runtime.graph.builtins import node_skill_instructions, node_tools
 
     LlmTask, schema_hint = _effect_names()
     system = (
@@ -42,6 +147,9 @@ def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str,
         if node.instructions is not None
         else None
     )
+    skills_hint = node_skill_instructions(graph, node)  # Loki's inject_skill_instructions
+    if skills_hint is not None:
+        system = f"{system.rstrip()}\n\n{skills_hint}" if system else skills_hint
     prompt = render(node.prompt, s, strict=True, field=f"{node_id}.prompt")
     if node.output_schema is not None:
         hint = schema_hint(node.output_schema)
@@ -221,7 +329,9 @@ class LlmActor:
                 task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools)
             )
         own = self.toolbox(tuple(name for name in task.tools if not is_builtin(name)))
-        box = BuiltinToolbox(own, builtins, ports=self.ports, ctx=ctx, node_id=task.node_id)
+        box = BuiltinToolbox(
+            own, builtins, ports=self.ports, ctx=ctx, node_id=task.node_id, clients=self.clients
+        )
         try:
             return perform_llm(task, ctx, client_factory=self.clients, toolbox=box)
         finally:

@@ -12,15 +12,20 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import msgspec
 
 from graphrun.actors.messages import RagTask
+from graphrun.actors.paths import outside_hint, outside_problem
+from graphrun.actors.rag.loaders import document_problem
 from graphrun.eventstore.events import RetrievalDone
 from graphrun.eventstore.fold import RunState
 from graphrun.runtime.errors import GraphrunError
+from graphrun.runtime.graph.check import node_path
 from graphrun.runtime.graph.expressions import ExpressionError
 from graphrun.runtime.graph.loader import LoadedGraph
-from graphrun.runtime.graph.model import Graph, RagNode
+from graphrun.runtime.graph.model import ErrorRoute, Graph, NodeBase, RetryPolicy, Route
 from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render, render_updates
 from graphrun.runtime.nodes.error_kinds import kind_of_result
@@ -38,6 +43,128 @@ from graphrun.runtime.nodes.plan import (
 if TYPE_CHECKING:
     from graphrun.eventstore.events import Event
     from graphrun.runtime.nodes.ports import RunPorts
+
+
+class RagNode(NodeBase, tag="rag", kw_only=True):
+    routes: list[Route] = msgspec.field(default_factory=list)
+    on_error: list[ErrorRoute] = msgspec.field(default_factory=list)
+    retry: RetryPolicy | None = None
+    documents: list[str] = msgspec.field(default_factory=list)
+    query: str = "{{initial_prompt}}"
+    top_k: int | None = None
+    timeout: float = 120.0
+    embedding_model: str | None = None
+    chunk_size: int | None = None
+    chunk_overlap: int | None = None
+    reranker_model: str | None = None
+    batch_size: int | None = None
+    # Loki's graph-RAG and storage fields (accepted, not implemented: validation warns).
+    extractor_model: str | None = None
+    extractor_prompt: str | None = None
+    graph_hops: int | None = None
+    driver: str | None = None
+
+    DESCRIPTIONS: ClassVar[dict[str | None, str]] = {
+        None: "Hybrid (vector + keyword) retrieval over the node's knowledge base; the "
+        "result goes to state through state_updates.",
+        "documents": "Knowledge sources: files, folders, URLs, relative to the agent "
+        "directory (required).",
+        "query": "The retrieval query; templated (default {{initial_prompt}}).",
+        "top_k": "How many chunks to retrieve (default: the knowledge base's).",
+        "timeout": "Retrieval timeout in seconds (default 120).",
+        "embedding_model": "Embedding model for the corpus (used when the knowledge base "
+        "is built).",
+        "chunk_size": "Chunk size when the knowledge base is built.",
+        "chunk_overlap": "Overlap between chunks when the knowledge base is built.",
+        "reranker_model": "Reranker applied to the hybrid results.",
+        "batch_size": "Embedding-request batch size.",
+        "extractor_model": "Loki's graph-RAG extractor (accepted; not implemented).",
+        "extractor_prompt": "Loki's graph-RAG prompt (accepted; not implemented).",
+        "graph_hops": "Loki's graph-RAG depth (accepted; not implemented).",
+        "driver": "Loki's knowledge-base storage driver (accepted; not implemented).",
+        "next": "Where to go after retrieval (required).",
+        "state_updates": "Where the result goes: {{output.context}} (the text block) and "
+        "{{output.sources}} (the source list).",
+    }
+    NEEDS_NEXT: ClassVar[bool] = True
+    SCOPED: ClassVar[str] = "output"
+
+    def strict_fields(self) -> list[tuple[str, object]]:
+        return [("query", self.query)]
+
+    def rules(self, node_id: str, check: Any) -> list[Any]:
+        out = super().rules(node_id, check) + self._document_rules(node_id, check)
+        if check.deep and self.documents:
+            out += self._sources_unchanged(node_id, check)
+        return out
+
+    def _document_rules(self, nid: str, c: Any) -> list[Any]:
+        """Knowledge sources inside the agent directory; a result that goes somewhere."""
+        out = []
+        if not self.documents:
+            out.append(
+                c.diag(
+                    "error",
+                    "rag-no-documents",
+                    f"rag node '{nid}' has no documents",
+                    node_path(nid),
+                    node=nid,
+                    hint="at least one knowledge source is required",
+                )
+            )
+        for index, entry in enumerate(self.documents):
+            problem = document_problem(entry, c.loaded.agent_dir) if entry else None
+            if problem is not None:
+                out.append(
+                    c.diag(
+                        "error",
+                        "document-outside",
+                        f"rag node '{nid}': {problem}",
+                        node_path(nid, "documents") + f"[{index}]",
+                        node=nid,
+                        hint=outside_hint(),
+                    )
+                )
+        kb_file = outside_problem(
+            c.loaded.agent_dir, f"{nid}.yaml", what=f"the knowledge base file of rag node '{nid}'"
+        )
+        if kb_file is not None:
+            out.append(c.diag("error", "kb-outside", kb_file, node_path(nid), node=nid))
+        if not self.state_updates:
+            out.append(
+                c.diag(
+                    "warning",
+                    "rag-no-state-updates",
+                    f"rag node '{nid}' has no state_updates: its result goes nowhere",
+                    node_path(nid),
+                    node=nid,
+                )
+            )
+        return out
+
+    def _sources_unchanged(self, nid: str, c: Any) -> list[Any]:
+        """Knowledge bases are never rebuilt silently: warn when their sources changed."""
+        from graphrun.actors.rag.retrieval import kb_config, kb_file, sources_changed
+
+        if not kb_file(c.loaded.agent_dir, nid).exists():
+            return []
+        try:
+            changed = sources_changed(c.loaded.agent_dir, nid, kb_config(self))
+        except GraphrunError as exc:
+            return [c.diag("error", "rag-kb", str(exc), node_path(nid), node=nid)]
+        if not changed:
+            return []
+        shown = ", ".join(changed[:5]) + (", …" if len(changed) > 5 else "")
+        return [
+            c.diag(
+                "warning",
+                "rag-sources-changed",
+                f"rag node '{nid}': sources changed since its knowledge base was built ({shown})",
+                node_path(nid, "documents"),
+                node=nid,
+                hint=f"graphrun rag rebuild {c.loaded.agent_dir} {nid}",
+            )
+        ]
 
 
 #: graphrun's app default for ``rag_embedding_model`` (Loki's example config ships
@@ -104,6 +231,14 @@ def prepare_knowledge_bases(
                 config_dir=config_dir,
             )
     return out
+
+
+def knowledge_of(loaded: LoadedGraph, options: Any) -> dict[str, Any] | None:
+    """A child run's knowledge bases, when its graph has rag nodes (built once, never
+    silently: the agent node and the ``agent__*`` tools start children with them)."""
+    if not any(isinstance(n, RagNode) for n in loaded.graph.nodes.values()):
+        return None
+    return prepare_knowledge_bases(loaded, interactive=False, config_dir=options.config_dir)
 
 
 class RagActor:

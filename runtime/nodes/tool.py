@@ -62,6 +62,7 @@ class ToolNode(NodeBase, tag="tool", kw_only=True):
         "timeout": "Seconds the call may take (60).",
     }
     NEEDS_NEXT: ClassVar[bool] = True
+    MERGES_ANY_KEY: ClassVar[bool] = True
 
     def reads(self) -> set[str]:
         from graphrun.runtime.graph.templates import expressions

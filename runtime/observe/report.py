@@ -31,6 +31,7 @@ from graphrun.eventstore.events import (
     HumanInputReceived,
     HumanInputRequested,
     LlmCalled,
+    LlmContinued,
     LlmResult,
     NodeCompleted,
     NodeEntered,
@@ -476,6 +477,11 @@ def _effect(md: Any, e: Event, prices: Mapping[str, tuple[float, float]]) -> str
             if e.error:
                 return f'<p class="st-failed">LLM result: error: {_e(e.error)}</p>'
             return ""
+        case LlmContinued():
+            return (
+                f"<details><summary>prompted again ({_e(e.reason)}, {e.count})</summary>"
+                f"<pre>{_e(e.prompt)}</pre></details>"
+            )
         case ScriptFinished():
             status = "timed out" if e.timed_out else f"exit {e.exit_code}"
             out = _json(e.output) if e.output is not None else e.stdout
@@ -559,7 +565,15 @@ def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
 
     lanes: list[tuple[str, str, list[str]]] = []
     for r in runs:
-        branches = sorted({v.branch for v in r.visits} | {w.branch for w in r.waits})
+        # Each branch's visits and waits, in log order (a map's 10,000 items are 10,000
+        # lanes: grouped once, not searched per lane).
+        visits_of: dict[str, list[Any]] = {}
+        for v in r.visits:
+            visits_of.setdefault(v.branch, []).append(v)
+        waits_of: dict[str, list[Any]] = {}
+        for w in r.waits:
+            waits_of.setdefault(w.branch, []).append(w)
+        branches = sorted(visits_of.keys() | waits_of.keys())
         if not branches:
             branches = [""]
         for b in branches:
@@ -567,9 +581,7 @@ def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
             if b:
                 title += f" · branch {b}"
             bars = []
-            for v in r.visits:
-                if v.branch != b:
-                    continue
+            for v in visits_of.get(b, ()):
                 tip = f"{v.node_id} #{v.visit} ({v.node_type}) {v.status} {_ms(v.start, v.end)}"
                 if v.usage.calls:
                     tip += f" · {v.usage.total_tokens} tokens"
@@ -578,9 +590,7 @@ def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
                     f'href="#v-{_e(v.key)}" title="{_e(tip)}" data-node="{_e(v.node_id)}">'
                     f"{_e(v.node_id)}</a>"
                 )
-            for w in r.waits:
-                if w.branch != b:
-                    continue
+            for w in waits_of.get(b, ()):
                 who = f" answered by {w.answer.by}" if w.answer else " (waiting)"
                 bars.append(
                     f'<span class="bar wait" style="{pos(w.start, w.end)}" '

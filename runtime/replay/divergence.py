@@ -55,6 +55,7 @@ from graphrun.runtime.replay.sources import (
     script_changed,
     slot_of,
 )
+from graphrun.runtime.replay.view import upgraded_view
 
 
 class ReplayError(GraphrunError):
@@ -527,7 +528,6 @@ def replay_events(
     """
     from graphrun.eventstore.fold import fold
     from graphrun.runtime.engine.driver import Driver, RunOptions, graph_of
-    from graphrun.runtime.replay.upgrade import upgraded_view
 
     # A run moved onto new graphs replays against the one it ends on.
     events = upgraded_view(events)

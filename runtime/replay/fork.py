@@ -12,24 +12,34 @@ from graphrun.eventstore.events import Event, RunStarted
 from graphrun.eventstore.fold import RunState, fold
 from graphrun.eventstore.ids import new_run_id
 from graphrun.eventstore.store import Store
+from graphrun.runtime.engine.runs import LoadedRun, load_run
 from graphrun.runtime.errors import UsageError
 from graphrun.runtime.replay.divergence import replay_events
 
 
-def fork_run(store: Store, run_id: str, at_seq: int, *, by: str | None = None) -> str:
+def fork_run(
+    store: Store,
+    run_id: str,
+    at_seq: int,
+    *,
+    by: str | None = None,
+    source: LoadedRun | None = None,
+) -> str:
     """A new run whose log is ``run_id``'s events ``1..at_seq``; returns its id.
 
     The copy keeps the events' times; its ``RunStarted`` records ``forked_from`` and
     ``forked_at``. Driving the new run continues it from there with today's code
     (live, or with other answers). Refused where the prefix cannot be continued:
     between decisions recorded together, inside an agent node whose child run is
-    still going, or after the run ended.
+    still going, or after the run ended. ``source``: ``run_id`` as the caller
+    opened it (:func:`~graphrun.runtime.engine.runs.load_run`), not read again.
     """
-    store.require_intact(run_id)  # a fork copies only a log that verifies
-    last = store.run(run_id).last_seq
+    if source is None or source.run_id != run_id:
+        source = load_run(store, run_id)  # a fork copies only a log that verifies
+    last = source.state.last_seq
     if not 1 <= at_seq <= last:
         raise UsageError(f"--at {at_seq} is outside run {run_id} (it has events 1..{last})")
-    events = store.read(run_id, upto=at_seq)
+    events = list(source.events[:at_seq])
     first = events[0]
     assert isinstance(first, RunStarted)
     state: RunState = fold(events)

@@ -30,6 +30,7 @@ from graphrun.eventstore.events import (
     ChildCancelled,
     Event,
     HeadSigned,
+    HumanInputRequested,
     NodeFailed,
     NodeRetrying,
     RunCancelled,
@@ -115,7 +116,9 @@ class RecordedSource:
                 slot = slot_of(event)
                 tried = self.attempts.setdefault(slot, [list(self.slots.get(slot, []))])
                 tried.append([])
-            if isinstance(event, EFFECT_TYPES):
+            mid_effect = isinstance(event, HumanInputRequested) and slot_of(event) in self.slots
+            if isinstance(event, EFFECT_TYPES) or mid_effect:
+                # (A question an effect asked, an llm visit's ``user__*``, is part of it.)
                 slot = slot_of(event)
                 self.slots.setdefault(slot, []).append(event)
                 if slot in self.attempts:

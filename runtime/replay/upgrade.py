@@ -19,8 +19,6 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.events import (
     Event,
@@ -28,13 +26,14 @@ from graphrun.eventstore.events import (
     NodeEntered,
     NodeFailed,
     RunFailed,
-    RunStarted,
 )
 from graphrun.eventstore.fold import fold
 from graphrun.runtime.errors import UsageError
+from graphrun.runtime.replay.view import upgraded_view
 
 if TYPE_CHECKING:
     from graphrun.eventstore.store import Store
+    from graphrun.runtime.engine.runs import LoadedRun
     from graphrun.runtime.graph.loader import LoadedGraph
     from graphrun.runtime.replay.divergence import ReplayResult
 
@@ -70,31 +69,6 @@ class UpgradeCheck:
         }
 
 
-def upgraded_view(events: list[Event]) -> list[Event]:
-    """The events a replay compares for a log with upgrades: the first ``RunStarted``
-    carries the graph the run ends on; ``GraphUpgraded`` events and the failures
-    their upgrades superseded are left out. A log without upgrades comes back as is."""
-    upgrades = [e for e in events if isinstance(e, GraphUpgraded)]
-    if not upgrades:
-        return events
-    dropped: set[int] = set()
-    for up in upgrades:
-        start = getattr(up, "superseded", 0) or up.seq
-        dropped.update(range(start, up.seq + 1))
-    last = upgrades[-1]
-    first = events[0]
-    assert isinstance(first, RunStarted)
-    head = msgspec.structs.replace(
-        first,
-        graph_source=last.graph_source,
-        graph_hash=last.new_hash,
-        graph_path=last.graph_path or first.graph_path,
-        agent_dir=last.agent_dir or first.agent_dir,
-        files=last.files or first.files,
-    )
-    return [head, *(e for e in events[1:] if e.seq not in dropped)]
-
-
 def _failure_point(events: list[Event]) -> tuple[int, str | None]:
     """Where a failed run's failure begins (the seq the upgrade supersedes) and the
     node that failed (entered again), or raise when it cannot be retried."""
@@ -124,12 +98,18 @@ def _failure_point(events: list[Event]) -> tuple[int, str | None]:
     return (entered.seq if entered else node_failed.seq), node_failed.node_id
 
 
-def check_upgrade(store: Store, run_id: str, loaded: LoadedGraph) -> UpgradeCheck:
-    """Replay ``run_id``'s history against ``loaded``: may it continue on it?"""
+def check_upgrade(
+    store: Store, run_id: str, loaded: LoadedGraph, *, run: LoadedRun | None = None
+) -> UpgradeCheck:
+    """Replay ``run_id``'s history against ``loaded``: may it continue on it?
+    ``run``: the run as the caller opened it (else its log is read here)."""
     from graphrun.runtime.replay.divergence import replay_events
 
-    events = store.read(run_id)
-    state = fold(events)
+    if run is not None and run.run_id == run_id:
+        events, state = list(run.events), run.state
+    else:
+        events = store.read(run_id)
+        state = fold(events)
     new_hash = content_hash(loaded.source)
     check = UpgradeCheck(run_id, state.status, state.graph_hash, new_hash)
     check.last_seq = events[-1].seq if events else 0
@@ -169,7 +149,8 @@ def check_upgrade(store: Store, run_id: str, loaded: LoadedGraph) -> UpgradeChec
 def record_upgrade(
     store: Store, check: UpgradeCheck, loaded: LoadedGraph, *, by: str
 ) -> GraphUpgraded:
-    """Append the :class:`GraphUpgraded` of a checked run (under its lease)."""
+    """Append the :class:`GraphUpgraded` of a checked run (under its lease); returns
+    it as appended."""
     files: dict[str, str] = {}
     for node in loaded.graph.nodes.values():
         script = getattr(node, "script", None)
@@ -196,8 +177,9 @@ def record_upgrade(
         last = store.run(check.run_id).last_seq
         if last != check.last_seq:
             raise UsageError(f"run {check.run_id} changed while it was being checked; try again")
-        store.append(check.run_id, [event], sync=True)
-    return event
+        (stamped,) = store.append(check.run_id, [event], sync=True)
+    assert isinstance(stamped, GraphUpgraded)
+    return stamped
 
 
 __all__ = ["UPGRADABLE", "UpgradeCheck", "check_upgrade", "record_upgrade", "upgraded_view"]

@@ -172,7 +172,7 @@ def test_output_schema_is_extracted_afterwards_without_a_hint(
     assert res.stdout.strip() == "Paris has 2100000 people"
     child_request = fake_llm.requests[0].body
     assert "schema" not in str(child_request).lower()  # agents get no schema hint
-    assert child_request["messages"][0]["content"] == "Research."
+    assert child_request["messages"][0]["content"].startswith("Research.\n\n## ")
     assert len(fake_llm.requests) == 2  # the extractor ran over the child's final text
     assert "about 2100000 people" in str(fake_llm.requests[1].body["messages"])
 

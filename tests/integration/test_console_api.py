@@ -292,3 +292,15 @@ def test_a_run_started_through_the_api(gate, http, tmp_path):
         assert row["waiting"]["question"] == "Publish release 3.0?"
     finally:
         server.stop()
+
+
+def test_the_printed_address_answers_at_once(tmp_path: Path) -> None:
+    """`serve` listens before it prints its address: a client that connects the
+    moment the line appears is answered, never refused."""
+    for attempt in range(4):
+        server = ConsoleServer.start(str(tmp_path / f"events-{attempt}.db"), tmp_path)
+        try:
+            response = httpx.get(server.url + "/", timeout=30, follow_redirects=False)
+            assert response.status_code < 500, response.text
+        finally:
+            server.stop()

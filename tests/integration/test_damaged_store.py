@@ -64,7 +64,6 @@ def test_runs_skips_and_names_the_damaged_run(graphrun: Any, agent: Any) -> None
         ["audit", "R"],
         ["logs", "R"],
         ["report", "R", "-o", "r.html"],
-        ["fork", "R", "--at", "1"],
         ["diff", "R", "S"],
         ["tail", "R"],
     ],
@@ -79,7 +78,10 @@ def test_commands_on_the_damaged_run_name_it_and_its_seq(
     assert "internal error" not in res.stderr and len(res.stderr.splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", [["audit", "R", "--verify"], ["replay", "R"], ["resume", "R"]])
+@pytest.mark.parametrize(
+    "command",
+    [["audit", "R", "--verify"], ["replay", "R"], ["resume", "R"], ["fork", "R", "--at", "1"]],
+)
 def test_checking_commands_name_the_seq(graphrun: Any, agent: Any, command: list[str]) -> None:
     damaged, _sound = two_runs(graphrun, agent)
     res = graphrun(*[damaged if a == "R" else a for a in command])

@@ -8,6 +8,7 @@ mid-delegation is resumed without re-running the child that finished.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -245,6 +246,8 @@ def test_a_question_waits_and_answer_continues_it(
     assert len(fake_llm.requests) == 2  # the first call was served from the log
     types = [e["type"] for e in _events(graphrun, run_id)]
     assert types.count("HumanInputReceived") == 1 and types[-1] == "RunCompleted"
+    replay = graphrun("replay", run_id)
+    assert replay.code == 0, replay.stdout
 
 
 def test_todos_and_skills(graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path) -> None:
@@ -262,6 +265,12 @@ def test_todos_and_skills(graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path) -
     assert res.code == 0, res.stderr
     first = fake_llm.requests[0].body
     assert "todo__init" in first["messages"][0]["content"]  # inject_todo_instructions
+    # A skill is installed: Loki's skills paragraph is appended (inject_skill_instructions).
+    assert first["messages"][0]["content"].endswith(
+        "## Skills\nSkills (documents with instructions for particular kinds of work) may be\n"
+        "available. Call `skill__list` early to see which fit the task, `skill__load` the\n"
+        "ones that do, and `skill__unload` them when their part of the work is done."
+    )
     results = _tool_results(fake_llm.requests[2])
     assert results[4] == {
         "skills": [{"name": "checklist", "description": "A review checklist", "loaded": False}]
@@ -419,6 +428,7 @@ def test_a_graph_node_with_skills_enabled_loads_its_skills(
                 type: llm
                 prompt: "{{initial_prompt}}"
                 enabled_skills: [checklist]
+                skill_instructions: "SKILLS: load checklist first."
                 state_updates: {answer: "{{output}}"}
                 next: done
               done: {type: end, output: "{{answer}}"}
@@ -437,6 +447,440 @@ def test_a_graph_node_with_skills_enabled_loads_its_skills(
     assert res.code == 0, res.stderr
     offered = [t["function"]["name"] for t in fake_llm.requests[0].body["tools"]]
     assert offered == ["skill__list", "skill__load", "skill__unload"]
+    # The node has no instructions: its skill_instructions are its system prompt.
+    assert _system(fake_llm.requests[0]) == "SKILLS: load checklist first."
     loaded, refused = _tool_results(fake_llm.requests[1])
     assert loaded["instructions"] == "CHECK EVERY EDGE CASE."
     assert refused == {"error": "Skill 'secret' is not enabled in this context"}
+
+
+def _user_messages(request: RecordedRequest) -> list[str]:
+    return [str(m["content"]) for m in request.body["messages"] if m["role"] == "user"]
+
+
+def _continuing(delay_third: float = 0.0) -> Any:
+    """The fake model of an auto_continue agent: makes two todos, then keeps stopping
+    with one open (the third answer can be slow, to kill the run meanwhile)."""
+
+    def answer(request: RecordedRequest) -> Reply:
+        turn = len([m for m in request.body["messages"] if m["role"] == "assistant"])
+        if turn == 0:
+            return tool_calls(
+                ("todo__init", {"goal": "ship"}),
+                ("todo__add", {"task": "write"}),
+                ("todo__add", {"task": "test"}),
+                ("todo__done", {"id": 1}),
+            )
+        stops = len(_user_messages(request)) - 1  # the prompt, then one per continuation
+        return text(f"stopped {stops}", delay=delay_third if stops == 1 else 0.0)
+
+    return answer
+
+
+def test_auto_continue_prompts_again_while_todos_are_open(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    _agent(
+        cfg,
+        "worker",
+        """\
+        auto_continue: true
+        max_auto_continues: 2
+        instructions: WORKER works through todos.
+        """,
+    )
+    fake_llm.default = _continuing()
+    env = _env(fake_llm, cfg)
+    res = graphrun("run", "worker", "go", **env)
+    assert res.code == 0, res.stderr
+    assert "auto_continue" not in res.stderr  # implemented: no warning
+    # The first answer, then two continuations (max_auto_continues), each answer kept.
+    assert res.stdout.strip() == "stopped 0\nstopped 1\nstopped 2"
+    assert len(fake_llm.requests) == 4
+    prompt = _user_messages(fake_llm.requests[2])[-1]
+    assert prompt.startswith("[auto-continue] You stopped while todos are still open.")
+    assert prompt.endswith("Goal: ship\nProgress: 1/2 completed\n  ✓ 1. write\n  ○ 2. test")
+    events = _events(graphrun, _root(graphrun))
+    continued = [e for e in events if e["type"] == "LlmContinued"]
+    assert [(e["reason"], e.get("count", 1)) for e in continued] == [("todos", 1), ("todos", 2)]
+    assert continued[0]["prompt"] == prompt
+    replay = graphrun("replay", _root(graphrun))
+    assert replay.code == 0, replay.stderr
+    listed = graphrun("events", _root(graphrun))
+    assert "LlmContinued" in listed.stdout and "todos #2" in listed.stdout
+    report = cfg.parent / "report.html"
+    made = graphrun("report", _root(graphrun), "-o", str(report))
+    assert made.code == 0, made.stderr
+    assert "prompted again (todos, 2)" in report.read_text()
+
+
+def test_kill_9_during_an_auto_continue_resumes_it_from_the_log(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    _agent(
+        cfg,
+        "worker",
+        """\
+        auto_continue: true
+        max_auto_continues: 2
+        continuation_prompt: KEEP GOING.
+        instructions: WORKER works through todos.
+        """,
+    )
+    fake_llm.default = _continuing(delay_third=30.0)
+    env = _env(fake_llm, cfg)
+    proc = graphrun.popen("run", "worker", "go", **env)
+    deadline = time.monotonic() + 60
+    while len(fake_llm.requests) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # the continuation was committed before the request went out
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert len(fake_llm.requests) == 3
+    fake_llm.requests.clear()
+
+    fake_llm.default = _continuing()
+    resumed = graphrun("resume", _root(graphrun), **env)
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.stdout.strip() == "stopped 0\nstopped 1\nstopped 2"
+    # Only the turn that had no answer is asked again, with the recorded continuation.
+    assert len(fake_llm.requests) == 2
+    assert _user_messages(fake_llm.requests[0])[-1].startswith("KEEP GOING.\n\nGoal: ship")
+    continued = [e for e in _events(graphrun, _root(graphrun)) if e["type"] == "LlmContinued"]
+    assert [e.get("count", 1) for e in continued] == [1, 2]
+
+
+def test_a_model_that_stops_with_agents_running_is_sent_back(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    def answer(request: RecordedRequest) -> Reply:
+        system = _system(request)
+        if "SLOW" in system:
+            return text("slow finished", delay=0.5)
+        results = _tool_results(request)
+        if not results:
+            return tool_calls(("agent__spawn", {"agent": "slow", "prompt": "think"}))
+        said = _user_messages(request)[-1]
+        if said.startswith("[guardrail]") and len(results) == 1:
+            return tool_calls(("agent__collect", {"id": results[0]["id"]}))
+        if len(results) == 1:
+            return text("I will wait for it to report back.")
+        return text("boss got: " + results[-1]["output"])
+
+    fake_llm.default = answer
+    res = graphrun("run", "boss", "do it", **_env(fake_llm, cfg))
+    assert res.code == 0, res.stderr
+    assert res.stdout.strip() == "I will wait for it to report back.\nboss got: slow finished"
+    events = _events(graphrun, _root(graphrun))
+    (guard,) = [e for e in events if e["type"] == "LlmContinued"]
+    assert guard["reason"] == "pending_agents"
+    assert "agent_slow_" in guard["prompt"] and "agent__collect" in guard["prompt"]
+
+
+def test_a_spawned_agents_question_is_answered_by_its_parent(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    _agent(
+        cfg,
+        "chief",
+        """\
+        can_spawn_agents: true
+        instructions: CHIEF delegates and answers questions.
+        """,
+    )
+
+    def answer(request: RecordedRequest) -> Reply:
+        system = _system(request)
+        results = _tool_results(request)
+        if "ASKER" in system:
+            if not results:
+                return tool_calls(
+                    ("user__select", {"question": "Which colour?", "options": ["red", "blue"]})
+                )
+            return text(f"asker got {results[-1]['answer']}")
+        if not results:
+            return tool_calls(("agent__spawn", {"agent": "asker", "prompt": "ask"}))
+        last = results[-1]
+        if last.get("status") == "ok" and "id" in last:
+            return tool_calls(("agent__collect", {"id": last["id"]}))
+        if last.get("pending_escalations"):
+            escalation = last["pending_escalations"][0]
+            return tool_calls(
+                (
+                    "agent__reply_escalation",
+                    {"escalation_id": escalation["escalation_id"], "reply": "blue"},
+                )
+            )
+        if last.get("original_question"):
+            spawned = next(r for r in results if "id" in r and r.get("status") == "ok")
+            return tool_calls(("agent__collect", {"id": spawned["id"]}))
+        return text("chief got: " + last["output"])
+
+    fake_llm.default = answer
+    # Even on a terminal a spawned agent asks its parent, never the person.
+    res = graphrun("run", "chief", "go", **_env(fake_llm, cfg))
+    assert res.code == 0, res.stderr
+    assert res.stdout.strip() == "chief got: asker got blue"
+    pending = next(
+        r for req in fake_llm.requests for r in _tool_results(req) if r.get("pending_escalations")
+    )
+    (escalation,) = pending["pending_escalations"]
+    assert escalation["question"] == "[approval] Which colour?"
+    assert escalation["options"] == ["red", "blue"]
+    assert escalation["from_agent_name"] == "asker"
+    events = _events(graphrun, _root(graphrun))
+    child = next(e["child_run_id"] for e in events if e["type"] == "ChildRunStarted")
+    (received,) = [e for e in _events(graphrun, child) if e["type"] == "HumanInputReceived"]
+    assert (received["answer"], received["channel"], received["by"]) == (
+        "blue",
+        "agent",
+        "agent:chief",
+    )
+    replay = graphrun("replay", _root(graphrun))
+    assert replay.code == 0, replay.stdout
+
+
+def test_agents_leave_each_other_messages(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    _agent(cfg, "listener", "instructions: LISTENER reads its inbox.\n")
+
+    def answer(request: RecordedRequest) -> Reply:
+        system = _system(request)
+        results = _tool_results(request)
+        if "LISTENER" in system:
+            if not results:
+                return dataclasses.replace(tool_calls(("agent__check_inbox", {})), delay=1.0)
+            got = results[-1]
+            return text("heard: " + "; ".join(m["payload"]["content"] for m in got["messages"]))
+        if not results:
+            return tool_calls(("agent__spawn", {"agent": "listener", "prompt": "listen"}))
+        first = results[0]
+        if len(results) == 1:
+            return tool_calls(
+                ("agent__send_message", {"id": first["id"], "message": "use tabs"}),
+                ("agent__send_message", {"id": "agent_nobody_12345678", "message": "hi"}),
+            )
+        if len(results) == 3:
+            return tool_calls(("agent__collect", {"id": first["id"]}))
+        return text(results[-1]["output"])
+
+    fake_llm.default = answer
+    _agent(cfg, "hub", "can_spawn_agents: true\ninstructions: HUB coordinates.\n")
+    res = graphrun("run", "hub", "go", **_env(fake_llm, cfg))
+    assert res.code == 0, res.stderr
+    assert res.stdout.strip() == "heard: use tabs"
+    sent, unknown = _tool_results(fake_llm.requests[2])[1:]
+    assert sent["status"] == "ok"
+    assert unknown["status"] == "error" and "No agent found" in unknown["message"]
+
+
+def test_a_task_queue_starts_an_agent_when_its_task_is_unblocked(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    fake_llm.script(
+        tool_calls(
+            ("agent__task_create", {"subject": "explore"}),
+            (
+                "agent__task_create",
+                {"subject": "count", "blocked_by": ["1"], "agent": "helper", "prompt": "go"},
+            ),
+            ("agent__task_list", {}),
+            ("agent__task_complete", {"task_id": "1"}),
+        ),
+    )
+
+    def rest(request: RecordedRequest) -> Reply:
+        system = _system(request)
+        results = _tool_results(request)
+        if "HELPER" in system:
+            if not results:
+                return tool_calls(("count_words", {"text": "a b"}))
+            return text("helper: " + results[-1]["text"].strip())
+        if len(results) == 4:
+            dispatched = results[3]["auto_dispatched"][0]
+            return tool_calls(("agent__collect", {"id": dispatched["id"]}))
+        return text("boss: " + results[-1]["output"])
+
+    fake_llm.default = rest
+    res = graphrun("run", "boss", "plan", **_env(fake_llm, cfg))
+    assert res.code == 0, res.stderr
+    assert res.stdout.strip() == "boss: helper: words: 2"
+    results = _tool_results(fake_llm.requests[1])
+    assert results[0] == {"status": "ok", "task_id": "1"}
+    assert results[1] == {"status": "ok", "task_id": "2", "auto_dispatch": True}
+    listed = {t["id"]: (t["status"], t["blocked_by"]) for t in results[2]["tasks"]}
+    assert listed == {"1": ("pending", []), "2": ("blocked", ["1"])}
+    completed = results[3]
+    assert completed["newly_runnable"][0]["id"] == "2"
+    assert completed["auto_dispatched"][0]["agent"] == "helper"
+
+
+def test_a_long_child_output_is_summarised_on_collect(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    _agent(
+        cfg,
+        "lead",
+        """\
+        can_spawn_agents: true
+        summarization_threshold: 50
+        instructions: LEAD delegates.
+        """,
+    )
+    long = "finding " * 20
+
+    def answer(request: RecordedRequest) -> Reply:
+        system = _system(request)
+        results = _tool_results(request)
+        if "SLOW" in system:
+            return text(long)
+        if "condense the output of a sub-agent" in system:
+            return text("SUMMARY: findings")
+        if not results:
+            return tool_calls(("agent__spawn", {"agent": "slow", "prompt": "think"}))
+        if len(results) == 1:
+            return tool_calls(("agent__collect", {"id": results[0]["id"]}))
+        return text("lead got " + results[-1]["output"])
+
+    fake_llm.default = answer
+    res = graphrun("run", "lead", "go", **_env(fake_llm, cfg))
+    assert res.code == 0, res.stderr
+    assert res.stdout.strip() == "lead got SUMMARY: findings"
+    events = _events(graphrun, _root(graphrun))
+    summary = [e for e in events if e["type"] == "LlmCalled" and e.get("purpose") == "summarize"]
+    assert len(summary) == 1
+    assert long.strip() in summary[0]["request"]["messages"][-1]["content"]
+    (finished,) = [e for e in events if e["type"] == "ChildRunFinished"]
+    assert finished["output"].strip() == long.strip()  # the full output stays in the log
+
+
+def test_cancelling_a_spawned_agent_that_waits_for_a_reply_ends_its_run(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    _agent(cfg, "chief", "can_spawn_agents: true\ninstructions: CHIEF delegates.\n")
+
+    def answer(request: RecordedRequest) -> Reply:
+        results = _tool_results(request)
+        if "ASKER" in _system(request):
+            return tool_calls(("user__input", {"question": "Your name?"}))
+        if not results:
+            return tool_calls(("agent__spawn", {"agent": "asker", "prompt": "ask"}))
+        last = results[-1]
+        if "agents" in last or len(results) == 1:  # look again (a repeated call is refused)
+            return tool_calls(("agent__check", {"id": results[0]["id"]}))
+        if last.get("status") == "pending" and not last.get("pending_escalations"):
+            return dataclasses.replace(tool_calls(("agent__list_running", {})), delay=0.2)
+        if last.get("pending_escalations"):
+            return tool_calls(("agent__cancel", {"id": results[0]["id"]}))
+        return text(f"chief: {results[-1]['message']}")
+
+    fake_llm.default = answer
+    res = graphrun("run", "chief", "go", **_env(fake_llm, cfg))
+    assert res.code == 0, res.stderr
+    assert res.stdout.strip() == "chief: Cancelled agent 'asker'."
+    checked = next(
+        r for req in fake_llm.requests for r in _tool_results(req) if r.get("pending_escalations")
+    )
+    # agent__check says so, and so does the next tool result after the question came.
+    assert (
+        checked.get("status") == "pending"
+        or "agent__reply_escalation" in (checked["escalation_instruction"])
+    )
+    assert checked["pending_escalations"][0]["question"] == "[input] Your name?"
+    child = next(
+        e["child_run_id"]
+        for e in _events(graphrun, _root(graphrun))
+        if e["type"] == "ChildRunStarted"
+    )
+    assert _events(graphrun, child)[-1]["type"] == "RunCancelled"
+
+
+def _escalating(slow_after_reply: float = 0.0) -> Any:
+    """chief spawns asker, whose question it answers; asker's answer after the reply
+    can be slow (to kill the run meanwhile)."""
+
+    def answer(request: RecordedRequest) -> Reply:
+        results = _tool_results(request)
+        if "ASKER" in _system(request):
+            if not results:
+                return tool_calls(("user__input", {"question": "Your name?"}))
+            return text(f"asker heard {results[-1]['answer']}", delay=slow_after_reply)
+        if not results:
+            return tool_calls(("agent__spawn", {"agent": "asker", "prompt": "ask"}))
+        spawned, last = results[0], results[-1]
+        if last.get("pending_escalations"):
+            escalation = last["pending_escalations"][0]["escalation_id"]
+            return tool_calls(
+                ("agent__reply_escalation", {"escalation_id": escalation, "reply": "Ada"})
+            )
+        if last is spawned or last.get("original_question"):
+            return tool_calls(("agent__collect", {"id": spawned["id"]}))
+        return text("chief: " + last["output"])
+
+    return answer
+
+
+def test_kill_9_after_a_reply_resumes_the_child_with_it(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    _agent(cfg, "chief", "can_spawn_agents: true\ninstructions: CHIEF delegates.\n")
+    fake_llm.default = _escalating(slow_after_reply=30.0)
+    env = _env(fake_llm, cfg)
+    proc = graphrun.popen("run", "chief", "go", **env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if sum("ASKER" in _system(r) for r in fake_llm.requests) >= 2:
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        proc.communicate(timeout=10)
+        pytest.fail("the child never got the reply")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+
+    fake_llm.default = _escalating()
+    fake_llm.requests.clear()
+    resumed = graphrun("resume", _root(graphrun), **env)
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.stdout.strip() == "chief: asker heard Ada"
+    # The child asks nothing again: only its answer after the reply is requested again.
+    asker = [r for r in fake_llm.requests if "ASKER" in _system(r)]
+    assert len(asker) == 1 and _tool_results(asker[0]) == [{"answer": "Ada"}]
+    root = _events(graphrun, _root(graphrun))
+    child = next(e["child_run_id"] for e in root if e["type"] == "ChildRunStarted")
+    types = [e["type"] for e in _events(graphrun, child)]
+    assert types.count("HumanInputRequested") == 1 and types.count("HumanInputReceived") == 1
+    assert [e["type"] for e in root].count("ChildRunStarted") == 1
+
+
+def test_the_guardrail_cancels_agents_after_three_reminders(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    def answer(request: RecordedRequest) -> Reply:
+        if "SLOW" in _system(request):
+            return text("slow finished", delay=20.0)
+        if not _tool_results(request):
+            return tool_calls(("agent__spawn", {"agent": "slow", "prompt": "think"}))
+        reminders = sum(1 for u in _user_messages(request) if u.startswith("[guardrail]"))
+        return text(f"done waiting {reminders}")
+
+    fake_llm.default = answer
+    started = time.monotonic()
+    res = graphrun("run", "boss", "do it", **_env(fake_llm, cfg))
+    assert res.code == 0, res.stderr
+    assert time.monotonic() - started < 15  # the slow agent was not waited for
+    assert res.stdout.strip().splitlines() == [f"done waiting {n}" for n in range(4)]
+    assert "cancelled agent_slow_" in res.stderr
+    events = _events(graphrun, _root(graphrun))
+    guards = [e for e in events if e["type"] == "LlmContinued"]
+    assert [(e["reason"], e.get("count", 1)) for e in guards] == [
+        ("pending_agents", 1),
+        ("pending_agents", 2),
+        ("pending_agents", 3),
+    ]
+    (finished,) = [e for e in events if e["type"] == "ChildRunFinished"]
+    assert finished["status"] == "cancelled"
+    child = _events(graphrun, finished["child_run_id"])
+    assert child[-1]["type"] in ("RunCancelled", "RunInterrupted")

@@ -376,7 +376,7 @@ def test_an_llm_loop_agent_takes_var_into_its_instructions(
     )
 
     assert res.code == 0, res.stderr
-    assert fake_llm.requests[0].body["messages"][0]["content"] == "Hello Ada"
+    assert fake_llm.requests[0].body["messages"][0]["content"].startswith("Hello Ada\n\n## ")
     assert started(graphrun)[0]["config"]["variables"] == {"user_name": "Ada"}
 
 

@@ -113,13 +113,31 @@ def test_parallel_bench_runs_every_contender_in_its_own_process(tmp_path: Path) 
             ),
         ),
         ("takeover_bench.py", ("same host: runs completed after kill -9", "another host")),
+        ("approve_bench.py", ("approve on a 99-event waiting run vs one bare read + verify",)),
+        (
+            "map_bench.py",
+            (
+                "map time, 200 items vs 20",
+                "map peak RSS, 200 items vs 20",
+                "`graphrun show` of the 200-item map vs 20",
+                "`graphrun replay` of the 200-item map vs 20",
+            ),
+        ),
         ("dbos_bench.py", ("SQLite", "PostgreSQL")),
+        (
+            "dbos_workers_bench.py",
+            (
+                "SQLite",
+                "PostgreSQL, 1 worker process(es): graphrun vs DBOS runs/s",
+                "PostgreSQL, 2 worker process(es): graphrun vs DBOS runs/s",
+            ),
+        ),
     ],
 )
 def test_store_takeover_and_dbos_benches_run(
     tmp_path: Path, name: str, targets: tuple[str, ...]
 ) -> None:
-    if name == "dbos_bench.py" and importlib.util.find_spec("dbos") is None:
+    if name.startswith("dbos_") and importlib.util.find_spec("dbos") is None:
         # DBOS comes with the bench extra (pip install -e '.[bench]'), not the test one.
         proc = subprocess.run(
             [sys.executable, str(ROOT / "bench" / name), "--smoke"],

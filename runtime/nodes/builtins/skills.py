@@ -10,66 +10,12 @@ text the model was given (a replay compares it with the document of today).
 
 from __future__ import annotations
 
-import os
-import re
-from pathlib import Path
 from typing import Any
 
 from graphrun.eventstore.events import ToolCalled
+from graphrun.runtime.graph.skills import available, find_skill, read_skill, skills_dirs
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-_FRONT = re.compile(r"\A---\s*\n(.*?)\n---\s*\n?(.*)\Z", re.DOTALL)
-
-
-def skills_dirs(config_dir: Path | None) -> list[Path]:
-    """Where skills are looked for, first match wins."""
-    dirs = [Path.cwd() / ".coyote" / "skills", Path.cwd() / ".loki" / "skills"]
-    for env in ("COYOTE_SKILLS_DIR", "LOKI_SKILLS_DIR"):
-        if os.environ.get(env):
-            dirs.append(Path(os.environ[env]))
-            break
-    else:
-        if config_dir is not None:
-            dirs.append(Path(config_dir) / "skills")
-    return dirs
-
-
-def read_skill(path: Path) -> tuple[str, str]:
-    """A SKILL.md's ``(description, body)``."""
-    import yaml
-
-    text = path.read_text(encoding="utf-8")
-    match = _FRONT.match(text)
-    if match is None:
-        return "", text.strip()
-    description = ""
-    try:
-        meta = yaml.safe_load(match.group(1))
-    except yaml.YAMLError:
-        meta = None
-    if isinstance(meta, dict) and isinstance(meta.get("description"), str):
-        description = meta["description"]
-    return description, match.group(2).strip()
-
-
-def find_skill(name: str, config_dir: Path | None) -> Path | None:
-    if not _NAME.match(name):
-        return None
-    for root in skills_dirs(config_dir):
-        path = root / name / "SKILL.md"
-        if path.is_file():
-            return path
-    return None
-
-
-def available(config_dir: Path | None) -> list[str]:
-    names: set[str] = set()
-    for root in skills_dirs(config_dir):
-        if root.is_dir():
-            names.update(
-                p.name for p in root.iterdir() if (p / "SKILL.md").is_file() and _NAME.match(p.name)
-            )
-    return sorted(names)
+__all__ = ["Skills", "available", "find_skill", "read_skill", "skills_dirs"]
 
 
 class Skills:

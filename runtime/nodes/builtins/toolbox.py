@@ -11,6 +11,12 @@ from typing import Any
 from graphrun.actors.base import CancelToken
 from graphrun.actors.llm.providers.base import ToolResult, ToolSpec
 from graphrun.actors.tools.builtin_specs import builtin_specs, known, result
+from graphrun.eventstore.events import LlmContinued, ToolCalled
+
+ESCALATION_INSTRUCTION = (
+    "Child agents are blocked waiting for your reply. Call agent__reply_escalation for "
+    "each pending escalation to unblock them."
+)
 
 
 class BuiltinToolbox:
@@ -18,39 +24,70 @@ class BuiltinToolbox:
 
     Made per visit (the built-ins record into the visit's context); ``close`` ends
     what the visit left running (children never collected are cancelled, as
-    Loki abandons them).
+    Loki abandons them). :meth:`continuation` says whether a model that ended its
+    turn is prompted again.
     """
 
     def __init__(
-        self, inner: Any, names: Sequence[str], *, ports: Any, ctx: Any, node_id: str
+        self,
+        inner: Any,
+        names: Sequence[str],
+        *,
+        ports: Any,
+        ctx: Any,
+        node_id: str,
+        clients: Any = None,
     ) -> None:
         from graphrun.runtime.graph.builtins import node_skills, settings_for
         from graphrun.runtime.nodes.builtins.agents import Supervisor
+        from graphrun.runtime.nodes.builtins.inbox import Inbox
         from graphrun.runtime.nodes.builtins.skills import Skills
+        from graphrun.runtime.nodes.builtins.tasks import Tasks
         from graphrun.runtime.nodes.builtins.todo import Todos
         from graphrun.runtime.nodes.builtins.user import UserQuestions
 
         self.inner = inner
         self.names = [n for n in names if known(n)]
-        self.specs: list[ToolSpec] = builtin_specs(self.names) + list(
-            inner.specs if inner is not None else []
+        # The agent's own tools first, then Loki's built-ins, in Loki's order.
+        self.specs: list[ToolSpec] = list(inner.specs if inner is not None else []) + (
+            builtin_specs(self.names)
         )
         settings = settings_for(ports.agent_dir)
         node = ports.graph.nodes.get(node_id)
         enabled, chosen = node_skills(ports.graph, node)
         if enabled:  # a graph's llm node with Loki's skills settings
             settings = replace(settings, skills_enabled=True, enabled_skills=chosen)
+        self.settings = settings
+        self.ports = ports
         prior = tuple(getattr(ctx, "prior", ()) or ())
         self.agents = Supervisor(ports, ctx, node_id, settings, prior)
+        self.agents.clients = clients
+        self.inbox = Inbox(ports, ctx, node_id, self.agents)
+        self.tasks = Tasks(prior, node_id, ctx.visit, self._dispatch)
         self.user = UserQuestions(ports, ctx, node_id, prior)
         self.todos = Todos(prior, node_id)
         self.skills = Skills(ports, settings, prior, node_id)
+        self._notified: set[str] = set()  # escalation ids the model was told about
+        # Loki's auto-continue count: since the visit began or the list was cleared.
+        self.continued = 0
+        for event in prior:
+            if getattr(event, "node_id", None) != node_id or getattr(event, "visit", 0) != (
+                ctx.visit
+            ):
+                continue
+            if isinstance(event, LlmContinued) and event.reason == "todos":
+                self.continued = event.count
+            elif isinstance(event, ToolCalled) and event.name == "todo__clear":
+                self.continued = 0
+
+    def _dispatch(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self.agents.call("spawn", args, CancelToken())
 
     def call(self, name: str, arguments: str, *, cancel: CancelToken) -> ToolResult:
         if name not in self.names:
             if self.inner is None:
                 return ToolResult(f"unknown tool '{name}'", True, 0.0, "")
-            return self.inner.call(name, arguments, cancel=cancel)
+            return self._notify(self.inner.call(name, arguments, cancel=cancel))
         started = time.perf_counter()
         try:
             args = json.loads(arguments or "{}")
@@ -67,9 +104,81 @@ class BuiltinToolbox:
             "todo": self.todos,
             "skill": self.skills,
         }[group]
+        if group == "agent" and action in ("send_message", "check_inbox"):
+            handler = self.inbox  # every agent's, spawning or not
+        elif group == "agent" and action.startswith("task_"):
+            if not self.settings.can_spawn_agents:
+                handler = self.agents  # refuses: this agent cannot spawn agents
+            else:
+                handler = self.tasks
+        if group == "todo" and action == "clear":
+            self.continued = 0
         value = handler.call(action, args, cancel)
+        if action in ("collect", "cancel") and group == "agent":
+            self.agents.reclaimed()
         failed = "error" in value or value.get("status") == "error"
-        return result(value, started=started, error=failed)
+        return self._notify(result(value, started=started, error=failed))
+
+    def _notify(self, done: ToolResult) -> ToolResult:
+        """Loki's escalation notice: a tool result after a spawned agent began waiting
+        for this model's reply carries the pending questions (once per question)."""
+        if not self.agents.children:
+            return done
+        pending = [e for e in self.agents.escalations() if e["escalation_id"] not in self._notified]
+        if not pending:
+            return done
+        self._notified.update(e["escalation_id"] for e in pending)
+        try:
+            value = json.loads(done.output)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            value = {"output": done.output}
+        value.setdefault("pending_escalations", pending)
+        value["escalation_instruction"] = ESCALATION_INSTRUCTION
+        return replace(done, output=json.dumps(value, ensure_ascii=False))
+
+    def continuation(self, text: str) -> tuple[str, str, int] | None:
+        """Whether the model, which ended its turn with ``text``, is prompted again:
+        ``(reason, prompt, count)``. First Loki's guardrail (spawned agents still
+        running: sent back up to three times, then they are cancelled), then its
+        ``auto_continue`` (todos still open, at most ``max_auto_continues`` times, in
+        a run that is not itself a spawned agent's)."""
+        from graphrun.runtime.nodes.builtins.agents import GUARDRAIL_MAX
+
+        running = self.agents.running()
+        if running:
+            if self.agents.guardrail >= GUARDRAIL_MAX:
+                import sys
+
+                cancelled = self.agents.cancel_running()
+                print(
+                    f"warning: node '{self.agents.node_id}': the model ended its turn "
+                    f"{GUARDRAIL_MAX + 1} times with agents still running; cancelled "
+                    f"{', '.join(cancelled)}",
+                    file=sys.stderr,
+                )
+                self.agents.reclaimed()
+            else:
+                self.agents.guardrail += 1
+                prompt = self.agents.guardrail_prompt(running)
+                return "pending_agents", prompt, self.agents.guardrail
+        else:
+            self.agents.reclaimed()
+        settings = self.settings
+        todos = self.todos.list
+        if (
+            not settings.todo
+            or self.continued >= settings.max_auto_continues
+            or not any(not t["done"] for t in todos.todos)
+            or self.ports.store.run(self.ports.run_id).parent_run_id
+        ):
+            return None
+        from graphrun.runtime.graph.builtins import CONTINUATION_PROMPT
+
+        self.continued += 1
+        prompt = f"{settings.continuation_prompt or CONTINUATION_PROMPT}\n\n{todos.render()}"
+        return "todos", prompt, self.continued
 
     def close(self) -> None:
         self.agents.close()

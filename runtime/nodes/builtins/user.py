@@ -8,7 +8,10 @@ before anyone is asked: ``user__select`` and ``user__confirm`` as an ``approval`
 the answer recorded (``HumanInputReceived``, channel ``tty``); without one the
 run waits (exit 3) until ``graphrun answer``/``approve`` records the answer, and
 the resumed visit hands it to the model. ``user__checkbox``'s answer is the
-chosen options separated by commas (or their numbers).
+chosen options separated by commas (or their numbers). In an agent another
+model spawned (``agent__spawn``) nobody is asked: the run waits, and the model
+that spawned it answers (``agent__reply_escalation``), as Loki escalates a
+sub-agent's questions.
 """
 
 from __future__ import annotations
@@ -84,6 +87,22 @@ class UserQuestions:
             )
         return self._asked_before
 
+    def _escalates(self) -> bool:
+        """Whether this run is an agent another model spawned (``agent__spawn``): its
+        questions go to that model (an escalation), never to a terminal."""
+        from graphrun.eventstore.events import RunStarted
+        from graphrun.eventstore.fold import fold
+        from graphrun.runtime.graph.loader import graph_of
+
+        store = self.ports.store
+        first = store.read(self.ports.run_id, upto=1)
+        started = first[0] if first and isinstance(first[0], RunStarted) else None
+        if started is None or not started.parent_run_id or not started.parent_node_id:
+            return False
+        parent = graph_of(fold(store.read(started.parent_run_id, upto=1))).graph
+        node = parent.nodes.get(started.parent_node_id)
+        return getattr(node, "type", None) == "llm"
+
     def call(self, action: str, args: dict[str, Any], cancel: Any) -> dict[str, Any]:
         question = str(args.get("question") or "").strip()
         if not question:
@@ -134,7 +153,7 @@ class UserQuestions:
         if checkpoint is not None:
             checkpoint()
         options_ = self.ports.options
-        if not options_.interactive:
+        if not options_.interactive or self._escalates():
             raise WaitingInToolLoop(
                 f"run waits for an answer at node '{self.node_id}' ({action})", request
             )

@@ -78,7 +78,7 @@ def test_the_union_has_every_event_class() -> None:
         and obj is not events.EventBase
     }
     assert set(EVENT_TYPES) == declared
-    assert len(EVENT_TYPES) == 30
+    assert len(EVENT_TYPES) == 31
 
 
 @pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.__name__)

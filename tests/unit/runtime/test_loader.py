@@ -9,7 +9,8 @@ import pytest
 
 from graphrun.runtime.errors import GraphLoadError, GraphValidationError
 from graphrun.runtime.graph.loader import find_graph_file, load_graph, load_text, parse_yaml
-from graphrun.runtime.graph.model import EndNode, ScriptNode
+from graphrun.runtime.nodes.end import EndNode
+from graphrun.runtime.nodes.script import ScriptNode
 
 
 def load(text: str):  # type: ignore[no-untyped-def]
