@@ -176,6 +176,11 @@ class NodeCompleted(EventBase, frozen=True, kw_only=True):
     failed: bool = False  # tolerant failure: the node failed but routed on
     error: str | None = None
     duration_ms: float = 0.0
+    # The failure's kind ("TimeoutError", "ScriptExit", ...), when ``failed``.
+    error_kind: str = ""
+    # Why the node was skipped (its ``if`` was false or its ``unless`` true): it routed
+    # to ``next`` without its effect and without its writes. Empty: it ran.
+    skipped: str = ""
 
 
 class NodeFailed(EventBase, frozen=True, kw_only=True):
@@ -185,6 +190,8 @@ class NodeFailed(EventBase, frozen=True, kw_only=True):
     visit: int
     error: str
     duration_ms: float = 0.0
+    # The failure's kind ("TimeoutError", "HTTPError", "GuardFailed", ...).
+    error_kind: str = ""
 
 
 class StepStarted(EventBase, frozen=True, kw_only=True):
@@ -201,12 +208,15 @@ class BranchesJoined(EventBase, frozen=True, kw_only=True):
     """A super-step's join policy was settled before every branch finished: the
     ``counted`` branches are merged, the ``cancelled`` ones were stopped (their
     processes and child runs too) and are left out; ``reason`` says why
-    (``join satisfied`` or the join's timeout)."""
+    (``join satisfied``, the join's timeout, or that it can no longer hold).
+    ``failed``: the branches that failed before the join held (left out too: an
+    ``any``/``count`` join goes on without them while it can still hold)."""
 
     step: int
     counted: list[str] = []
     cancelled: list[str] = []
     reason: str = ""
+    failed: list[str] = []
 
 
 class BranchesMerged(EventBase, frozen=True, kw_only=True):

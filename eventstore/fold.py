@@ -316,8 +316,10 @@ def apply(state: RunState, event: Event) -> RunState:
                 last_seq=event.seq,
                 last_ts=event.ts,
             )
-        case BranchesJoined(cancelled=cancelled):
-            # The cancelled branches leave the step: only the counted ones merge.
+        case BranchesJoined():
+            # The cancelled and failed branches leave the step: only the counted ones
+            # merge.
+            cancelled = {*event.cancelled, *event.failed}
             branches = {b: s for b, s in state.branches.items() if b not in cancelled}
             effects = BranchEffects(
                 {b: e for b, e in state.branch_effects.items() if b not in cancelled}

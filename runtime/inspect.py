@@ -54,14 +54,18 @@ def summarize_event(event: Event) -> str:
             keys = ",".join(event.updates) if event.updates else ""
             merged = " +output" if event.merge_effect else ""
             failed = f" FAILED({_short(event.error, 40)})" if event.failed else ""
+            if event.failed and event.error_kind:
+                failed = f" FAILED {event.error_kind}({_short(event.error, 40)})"
+            skipped = f" SKIPPED({_short(event.skipped, 40)})" if event.skipped else ""
             target = f"[{', '.join(event.fan_out)}]" if event.fan_out else event.routed_to
-            return f"-> {target}{failed} set[{keys}]{merged}"
+            return f"-> {target}{failed}{skipped} set[{keys}]{merged}"
         case StepStarted():
             return f"super-step {event.step}: {', '.join(event.frontier)}"
         case BranchesJoined():
+            failed = f" failed [{', '.join(event.failed)}]" if event.failed else ""
             return (
                 f"super-step {event.step} joined ({event.reason}): counted "
-                f"[{', '.join(event.counted)}] cancelled [{', '.join(event.cancelled)}]"
+                f"[{', '.join(event.counted)}]{failed} cancelled [{', '.join(event.cancelled)}]"
             )
         case BranchesMerged():
             merged = ", ".join(
@@ -71,7 +75,7 @@ def summarize_event(event: Event) -> str:
                 f"super-step {event.step} merged [{merged}] -> {', '.join(event.targets) or 'END'}"
             )
         case NodeFailed():
-            return _short(event.error)
+            return (f"{event.error_kind}: " if event.error_kind else "") + _short(event.error)
         case ScriptFinished():
             status = "timeout" if event.timed_out else f"exit {event.exit_code}"
             return f"{event.script} {status} {event.duration_ms:.0f}ms" + (

@@ -200,7 +200,9 @@ class Narrator:
             case NodeCompleted(routed_to=None):
                 pass
             case NodeCompleted():
-                if event.failed:
+                if event.skipped:
+                    self.line(f"▸ {event.node_id} skipped ({event.skipped}) -> {event.routed_to}")
+                elif event.failed:
                     self.line(f"▸ {event.node_id} failed: {event.error} -> {event.routed_to}")
                 else:
                     self.line(f"▸ {event.node_id} -> {event.routed_to}")
@@ -239,9 +241,10 @@ class Narrator:
                 self.start_group(f"super-step {event.step}", size, size)
             case BranchesJoined():
                 cancelled = ", ".join(event.cancelled) or "none"
+                failed = f", {', '.join(event.failed)} failed" if event.failed else ""
                 self.line(
                     f"▸ super-step {event.step} joined ({event.reason}): "
-                    f"{', '.join(event.counted) or 'none'} counted, {cancelled} cancelled"
+                    f"{', '.join(event.counted) or 'none'} counted{failed}, {cancelled} cancelled"
                 )
             case BranchesMerged():
                 merged = ", ".join(

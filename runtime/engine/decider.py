@@ -45,7 +45,9 @@ from graphrun.eventstore.fold import RunState, effect_output
 from graphrun.runtime.engine.failures import apply_policy
 from graphrun.runtime.engine.reducers import ABSENT, ReducerError, merge_writes, reduce, writes_of
 from graphrun.runtime.errors import TemplateError
+from graphrun.runtime.graph.expressions import ExpressionError
 from graphrun.runtime.graph.model import Graph, NodeBase
+from graphrun.runtime.graph.routing import failure_handled, skip_reason
 from graphrun.runtime.graph.templates import _MISSING, lookup, render
 from graphrun.runtime.nodes import kind_of
 from graphrun.runtime.nodes.end import EndNode
@@ -88,7 +90,8 @@ def decide(graph: Graph, state: RunState) -> Step:
 def _decide(graph: Graph, state: RunState) -> Step:
     if state.terminal:
         return Finished(state.status)
-    if state.branches:
+    if state.branches or _join_needs(state.join) is not None:
+        # (a step whose join left no branch is still a step: it merges or fails)
         return _parallel(graph, state)
     if state.current is None:
         return _enter(graph, state)
@@ -105,7 +108,7 @@ def _decide(graph: Graph, state: RunState) -> Step:
     try:
         step = _step(graph, node, state.current, state)
     except TemplateError as exc:
-        return _fail(state.current, state.current_visit, str(exc))
+        return _fail(state.current, state.current_visit, str(exc), "TemplateError")
     if graph.reducers and isinstance(step, Append):
         return _reduce_sequential(graph, state, step)
     return step
@@ -263,7 +266,7 @@ def _parallel(graph: Graph, state: RunState) -> Step:
         try:
             step = _step(graph, node, slot.node_id, view)
         except TemplateError as exc:
-            step = _fail(slot.node_id, slot.visit, str(exc))
+            step = _fail(slot.node_id, slot.visit, str(exc), "TemplateError")
         if isinstance(step, Perform):
             pending.append(replace(step, branch=bid))
         elif isinstance(step, PerformMany):
@@ -275,6 +278,41 @@ def _parallel(graph: Graph, state: RunState) -> Step:
     if pending:
         return PerformMany(tuple(pending), join=state.join or None)
     return _merge_step(graph, state, outcomes)
+
+
+def branch_outcome(graph: Graph, state: RunState, bid: str) -> tuple[str, str, str]:
+    """How branch ``bid`` of the running super-step stands, for its join:
+    ``("ok", "", "")`` when it completed (through a failure route the graph declares,
+    too), ``("failed", error, kind)`` when it failed (or its failure flowed on
+    unhandled), ``("pending", "", "")`` while its effect is missing, it waits for a
+    person or it is to be tried again. Pure: what the merge would decide."""
+    slot = state.branches.get(bid)
+    if slot is None:
+        return ("pending", "", "")
+    done: Event | None = slot.done
+    node = graph.nodes.get(slot.node_id)
+    if done is None:
+        if node is None:
+            return ("failed", f"node '{slot.node_id}' is not in the graph", "")
+        view = _branch_view(state, bid, slot.node_id, slot.visit)
+        try:
+            step = _step(graph, node, slot.node_id, view)
+        except TemplateError as exc:
+            return ("failed", str(exc), "TemplateError")
+        if not isinstance(step, Append) or any(
+            isinstance(e, HumanInputRequested | NodeRetrying) for e in step.events
+        ):
+            return ("pending", "", "")
+        done = next((e for e in step.events if isinstance(e, NodeCompleted | NodeFailed)), None)
+    if isinstance(done, NodeFailed):
+        return ("failed", done.error, done.error_kind)
+    if (
+        isinstance(done, NodeCompleted)
+        and done.failed
+        and not failure_handled(node, done.routed_to)
+    ):
+        return ("failed", done.error or "failed", done.error_kind)
+    return ("ok", "", "")
 
 
 def _merge_step(graph: Graph, state: RunState, outcomes: dict[str, tuple[Event, ...]]) -> Append:
@@ -307,6 +345,17 @@ def _merge_step(graph: Graph, state: RunState, outcomes: dict[str, tuple[Event, 
         writes[bid] = writes_of(snapshot, after)
         targets.update(done.fan_out or ([done.routed_to] if done.routed_to else []))
     step_no = state.step
+    needed = _join_needs(state.join)
+    if not failures and needed is not None and len(outcomes) < needed:
+        # The join settled without holding (its record is in, the failure that follows
+        # it is not: a crash between them): the step fails, as it did.
+        events.append(
+            RunFailed(
+                error=f"super-step {step_no}: join cannot hold: {len(outcomes)} branch(es) "
+                f"counted, {needed} needed"
+            )
+        )
+        return Append(tuple(events))
     if failures:
         # Deterministic (D8): the first failing node in node-id order names the error.
         bid, failed = failures[0]
@@ -349,8 +398,22 @@ def _merge_step(graph: Graph, state: RunState, outcomes: dict[str, tuple[Event, 
     return Append(tuple(events))
 
 
+def _join_needs(join: dict[str, Any]) -> int | None:
+    """How many branches an ``any``/``count`` join needs (None: another policy)."""
+    if join.get("type") == "any":
+        return 1
+    count = join.get("count")
+    if join.get("type") == "count" and isinstance(count, int):
+        return count
+    return None
+
+
 def _step(graph: Graph, node: NodeBase, node_id: str, state: RunState) -> Step:
     """One visit of a node: its kind asks for its effect, or decides once it is in."""
+    if node.if_ is not None or node.unless is not None:
+        skipped = _skipped(node, node_id, state)
+        if skipped is not None:
+            return skipped
     if isinstance(node, MapNode):
         return _map_step(graph, node, node_id, state)
     kind = kind_of(node.type)
@@ -368,6 +431,22 @@ def _step(graph: Graph, node: NodeBase, node_id: str, state: RunState) -> Step:
         return again
     step = kind.complete(graph, node, node_id, state, done)
     return output_checked(node, node_id, state, step, kind.primary)
+
+
+def _skipped(node: NodeBase, node_id: str, state: RunState) -> Step | None:
+    """A node whose ``if`` is false (or ``unless`` true) over the state it would run
+    on: it completes at once, skipped, routed to ``next``, with no effect and no
+    writes. None: it runs. The state does not change during a visit, so deciding
+    again on the way (after its effect, say) gives the same answer."""
+    visit = state.current_visit
+    try:
+        reason = skip_reason(node, state.state)
+    except ExpressionError as exc:
+        field = "if" if node.if_ is not None else "unless"
+        return _fail(node_id, visit, f"{field}: {exc}", "ExpressionError")
+    if reason is None:
+        return None
+    return Append((_completed(node_id, visit, node.next, skipped=reason),))
 
 
 # --- map ---------------------------------------------------------------------------
@@ -450,7 +529,7 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
         try:
             step = _step(graph, inner, node.branch, view)
         except TemplateError as exc:
-            step = _fail(node.branch, visit, str(exc))
+            step = _fail(node.branch, visit, str(exc), "TemplateError")
         if isinstance(step, Perform):
             pending.append(Perform(step.node_id, step.node_type, step.task, iid, node_id, cap))
         elif isinstance(step, Append) and any(isinstance(e, NodeRetrying) for e in step.events):
@@ -480,6 +559,8 @@ def _item_result(
             completed = event
     if completed is None:
         return None, "produced no result"
+    if completed.skipped:
+        return None, None  # a skipped item collects null
     if completed.failed and not (isinstance(branch, LlmNode) and branch.fallback):
         return None, completed.error or "failed"
     key = node.output_key
@@ -504,6 +585,7 @@ __all__ = [
     "Perform",
     "PerformMany",
     "Step",
+    "branch_outcome",
     "decide",
     "human_task",
     "llm_task",

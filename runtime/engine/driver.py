@@ -825,6 +825,7 @@ class Driver:
             if settled is not None:
                 # The recorded run cancelled these branches: they are not served.
                 queue = [t for t in queue if t.branch not in settled.cancelled]
+            served: list[str] = []
             for task in queue:
                 outcome = self._serve(task)
                 if outcome is None:
@@ -833,13 +834,16 @@ class Driver:
                     waiting = outcome[1]
                 elif outcome[0] == "failed":
                     failures.append((task.branch, task, outcome[1]))
+                    join.effect_failed(task.branch, outcome[1])
                 else:
-                    join.finished.add(task.branch)
+                    served.append(task.branch)
             if len(live) < len(queue):
                 self.absorb_effects()
                 self.flush()
+                join.observe(served)
             queue = live
             if settled is not None:
+                join.failed |= set(settled.failed)
                 join.settle(settled.cancelled, settled.reason)
             elif recorded_join is not None:
                 # The recorded run let every branch finish: so does its replay (a
@@ -856,6 +860,9 @@ class Driver:
             # was recorded): the others are not started again.
             join.settle([t.branch for t in queue], "join satisfied")
             queue = []
+        elif queue and join.counting and not join.settled and join.lost():
+            join.settle([t.branch for t in queue], join.lost_reason())
+            queue = []
         step = _Slots(self, caps, queue)
         join.start(self.clock.monotonic())
         step.fill()
@@ -866,6 +873,7 @@ class Driver:
             if join.deadline is not None and not join.settled:
                 slice_ = max(0.0, min(slice_, join.deadline - self.clock.monotonic()))
             done = step.finished(slice_)
+            ok: list[str] = []
             for task, token, ctx, future in done:
                 kind, detail = self._settle(task, token, ctx, future)
                 if token.cancelled and (
@@ -877,15 +885,27 @@ class Driver:
                     waiting = detail
                 elif kind == "failed" and not token.cancelled:
                     failures.append((task.branch, task, detail))
+                    join.effect_failed(task.branch, detail)
                 elif kind == "ok" and not token.cancelled:
-                    join.finished.add(task.branch)
+                    ok.append(task.branch)
             if done:
                 # One commit for every effect that finished since the last wake-up.
                 self.absorb_effects()
                 self.flush()
+                join.observe(ok)
                 self._cancel_requested()
-                if join.active and not join.settled and join.holds() and step.outstanding():
+                if (
+                    join.active
+                    and not join.settled
+                    and join.holds()
+                    and (step.outstanding() or join.failed)
+                ):
+                    # Enough branches finished (a failed one is left out, recorded).
                     join.settle(step.cancel_rest("join satisfied"), "join satisfied")
+                elif join.counting and not join.settled and join.lost():
+                    # Too many failed for the join to hold: the step fails now.
+                    reason = join.lost_reason()
+                    join.settle(step.cancel_rest(reason), reason)
             elif (
                 join.deadline is not None
                 and not join.settled
@@ -903,7 +923,10 @@ class Driver:
             return None
         if self.interrupted is not None or self.cancel.cancelled:
             return None
-        if join.settled and not join.holds() and not failures:
+        if join.settled and join.holds():
+            # The branches that failed before the join held are left out of the step.
+            failures = [f for f in failures if f[0] not in join.failed]
+        if join.settled and not join.holds() and (join.failed or not failures):
             join.fail()
         elif failures:
             branch, task, error = sorted(failures, key=lambda f: f[0])[0]
@@ -1191,8 +1214,13 @@ class _Join:
         self.timeout: float | None = policy.get("timeout")
         running = {t.branch for t in tasks}
         self.branches = set(driver.state.branches) | running
-        # Branches of the step that finished before (a resume): they count.
-        self.finished: set[str] = self.branches - running
+        self.slots = dict(driver.state.branches)  # (they leave the state once settled)
+        self.finished: set[str] = set()
+        # Branches that failed before the join held (``any``/``count`` go on without
+        # them while they can still hold), with their error and its kind.
+        self.failed: set[str] = set()
+        self.errors: dict[str, tuple[str, str]] = {}
+        self.reason = ""
         count = policy.get("count")
         if self.type == "any":
             self.needed = 1
@@ -1201,9 +1229,52 @@ class _Join:
         else:
             self.needed = len(self.branches)
         self.active = bool(policy) and (self.type != "all" or self.timeout is not None)
+        # An any/count join outlives a failed branch; `all` keeps failing the step.
+        self.counting = self.active and self.type in ("any", "count")
         self.deadline: float | None = None
         self.settled = False
         self.cancelled: set[str] = set()
+        # Branches of the step that finished before (a resume): they count, or failed.
+        self.observe(sorted(self.branches - running))
+
+    def observe(self, branches: Sequence[str]) -> None:
+        """Note how branches whose effect is in stand (the decider says: completed,
+        failed, or not yet: to be tried again, waiting for a person)."""
+        driver = self.driver
+        for bid in branches:
+            status, error, kind = decider.branch_outcome(driver.graph, driver.state, bid)
+            if status == "ok":
+                self.finished.add(bid)
+            elif status == "failed" and self.counting:
+                self.failed.add(bid)
+                self.errors[bid] = (error, kind)
+            elif status == "failed":
+                self.finished.add(bid)  # `all`: the merge fails the step, as before
+
+    def _node_of(self, bid: str) -> str:
+        slot = self.slots.get(bid)
+        return slot.node_id if slot is not None else bid
+
+    def _visit_of(self, bid: str) -> int:
+        slot = self.slots.get(bid)
+        return slot.visit if slot is not None else 0
+
+    def effect_failed(self, branch: str, error: str) -> None:
+        """A branch's effect itself failed (no result to decide on)."""
+        if self.counting:
+            self.failed.add(branch)
+            self.errors[branch] = (error, "")
+
+    def lost(self) -> bool:
+        """Too many branches failed for the join to hold with the others."""
+        return len(self.branches) - len(self.failed) < self.needed
+
+    def lost_reason(self) -> str:
+        names = ", ".join(sorted(self.failed))
+        return (
+            f"join cannot hold: {len(self.failed)} of {len(self.branches)} branches failed "
+            f"({names}), {self.needed} needed"
+        )
 
     def start(self, now: float) -> None:
         if self.active and self.timeout is not None and self.driver.options.effect_source is None:
@@ -1219,31 +1290,65 @@ class _Join:
     def settle(self, cancelled: Sequence[str], reason: str) -> None:
         """Record which branches counted and which were cancelled."""
         self.settled = True
-        self.cancelled = set(cancelled)
+        self.reason = reason
+        # A branch that neither counted nor failed is cancelled too (one to be tried
+        # again after a failed attempt has no effect running to stop).
+        self.cancelled = (set(cancelled) | (self.branches - self.finished)) - self.failed
         self.driver._speculate(
             (
                 BranchesJoined(
                     step=self.driver.state.step,
-                    counted=sorted(self.finished),
+                    counted=sorted(self.finished - self.failed),
                     cancelled=sorted(self.cancelled),
                     reason=reason,
+                    failed=sorted(self.failed),
                 ),
             )
         )
         self.driver.flush()
 
     def fail(self) -> None:
-        """The timeout passed before the policy held: the cancelled branches count as
-        failed, and so does the step (the first in node-id order names the error)."""
+        """The timeout passed before the policy held, or too many branches failed for
+        it to hold: the failed branches fail with their own error, the cancelled ones
+        count as failed, and so does the step."""
         driver = self.driver
         state = driver.state
         failed: list[Event] = []
+        if self.reason.startswith("join cannot hold"):
+            for bid in sorted(self.failed):
+                error, kind = self.errors.get(bid, ("failed", ""))
+                failed.append(
+                    NodeFailed(
+                        node_id=self._node_of(bid),
+                        visit=self._visit_of(bid),
+                        error=error,
+                        error_kind=kind,
+                        branch=bid,
+                    )
+                )
+            for bid in sorted(self.cancelled):
+                failed.append(
+                    NodeFailed(
+                        node_id=self._node_of(bid),
+                        visit=self._visit_of(bid),
+                        error=f"cancelled: {self.reason}",
+                        error_kind="Cancelled",
+                        branch=bid,
+                    )
+                )
+            failed.append(RunFailed(error=f"super-step {state.step}: {self.reason}"))
+            driver._speculate(tuple(failed))
+            return
         for bid in sorted(self.cancelled):
             slot = state.branches.get(bid)
             node_id = slot.node_id if slot is not None else bid
             visit = slot.visit if slot is not None else 0
             error = f"cancelled: {self.timeout_reason()}"
-            failed.append(NodeFailed(node_id=node_id, visit=visit, error=error, branch=bid))
+            failed.append(
+                NodeFailed(
+                    node_id=node_id, visit=visit, error=error, error_kind="TimeoutError", branch=bid
+                )
+            )
         names = ", ".join(sorted(self.cancelled)) or "none"
         failed.append(
             RunFailed(

@@ -50,11 +50,13 @@ class Route(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class ErrorRoute(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One entry of ``on_error:``: a failure whose message ``match``es (a regular
-    expression, searched) goes ``to``; ``default: true`` matches any failure."""
+    """One entry of ``on_error:``: a failure of ``kind`` (``TimeoutError``, ...) and
+    whose ``"<kind>: <message>"`` ``match``es (a regular expression, searched) goes
+    ``to``; ``default: true`` matches any failure."""
 
     to: str
     match: str | None = None
+    kind: str | None = None
     default: bool = False
 
 
@@ -81,10 +83,12 @@ class CachePolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class Guard(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``guard:`` of an llm, tool or agent node: conditions over the state before the
     effect (``input``) and over its result after it (``output``); a guard that does
-    not hold routes to ``on_fail`` (else fails the node)."""
+    not hold routes to ``on_fail`` (else fails the node). Each is an expression, or a
+    mapping: a JSON Schema (draft 2020-12) the state (``input``) or the node's result
+    (``output``) must be valid against."""
 
-    input: str | None = None
-    output: str | None = None
+    input: str | dict[str, Any] | None = None
+    output: str | dict[str, Any] | None = None
     on_fail: str | None = None
 
 
@@ -127,6 +131,10 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
     # How the super-step that a list ``next`` opens is joined (default: every branch).
     join: JoinPolicy | None = None
     state_updates: dict[str, Any] = {}
+    # Conditions over the state when the node is about to run: a false ``if`` (or a
+    # true ``unless``) skips it: it routes to ``next`` without its effect or writes.
+    if_: str | None = msgspec.field(default=None, name="if")
+    unless: str | None = None
 
     @property
     def type(self) -> str:
@@ -219,7 +227,11 @@ class NodeBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_fie
         if guard is not None and guard.on_fail:
             edges.append(("guard.on_fail", guard.on_fail, "guard failed"))
         for i, err in enumerate(getattr(self, "on_error", None) or ()):
-            label = "on_error" if err.default else f"on_error /{err.match}/"
+            label = "on_error"
+            if err.kind:
+                label += f" {err.kind}"
+            if err.match is not None:
+                label += f" /{err.match}/"
             edges.append((f"on_error[{i}].to", err.to, label))
         return edges
 

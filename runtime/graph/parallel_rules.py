@@ -15,6 +15,7 @@ from graphrun.runtime.graph.check import Check, register_rule
 from graphrun.runtime.graph.check import node_path as _npath
 from graphrun.runtime.graph.loader import Diagnostic
 from graphrun.runtime.graph.model import NodeBase, static_edges
+from graphrun.runtime.graph.routing import expression_reads, skip_conditions
 from graphrun.runtime.graph.templates import expressions
 
 _ROOT = re.compile(r"^([^.\[]+)")
@@ -48,7 +49,7 @@ def _roots(template: object) -> set[str]:
 
 def read_set(node: NodeBase) -> set[str]:
     scoped = type(node).SCOPED
-    roots: set[str] = node.reads()
+    roots: set[str] = node.reads() | expression_reads(skip_conditions(node))
     for value in node.template_fields():
         roots |= _roots(value)
     updates: set[str] = set()

@@ -36,6 +36,24 @@ from graphrun.runtime.graph.expressions import (
 )
 
 DEFAULT = "default"
+#: Every kind a failure can have, with what it means (docs/graph-yaml.md lists them).
+ERROR_KINDS: dict[str, str] = {
+    "TimeoutError": "the node's effect ran out of time (its `timeout`, an LLM call's)",
+    "HTTPError": "an LLM provider answered with an HTTP error status (the message has it)",
+    "ConnectionError": "an LLM provider could not be reached",
+    "LLMError": "an LLM call failed otherwise (no usable reply, a configuration error)",
+    "OutputSchemaError": "a reply or child output did not match the node's output_schema",
+    "ScriptExit": "a script exited with a non-zero status",
+    "ScriptOutput": "a script's output was not usable (bad `_next`, not JSON)",
+    "ToolError": "a tool failed or is unknown",
+    "AgentFailed": "a child agent's run failed",
+    "RetrievalError": "a rag node's retrieval failed",
+    "GuardFailed": "an input or output guard did not hold",
+    "ExpressionError": "a route, guard or condition expression failed on the state",
+    "TemplateError": "a template read a key the state does not have",
+    "Cancelled": "the effect was cancelled (a join, a parent run)",
+}
+
 _MAY_WRITE = "a script or tool may write it"
 
 
@@ -45,21 +63,44 @@ def _route_list(node: Any) -> list[Any]:
 
 
 def conditions(node: Any) -> list[tuple[str, str]]:
-    """``(field, expression)`` of every ``when`` of a ``routes:`` list and of a guard."""
+    """``(field, expression)`` of every ``when`` of a ``routes:`` list, of a guard's
+    expressions (not its schemas) and of ``if``/``unless``."""
     found = [
         (f"routes[{i}].when", r.when) for i, r in enumerate(_route_list(node)) if r.when != DEFAULT
     ]
     guard = getattr(node, "guard", None)
     if guard is not None:
         found += [
-            (f"guard.{side}", e) for side in ("input", "output") if (e := getattr(guard, side))
+            (f"guard.{side}", e)
+            for side in ("input", "output")
+            if isinstance(e := getattr(guard, side), str)
         ]
     return found
 
 
+def skip_conditions(node: Any) -> list[tuple[str, str]]:
+    """``(field, expression)`` of a node's ``if`` and ``unless``."""
+    found = []
+    if getattr(node, "if_", None) is not None:
+        found.append(("if", node.if_))
+    if getattr(node, "unless", None) is not None:
+        found.append(("unless", node.unless))
+    return found
+
+
+def skip_reason(node: Any, state: Mapping[str, Any]) -> str | None:
+    """Why the node is skipped over ``state`` (its ``if`` is false or its ``unless``
+    true), or None when it runs. Raises :class:`ExpressionError` when one fails."""
+    if node.if_ is not None and not bool(evaluate(node.if_, state)):
+        return f"if {node.if_!r} is false"
+    if node.unless is not None and bool(evaluate(node.unless, state)):
+        return f"unless {node.unless!r} is true"
+    return None
+
+
 def route_reads(node: Any) -> set[str]:
-    """The state keys the node's conditions read."""
-    return expression_reads(conditions(node))
+    """The state keys the node's conditions (and ``if``/``unless``) read."""
+    return expression_reads(conditions(node) + skip_conditions(node))
 
 
 def expression_reads(found: list[tuple[str, str]]) -> set[str]:
@@ -109,23 +150,39 @@ def _path(node_id: str, field: str) -> str:
 
 def route_rules(node: Any, node_id: str, check: Any) -> list[Any]:
     """``routes:`` conditions parse and read known keys; ``on_error`` entries are
-    well-formed regular expressions; no node has both ``on_error`` and ``fallback``."""
+    well-formed regular expressions and known kinds; no node has both ``on_error`` and
+    ``fallback``; a node with ``if``/``unless`` has a ``next`` to skip to."""
     out = check_expressions(node_id, check, conditions(node))
+    out += guard_schema_rules(node, node_id, check)
     on_error = getattr(node, "on_error", None) or []
     for i, entry in enumerate(on_error):
         path = _child_path(node_id, "on_error", i)
-        if entry.default == (entry.match is not None):
+        if entry.default == (entry.match is not None or entry.kind is not None):
             out.append(
                 check.diag(
                     "error",
                     "on-error",
-                    f"node '{node_id}': on_error[{i}] needs either `match: PATTERN` or "
-                    "`default: true`",
+                    f"node '{node_id}': on_error[{i}] needs either `match: PATTERN` and/or "
+                    "`kind: KIND`, or `default: true`",
                     path,
                     node=node_id,
                 )
             )
             continue
+        if entry.kind is not None and entry.kind not in ERROR_KINDS:
+            close = difflib.get_close_matches(entry.kind, sorted(ERROR_KINDS), n=1)
+            out.append(
+                check.diag(
+                    "error",
+                    "on-error",
+                    f"node '{node_id}': on_error[{i}].kind '{entry.kind}' is not a failure kind",
+                    path + ".kind",
+                    node=node_id,
+                    hint=f"did you mean '{close[0]}'?"
+                    if close
+                    else "one of " + ", ".join(sorted(ERROR_KINDS)),
+                )
+            )
         if entry.match is not None:
             try:
                 re.compile(entry.match)
@@ -150,6 +207,58 @@ def route_rules(node: Any, node_id: str, check: Any) -> list[Any]:
                 hint="keep on_error and end it with {default: true, to: <the fallback>}",
             )
         )
+    return out
+
+
+def skip_rules(node: Any, node_id: str, check: Any) -> list[Any]:
+    """Every node's ``if``/``unless``: they parse, read keys the graph writes, and the
+    node has a ``next`` to go to when it is skipped."""
+    found = skip_conditions(node)
+    out = check_expressions(node_id, check, found)
+    if not found or node.targets or node.next == []:
+        return out
+    if any(getattr(n, "branch", None) == node_id for n in check.graph.nodes.values()):
+        return out  # a map's branch: a skipped item collects null
+    field = found[0][0]
+    return [
+        *out,
+        check.diag(
+            "error",
+            "skip",
+            f"node '{node_id}': `{field}` needs a `next` to go to when the node is skipped",
+            _child_path(node_id, field),
+            node=node_id,
+            hint="add `next: <node>` (`next: []` ends the branch)",
+        ),
+    ]
+
+
+def guard_schema_rules(node: Any, node_id: str, check: Any) -> list[Any]:
+    """A guard's JSON Schema (a mapping) is itself a valid draft 2020-12 schema."""
+    guard = getattr(node, "guard", None)
+    if guard is None:
+        return []
+    import jsonschema
+
+    out = []
+    for side in ("input", "output"):
+        schema = getattr(guard, side)
+        if not isinstance(schema, dict):
+            continue
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path)
+            out.append(
+                check.diag(
+                    "error",
+                    "guard-schema",
+                    f"node '{node_id}': guard.{side} is not a valid JSON Schema"
+                    f"{f' (at {where})' if where else ''}: {exc.message}",
+                    _child(_child_path(node_id, "guard"), side),
+                    node=node_id,
+                )
+            )
     return out
 
 
@@ -268,10 +377,16 @@ def pick_route(node: Any, state: Mapping[str, Any], default: Any) -> Any:
     return default
 
 
-def error_route(node: Any, error: str) -> str | None:
-    """The first ``on_error`` entry matching ``error`` (its message), else None."""
+def error_route(node: Any, error: str, kind: str = "") -> str | None:
+    """The first ``on_error`` entry matching a failure of ``kind`` with message
+    ``error`` (``match`` is searched in ``"<kind>: <message>"``), else None."""
+    text = f"{kind}: {error}" if kind else error
     for entry in getattr(node, "on_error", None) or ():
-        if entry.default or (entry.match is not None and re.search(entry.match, error)):
+        if entry.default:
+            return str(entry.to)
+        if entry.kind is not None and entry.kind != kind:
+            continue
+        if entry.match is None or re.search(entry.match, text):
             return str(entry.to)
     return None
 
@@ -292,6 +407,7 @@ def failure_handled(node: Any, routed_to: str | None) -> bool:
 
 __all__ = [
     "DEFAULT",
+    "ERROR_KINDS",
     "check_expressions",
     "conditions",
     "error_route",
@@ -301,4 +417,7 @@ __all__ = [
     "retry_rules",
     "route_reads",
     "route_rules",
+    "skip_conditions",
+    "skip_reason",
+    "skip_rules",
 ]

@@ -48,8 +48,13 @@ _NODE_COMMON: dict[str, str] = {
     "routes": "graphrun: conditional edges, a list of `{when, to}` tried in order after the "
     "node's state_updates; the first whose `when` holds wins (`when: default` always does); "
     "none: `next`.",
-    "on_error": "graphrun: failure routes, a list of `{match, to}` or `{default: true, to}`; "
-    "the first whose pattern is found in the error message wins (not with `fallback`).",
+    "on_error": "graphrun: failure routes, a list of `{match, kind, to}` or `{default: true, "
+    "to}`; the first that matches the failure's kind and `<kind>: <message>` wins (not with "
+    "`fallback`).",
+    "if": "graphrun: an expression over the state, evaluated when the node is about to run; "
+    "false: the node is skipped (no effect, no writes) and the run goes to `next`.",
+    "unless": "graphrun: an expression over the state, evaluated when the node is about to "
+    "run; true: the node is skipped (no effect, no writes) and the run goes to `next`.",
     "retry": "graphrun: try a failed effect again (`{max_attempts, backoff, initial, max, "
     "jitter, on}`); the failure routes only once the attempts are used up.",
     "guard": "graphrun: `{input, output, on_fail}` conditions around the node's effect.",
@@ -129,15 +134,18 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
         "max": "The longest delay, in seconds (60).",
         "jitter": "Wait between half and all of the delay (true), from a value fixed by the "
         "run, node, visit and attempt, so a replay decides the same.",
-        "on": "Regular expressions: retry only errors whose message matches one (empty: any).",
+        "on": "Regular expressions searched in `<kind>: <message>`: retry only errors that "
+        "match one (empty: any).",
     },
     "Guard": {
         None: "graphrun: conditions checked before (`input`) and after (`output`) the "
         "node's effect; one that does not hold routes to `on_fail`.",
-        "input": "An expression over the state, checked before the effect; false: the "
+        "input": "An expression over the state, or a JSON Schema (a mapping, draft 2020-12) "
+        "the state must be valid against; checked before the effect; false or invalid: the "
         "effect never runs.",
-        "output": "An expression over the state the node leaves, with `output` its result; "
-        "false: the completion is dropped.",
+        "output": "An expression over the state the node leaves, with `output` its result, "
+        "or a JSON Schema (a mapping) the result must be valid against; false or invalid: "
+        "the completion is dropped.",
         "on_fail": "Where a failed guard routes (`_error` says which); none: the run fails.",
     },
     "JoinPolicy": {
@@ -159,7 +167,11 @@ _DESCRIPTIONS: dict[str, dict[str | None, str]] = {
     },
     "ErrorRoute": {
         None: "One entry of `on_error:`; the first entry that matches the failure wins.",
-        "match": "A regular expression searched for in the error message.",
+        "match": "A regular expression searched for in `<kind>: <message>` (e.g. "
+        "`TimeoutError`, `HTTPError: .*429`, `timed out`).",
+        "kind": "The failure's kind, exactly: TimeoutError, HTTPError, ConnectionError, "
+        "LLMError, OutputSchemaError, ScriptExit, ScriptOutput, ToolError, AgentFailed, "
+        "RetrievalError, GuardFailed, ExpressionError, TemplateError or Cancelled.",
         "default": "true: matches any failure (the last entry, usually).",
         "to": "The node the run goes to when this entry matches; the error is in the "
         "state as `_error`.",

@@ -297,10 +297,14 @@ def unhandled_failure_flow(c: Check) -> list[Diagnostic]:
 
 @rule
 def node_kind_rules(c: Check) -> list[Diagnostic]:
-    """The rules a node kind declares in its own module (``NodeBase.rules``)."""
+    """The rules a node kind declares in its own module (``NodeBase.rules``), and the
+    ``if``/``unless`` every node may have."""
+    from graphrun.runtime.graph.routing import skip_rules
+
     out: list[Diagnostic] = []
     for nid, node in c.nodes():
         out.extend(node.rules(nid, c))
+        out.extend(skip_rules(node, nid, c))
     return out
 
 

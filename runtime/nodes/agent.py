@@ -35,6 +35,7 @@ from graphrun.runtime.graph.loader import graph_of
 from graphrun.runtime.graph.model import ErrorRoute, Graph, Guard, NodeBase, RetryPolicy, Route
 from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render, render_updates
+from graphrun.runtime.nodes.error_kinds import kind_of_result
 from graphrun.runtime.nodes.kind import NodeKind
 from graphrun.runtime.nodes.plan import (
     Append,
@@ -318,10 +319,11 @@ def complete(
     if done.status not in _COMPLETED:
         why = done.error or done.status
         message = f"child agent '{node.agent}' run {done.child_run_id} {why}"
-        target = error_route(node, message)
+        kind = kind_of_result(done)
+        target = error_route(node, message, kind)
         if target is not None:
-            return tolerated(node_id, visit, node, state.state, target, message)
-        return fail(node_id, visit, message)
+            return tolerated(node_id, visit, node, state.state, target, message, kind)
+        return fail(node_id, visit, message, kind)
     output: Any = done.output or ""
     merged: dict[str, Any] = {}
     if node.output_schema is not None:
@@ -334,14 +336,14 @@ def complete(
         )
         if error is not None:
             # Agent nodes have no fallback: extraction failure is a graph error.
-            return fail(node_id, visit, error)
+            return fail(node_id, visit, error, "OutputSchemaError")
         if isinstance(output, dict):
             merged = dict(output)
     updates = {**merged, **render_updates(node.state_updates, {**s, **merged}, {"output": output})}
     try:
         routed = pick_route(node, {**s, **updates}, node.next)
     except ExpressionError as exc:
-        return fail(node_id, visit, str(exc))
+        return fail(node_id, visit, str(exc), "ExpressionError")
     if routed is None:
         return fail(node_id, visit, "agent node has no next to route to")
     return Append((completed(node_id, visit, routed, updates=updates),))

@@ -76,12 +76,13 @@ class DecisionNode(NodeBase, tag="decision", kw_only=True):
                     "error", "decision-routes", f"decision node '{node_id}' has no routes", where
                 )
             )
-        if self.next is not None:
+        if self.next is not None and self.if_ is None and self.unless is None:
             out.append(
                 check.diag(
                     "warning",
                     "decision-next",
-                    f"decision node '{node_id}': `next` is ignored (routes decide)",
+                    f"decision node '{node_id}': `next` is ignored (routes decide; it is "
+                    "only where an `if`/`unless` skips to)",
                     f"{where}.next",
                     node=node_id,
                     hint="move the target into a route: {when: default, to: ...}",
@@ -123,7 +124,7 @@ def complete(graph: Graph, node: DecisionNode, node_id: str, state: RunState, _:
         value = evaluate(node.expr, s) if node.expr is not None else None
         chosen = next((r for r in node.routes if _matches(node, r, value, s)), None)
     except ExpressionError as exc:
-        return fail(node_id, visit, str(exc))
+        return fail(node_id, visit, str(exc), "ExpressionError")
     if chosen is None:
         seen = f" (the value was {_text(value)!r})" if node.expr is not None else ""
         return fail(node_id, visit, f"no route matched{seen} and there is no `when: default`")

@@ -74,9 +74,15 @@ class ApprovalNode(NodeBase, tag="approval", kw_only=True):
     SCOPED: ClassVar[str] = "choice"
 
     def static_edges(self) -> list[tuple[str, str]]:
-        # `next` is ignored on approval nodes: routing is routes + on_other.
+        # `next` is ignored on approval nodes (routing is routes + on_other), but where
+        # a skipped one (``if``/``unless``) goes.
         edges = [(f"routes.{key}", target) for key, target in self.routes.items()]
         edges.append(("on_other", self.on_other))
+        if self.if_ is not None or self.unless is not None:
+            edges.extend(
+                (f"next[{i}]" if isinstance(self.next, list) else "next", target)
+                for i, target in enumerate(self.targets)
+            )
         return edges
 
     def strict_fields(self) -> list[tuple[str, object]]:
@@ -88,7 +94,7 @@ class ApprovalNode(NodeBase, tag="approval", kw_only=True):
     def _option_rules(self, nid: str, c: Any) -> list[Any]:
         """Every option routes somewhere; every route is an option; there are options."""
         out = []
-        if self.next is not None:
+        if self.next is not None and self.if_ is None and self.unless is None:
             out.append(
                 c.diag(
                     "warning",

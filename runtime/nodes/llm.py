@@ -24,6 +24,7 @@ from graphrun.runtime.graph.model import (
 )
 from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render, render_updates
+from graphrun.runtime.nodes.error_kinds import kind_of_result
 from graphrun.runtime.nodes.kind import NodeKind
 from graphrun.runtime.nodes.plan import ERROR_KEY, Append, Perform, Step, completed, fail, last
 
@@ -219,20 +220,27 @@ def complete(graph: Graph, node: LlmNode, node_id: str, state: RunState, done: L
         try:
             routed = pick_route(node, {**s, **updates}, node.next) if node.routes else node.next
         except ExpressionError as exc:
-            return fail(node_id, visit, str(exc))
+            return fail(node_id, visit, str(exc), "ExpressionError")
         if routed is None:
             return fail(node_id, visit, "llm node has no next to route to")
         return Append((completed(node_id, visit, routed, updates=updates),))
     message = f"LLM node failed: {error}"
-    routed = error_route(node, message) or node.fallback or node.next
+    kind = kind_of_result(done, state.effects)
+    routed = error_route(node, message, kind) or node.fallback or node.next
     if routed is None:
-        return fail(node_id, visit, message)
+        return fail(node_id, visit, message, kind)
     failure = {ERROR_KEY: {"node": node_id, "message": message}}
     updates = {
         **failure,
         **render_updates(node.state_updates, {**s, **failure}, {"output": message}),
     }
-    return Append((completed(node_id, visit, routed, updates=updates, failed=True, error=message),))
+    return Append(
+        (
+            completed(
+                node_id, visit, routed, updates=updates, failed=True, error=message, error_kind=kind
+            ),
+        )
+    )
 
 
 def primary(node: LlmNode, effects: tuple[Event, ...], done: Any) -> Any:

@@ -64,11 +64,11 @@ class Finished:
 Step = Append | Perform | PerformMany | Finished
 
 
-def fail(node_id: str, visit: int, error: str) -> Append:
-    """The node failed and so did the run."""
+def fail(node_id: str, visit: int, error: str, kind: str = "") -> Append:
+    """The node failed and so did the run (``kind``: the failure's kind)."""
     return Append(
         (
-            NodeFailed(node_id=node_id, visit=visit, error=error),
+            NodeFailed(node_id=node_id, visit=visit, error=error, error_kind=kind),
             RunFailed(error=f"node '{node_id}': {error}", node_id=node_id),
         )
     )
@@ -89,7 +89,13 @@ def completed(
 
 
 def tolerated(
-    node_id: str, visit: int, node: Any, state: dict[str, Any], target: str, message: str
+    node_id: str,
+    visit: int,
+    node: Any,
+    state: dict[str, Any],
+    target: str,
+    message: str,
+    kind: str = "",
 ) -> Append:
     """A failure routed to ``target`` (``on_error``, ``fallback``): the error is in the
     state as ``_error``, and ``state_updates`` see it (``{{output}}`` is the message)."""
@@ -100,7 +106,13 @@ def tolerated(
         **failure,
         **render_updates(node.state_updates, {**state, **failure}, {"output": message}),
     }
-    return Append((completed(node_id, visit, target, updates=updates, failed=True, error=message),))
+    return Append(
+        (
+            completed(
+                node_id, visit, target, updates=updates, failed=True, error=message, error_kind=kind
+            ),
+        )
+    )
 
 
 def state_json(state: dict[str, Any]) -> str:

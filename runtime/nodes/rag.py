@@ -28,6 +28,7 @@ from graphrun.runtime.graph.loader import LoadedGraph
 from graphrun.runtime.graph.model import ErrorRoute, Graph, NodeBase, RetryPolicy, Route
 from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render, render_updates
+from graphrun.runtime.nodes.error_kinds import kind_of_result
 from graphrun.runtime.nodes.kind import NodeKind
 from graphrun.runtime.nodes.plan import (
     Append,
@@ -323,15 +324,16 @@ def complete(
 ) -> Step:
     visit = state.current_visit
     if done.error is not None:
-        target = error_route(node, done.error)
+        kind = kind_of_result(done)
+        target = error_route(node, done.error, kind)
         if target is not None:
-            return tolerated(node_id, visit, node, state.state, target, done.error)
-        return fail(node_id, visit, done.error)
+            return tolerated(node_id, visit, node, state.state, target, done.error, kind)
+        return fail(node_id, visit, done.error, kind)
     updates = render_updates(node.state_updates, state.state, {"output": done.result or {}})
     try:
         routed = pick_route(node, {**state.state, **updates}, node.next)
     except ExpressionError as exc:
-        return fail(node_id, visit, str(exc))
+        return fail(node_id, visit, str(exc), "ExpressionError")
     if routed is None:
         return fail(node_id, visit, "rag node has no next to route to")
     return Append((completed(node_id, visit, routed, updates=updates),))

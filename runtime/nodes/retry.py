@@ -19,6 +19,7 @@ from typing import Any
 from graphrun.eventstore.events import ChildRunFinished, NodeRetrying
 from graphrun.eventstore.fold import RunState
 from graphrun.runtime.graph.model import RetryPolicy
+from graphrun.runtime.nodes.error_kinds import kind_of_result
 from graphrun.runtime.nodes.plan import Append
 
 #: What ``retry:`` is accepted on (the kinds with an effect that can fail).
@@ -73,7 +74,9 @@ def retry_step(node: Any, node_id: str, state: RunState, done: Any) -> Append | 
     attempt = 1 + sum(1 for e in state.effects if isinstance(e, NodeRetrying))
     if attempt >= policy.max_attempts:
         return None
-    if policy.on and not any(re.search(pattern, error) for pattern in policy.on):
+    kind = kind_of_result(done, state.effects)
+    text = f"{kind}: {error}" if kind else error
+    if policy.on and not any(re.search(pattern, text) for pattern in policy.on):
         return None
     visit = state.current_visit
     delay = delay_for(policy, attempt, f"{state.run_id}:{node_id}:{visit}:{attempt}")

@@ -24,6 +24,7 @@ from graphrun.runtime.graph.model import (
 )
 from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render_updates
+from graphrun.runtime.nodes.error_kinds import kind_of_result
 from graphrun.runtime.nodes.kind import NodeKind
 from graphrun.runtime.nodes.plan import (
     ERROR_KEY,
@@ -127,7 +128,7 @@ def complete(
         try:
             routed = next_override or pick_route(node, {**merged, **updates}, node.next)
         except ExpressionError as exc:
-            return fail(node_id, visit, str(exc))
+            return fail(node_id, visit, str(exc), "ExpressionError")
         if routed is None:
             return fail(
                 node_id,
@@ -136,12 +137,19 @@ def complete(
             )
         return Append((completed(node_id, visit, routed, updates=updates, merge_effect=True),))
     assert error is not None
-    routed = error_route(node, error) or node.fallback or node.next
+    kind = kind_of_result(done)
+    routed = error_route(node, error, kind) or node.fallback or node.next
     if routed is None:
-        return fail(node_id, visit, error)
+        return fail(node_id, visit, error, kind)
     failure = {ERROR_KEY: {"node": node_id, "message": error}}
     updates = {**failure, **render_updates(node.state_updates, {**s, **failure})}
-    return Append((completed(node_id, visit, routed, updates=updates, failed=True, error=error),))
+    return Append(
+        (
+            completed(
+                node_id, visit, routed, updates=updates, failed=True, error=error, error_kind=kind
+            ),
+        )
+    )
 
 
 def effect(ports: RunPorts) -> tuple[type, tuple[Any, ...]]:

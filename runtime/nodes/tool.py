@@ -37,6 +37,7 @@ from graphrun.runtime.graph.model import (
 )
 from graphrun.runtime.graph.routing import error_route, pick_route
 from graphrun.runtime.graph.templates import render_updates
+from graphrun.runtime.nodes.error_kinds import kind_of_result
 from graphrun.runtime.nodes.kind import NodeKind
 from graphrun.runtime.nodes.plan import Append, Perform, Step, completed, fail, last, tolerated
 from graphrun.runtime.nodes.ports import RunPorts
@@ -113,10 +114,11 @@ def complete(
     visit = state.current_visit
     if done.error is not None:
         message = f"tool '{node.tool}' failed: {done.error}"
-        target = error_route(node, message)
+        kind = kind_of_result(done)
+        target = error_route(node, message, kind)
         if target is not None:
-            return tolerated(node_id, visit, node, s, target, message)
-        return fail(node_id, visit, message)
+            return tolerated(node_id, visit, node, s, target, message, kind)
+        return fail(node_id, visit, message, kind)
     merged = dict(done.output) if isinstance(done.output, dict) else {}
     updates = {
         **merged,
@@ -125,7 +127,7 @@ def complete(
     try:
         routed = pick_route(node, {**s, **updates}, node.next)
     except ExpressionError as exc:
-        return fail(node_id, visit, str(exc))
+        return fail(node_id, visit, str(exc), "ExpressionError")
     if routed is None:
         return fail(node_id, visit, "tool node has no next to route to")
     return Append((completed(node_id, visit, routed, updates=updates),))

@@ -3,7 +3,8 @@
 A node's type is its shape; ``next`` (one target or a list: a fan-out), ``routes``,
 ``on_other`` and ``fallback`` are labelled edges; a ``map`` node has a dotted edge
 to its branch (a node id, or an inline node drawn beside it); the targets a
-script names in ``_next`` (found in its source, and in a run's path) are dashed.
+script names in ``_next`` (found in its source, and in a run's path) are dashed, and
+so are the edges a node's ``if``/``unless`` skips along (to its ``next``).
 Given a run, the path it took is highlighted and each node shows its visit count.
 
 The renderers read the graph model through ``getattr`` with defaults, so they
@@ -86,6 +87,32 @@ def script_next_targets(source: str, node_ids: Iterable[str]) -> list[str]:
     return found
 
 
+def _join_label(node: Any) -> str:
+    """How a fan-out's step is joined, when it says (``, join count 2, 15s``)."""
+    join = getattr(node, "join", None)
+    kind = getattr(join, "type", None)
+    if not isinstance(kind, str):
+        return ""
+    label = f", join {kind}"
+    count = getattr(join, "count", None)
+    if kind == "count" and isinstance(count, int):
+        label += f" {count}"
+    timeout = getattr(join, "timeout", None)
+    if isinstance(timeout, int | float):
+        label += f" within {timeout:g}s"
+    return label
+
+
+def _skip_label(node: Any) -> str:
+    """The label of a node's skip edges (to ``next``): its ``if``/``unless``."""
+    parts = []
+    if isinstance(getattr(node, "if_", None), str):
+        parts.append(f"if {node.if_} is false")
+    if isinstance(getattr(node, "unless", None), str):
+        parts.append(f"unless {node.unless} is true")
+    return "skip: " + " or ".join(parts) if parts else ""
+
+
 def _node_type(node: Any) -> str:
     kind = getattr(node, "type", None)
     if isinstance(kind, str):
@@ -115,14 +142,19 @@ def build_picture(
                 pic.edges.append(PicEdge(node_id, on_other, "on_other"))
         else:
             targets = _targets(getattr(node, "next", None))
+            fan = "fan-out" + _join_label(node)
             for target in targets:
-                pic.edges.append(PicEdge(node_id, target, "" if len(targets) == 1 else "fan-out"))
+                pic.edges.append(PicEdge(node_id, target, "" if len(targets) == 1 else fan))
             fallback = getattr(node, "fallback", None)
             if fallback:
                 pic.edges.append(PicEdge(node_id, fallback, "fallback"))
             route_edges = getattr(node, "route_edges", None)
             for _field, target, label in route_edges() if route_edges else ():
                 pic.edges.append(PicEdge(node_id, target, label))
+        skip = _skip_label(node)
+        if skip:
+            for target in _targets(getattr(node, "next", None)):
+                pic.edges.append(PicEdge(node_id, target, skip, style="dashed"))
         if kind == "map":
             branch = getattr(node, "branch", None)
             if isinstance(branch, str):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphrun.eventstore.events import (
+    BranchesJoined,
     CacheChecked,
     ChildRunFinished,
     ChildRunStarted,
@@ -67,9 +68,12 @@ class Visit:
     branch: str
     start: float
     end: float | None = None
-    status: str = "running"  # running, completed, failed, tolerated, waiting
+    status: str = "running"  # running, completed, failed, tolerated, skipped, cancelled, waiting
     routed_to: str | None = None
     error: str | None = None
+    error_kind: str = ""
+    # Why it was skipped (``if``/``unless``), cancelled or left out by a join.
+    note: str = ""
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] | None = None
     effects: list[Event] = field(default_factory=list)
@@ -149,6 +153,7 @@ def view_run(
                 if v is not None:
                     v.end = event.ts
                     v.after = dict(state.state)
+                    v.error_kind = event.error_kind
                     if isinstance(event, NodeFailed):
                         v.status, v.error = "failed", event.error
                     else:
@@ -156,6 +161,20 @@ def view_run(
                         v.routed_to = event.routed_to or ", ".join(fan_out) or None
                         v.status = "tolerated" if event.failed else "completed"
                         v.error = event.error
+                        if event.skipped:
+                            v.status, v.note = "skipped", f"skipped: {event.skipped}"
+            case BranchesJoined():
+                for b in event.cancelled:
+                    v = next((o for k, o in open_visits.items() if k[2] == b), None)
+                    if v is not None:
+                        del open_visits[(v.node_id, v.visit, b)]
+                        v.end, v.after = event.ts, dict(state.state)
+                        v.status, v.note = "cancelled", f"cancelled by the join: {event.reason}"
+                for b in event.failed:
+                    v = next((o for o in reversed(visits) if o.branch == b), None)
+                    if v is not None:
+                        v.status = "failed"
+                        v.note = f"failed before the join held: left out ({event.reason})"
             case HumanInputRequested():
                 w = Wait(event.run_id, event.node_id, branch, event.ts, None, event)
                 waits.append(w)
@@ -258,7 +277,7 @@ header h1{margin:0 0 4px 0;font-size:1.3em}
 main{padding:12px 24px 40px}
 h2{font-size:1.1em;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .st-completed{color:#1b7a1b}.st-failed,.st-completed_with_errors{color:#b3261e}.st-running,.st-waiting{color:#b36b00}
-.st-cancelled{color:#666}.st-tolerated{color:#b36b00}
+.st-cancelled{color:#666}.st-tolerated{color:#b36b00}.st-skipped{color:#666}
 table{border-collapse:collapse;font-size:0.9em;background:#fff}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f0f0f0}
@@ -272,7 +291,7 @@ text-overflow:ellipsis}
 white-space:nowrap;overflow:hidden;padding:0 3px;box-sizing:border-box;min-width:4px;
 text-decoration:none;line-height:18px}
 .bar.completed{background:#3f7fbf}.bar.failed{background:#b3261e}
-.bar.tolerated{background:#c77700}.bar.cancelled{background:#777}.bar.running{background:#888;
+.bar.tolerated{background:#c77700}.bar.cancelled{background:#777}.bar.skipped{background:#bbb}.bar.running{background:#888;
 background-image:repeating-linear-gradient(45deg,#888 0 6px,#999 6px 12px)}
 .bar.waiting,.bar.wait{background:#e9b949;color:#222}
 .visit{background:#fff;border:1px solid #ddd;margin:10px 0;padding:4px 10px}
@@ -765,8 +784,11 @@ def render_report(
                 f'<details class="visit" id="v-{_e(v.key)}" data-node="{_e(v.node_id)}">'
                 f"<summary>{head}</summary>"
             )
+            if v.note:
+                out.append(f'<p class="st-{v.status}">{_e(v.note)}</p>')
             if v.error:
-                out.append(f'<p class="st-failed">error: {_e(v.error)}</p>')
+                kind = f" ({_e(v.error_kind)})" if v.error_kind else ""
+                out.append(f'<p class="st-failed">error{kind}: {_e(v.error)}</p>')
             for e in v.effects:
                 out.append(_effect(md, e, prices))
             out.append("<h4>State</h4>" + _state_diff(v.before, v.after))

@@ -32,6 +32,8 @@ from graphrun.eventstore.events import (
     ChildRunStarted,
     Event,
     HumanInputReceived,
+    NodeCompleted,
+    NodeFailed,
     RetrievalDone,
     RunFailed,
     RunStarted,
@@ -486,6 +488,17 @@ def _compare(
             return found, i, True
         if _same(rec, now):
             continue
+        if (
+            isinstance(rec, NodeCompleted | NodeFailed)
+            and isinstance(now, NodeCompleted | NodeFailed)
+            and not rec.error_kind
+            and now.error_kind
+        ):
+            # A log recorded before failures had kinds: the kind is not a decision it
+            # could have made differently.
+            now = msgspec.structs.replace(now, error_kind="")
+            if _same(rec, now):
+                continue
         if isinstance(rec, ScriptFinished | RetrievalDone) and slot_of(rec) in reran:
             # Re-run: judged by what it did, not by how long it took or its hash.
             rec, now = (_behaviour(e) for e in (rec, now))

@@ -107,7 +107,8 @@ CASES = {
         "Account: dana@brightpixel.io",
         replay="ticket-triage.run.jsonl",
     ),
-    # routes with when, a retry after a recorded 503, a tool node, a decision, a cache.
+    # routes with when, on_error by kind, retry, tool nodes, a count join, a decision,
+    # a cache.
     "order-desk": Case(
         EXAMPLES / "order-desk",
         "Hi, I want my money back for order A-1001, the blender arrived broken.",

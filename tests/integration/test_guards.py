@@ -85,3 +85,62 @@ def test_validate_checks_guard_expressions(graphrun: GraphrunCli, tmp_path: Path
         f"error: {f}:13 ($.nodes.look.guard.on_fail): node 'look': guard.on_fail points to "
         "unknown node 'refsued' (did you mean 'refused'?)"
     ) in result.stderr
+
+
+SCHEMA_GRAPH = """
+    name: guarded
+    version: "1.0"
+    start: look
+    initial_state: {order: ""}
+    nodes:
+      look:
+        type: tool
+        tool: lookup_order
+        params: {order_id: "{{order}}"}
+        guard:
+          input:
+            type: object
+            properties: {order: {type: string, pattern: "^[A-Z]-[0-9]+$"}}
+            required: [order]
+          output:
+            type: object
+            properties: {status: {enum: [shipped, packed]}}
+            required: [status]
+          on_fail: refused
+        next: done
+      done: {type: end, output: "{{status}}"}
+      refused: {type: end, output: "refused: {{_error.message}}"}
+"""
+
+
+def test_schema_guards_check_the_state_and_the_result(
+    graphrun: GraphrunCli, tmp_path: Path
+) -> None:
+    root = write_agent(tmp_path / "g", SCHEMA_GRAPH, {"tools.py": TOOLS_PY})
+    assert _run(graphrun, root, "A-1") == "shipped"
+    assert _run(graphrun, root, "x y") == (
+        "refused: input guard failed: schema: order: 'x y' does not match '^[A-Z]-[0-9]+$'"
+    )
+    assert (root / "calls").read_text() == "1"  # the input schema stopped the call
+    assert _run(graphrun, root, "B-2") == (
+        "refused: output guard failed: schema: status: 'unknown' is not one of "
+        "['shipped', 'packed']"
+    )
+    assert (root / "calls").read_text() == "2"
+    events = graphrun("events", graphrun.last_run(), "--json").json_lines()
+    [failed] = [e for e in events if e["type"] == "NodeCompleted" and e.get("failed")]
+    assert failed["error_kind"] == "GuardFailed"  # type: ignore[index]
+    replayed = graphrun("replay", graphrun.last_run())
+    assert replayed.code == 0, replayed.stdout + replayed.stderr
+
+
+def test_validate_checks_a_guard_schema(graphrun: GraphrunCli, tmp_path: Path) -> None:
+    graph = SCHEMA_GRAPH.replace("required: [status]", "required: status")
+    root = write_agent(tmp_path / "g", graph, {"tools.py": TOOLS_PY})
+    result = graphrun("validate", str(root))
+    assert result.code == 2
+    f = root / "graph.yaml"
+    assert (
+        f"error: {f}:15 ($.nodes.look.guard.output): node 'look': guard.output is not a valid "
+        "JSON Schema (at required): 'status' is not of type 'array'"
+    ) in result.stderr
