@@ -293,7 +293,7 @@ class ToolCalled(EventBase, frozen=True, kw_only=True):
     instructions: str | None = None
     # The tools this call offered from the following turn on (``skill__load``: the
     # skill's ``enabled_tools``).
-    tools: tuple[str, ...] = ()
+    tools: list[str] = []
 
 
 class LlmContinued(EventBase, frozen=True, kw_only=True):

@@ -519,7 +519,7 @@ class _LlmRun:
                         duration_ms=result.duration_ms,
                         source=result.source,
                         instructions=result.instructions,
-                        tools=result.tools,
+                        tools=list(result.tools),
                     )
                 )
                 messages.append(

@@ -68,6 +68,18 @@ def read_grants(path: Path) -> list[str]:
     return tools + [f"mcp:{server}" for server in _names(meta.get("enabled_mcp_servers"))]
 
 
+def auto_unloads(path: Path) -> bool:
+    """Whether a SKILL.md's front matter sets Loki's ``auto_unload``."""
+    import yaml
+
+    match = _FRONT.match(path.read_text(encoding="utf-8"))
+    try:
+        meta = yaml.safe_load(match.group(1)) if match is not None else None
+    except yaml.YAMLError:
+        return False
+    return isinstance(meta, dict) and meta.get("auto_unload") is True
+
+
 def _names(value: object) -> list[str]:
     if isinstance(value, str):
         names = value.split(",")
@@ -98,4 +110,11 @@ def available(config_dir: Path | None) -> list[str]:
     return sorted(names)
 
 
-__all__ = ["available", "find_skill", "read_grants", "read_skill", "skills_dirs"]
+__all__ = [
+    "auto_unloads",
+    "available",
+    "find_skill",
+    "read_grants",
+    "read_skill",
+    "skills_dirs",
+]

@@ -503,11 +503,15 @@ def test_a_loaded_skill_is_in_the_system_prompt_until_unloaded(
     graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
 ) -> None:
     (cfg / "skills" / "style").mkdir()
-    (cfg / "skills" / "style" / "SKILL.md").write_text("WRITE TERSELY.\n")
+    (cfg / "skills" / "style" / "SKILL.md").write_text(
+        "---\nauto_unload: true\n---\nWRITE TERSELY.\n"
+    )
     fake_llm.default = _skills()
     env = _env(fake_llm, cfg)
     res = graphrun("run", "planner", "plan", **env)
     assert res.code == 0, res.stderr
+    # Loki's auto_unload is not honoured, and says so.
+    assert "warning: skill 'style' sets auto_unload, which graphrun does not honour" in res.stderr
     base = _system(fake_llm.requests[0])
     assert "CHECK EVERY" not in base and "TERSELY" not in base
     # Loaded: each body after the agent's prompt, a blank line apart, in the order loaded.

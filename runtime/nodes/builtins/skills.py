@@ -22,6 +22,7 @@ from typing import Any
 
 from graphrun.eventstore.events import ToolCalled
 from graphrun.runtime.graph.skills import (
+    auto_unloads,
     available,
     find_skill,
     read_grants,
@@ -117,6 +118,14 @@ class Skills:
             return {"error": f"Skill '{name}' is already loaded"}
         _description, body = read_skill(path)
         tools = tuple(read_grants(path))
+        if auto_unloads(path):
+            import sys
+
+            print(
+                f"warning: skill '{name}' sets auto_unload, which graphrun does not honour: "
+                "it stays loaded until skill__unload",
+                file=sys.stderr,
+            )
         self.loaded[name] = body
         self.grants[name] = tools
         return {
