@@ -54,13 +54,13 @@ def read_set(node: NodeBase) -> set[str]:
         roots |= _roots(value)
     updates: set[str] = set()
     for key, value in node.state_updates.items():
-        roots = _roots(value)
+        found = _roots(value)
         if type(node).UPDATES_DECLARE_WRITES:
             # `meta: "{{meta}}"` declares that the script writes `meta`: its own
             # output is merged before its state_updates render, so that is no read
             # of the snapshot.
-            roots.discard(key)
-        updates |= roots
+            found.discard(key)
+        updates |= found
     updates.discard(scoped)
     return roots | updates
 

@@ -196,3 +196,44 @@ def test_a_skipped_map_item_collects_null(graphrun: GraphrunCli, tmp_path: Path)
     result = graphrun("run", str(root), "")
     assert (result.code, result.stdout.strip()) == (0, "[null,10,4]"), result.stderr
     assert graphrun("replay", graphrun.last_run()).code == 0
+
+
+SLOW = """
+    import json, os, pathlib, time
+    here = pathlib.Path(__file__).parent
+    (here / "slow.started").write_text(str(os.getpid()))
+    time.sleep(float(os.environ.get("NAP", "0")))
+    print(json.dumps({}))
+"""
+
+
+def test_kill_9_after_a_skip_then_resume_keeps_the_recorded_skip(
+    graphrun: GraphrunCli, tmp_path: Path
+) -> None:
+    import signal
+    import time
+
+    graph = GRAPH.replace(
+        "next: greet\n      greet:",
+        "next: slow\n      slow:\n        type: script\n"
+        "        script: slow.py\n        next: greet\n      greet:",
+    )
+    root = write_agent(
+        tmp_path / "k", graph, {"prepare.py": PREPARE, "charge.py": CHARGE, "slow.py": SLOW}
+    )
+    proc = graphrun.popen("run", str(root), "50", NAP="60")
+    deadline = time.monotonic() + 30
+    while not (root / "slow.started").exists():
+        assert time.monotonic() < deadline, "the slow node never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    run_id = graphrun.last_run()
+    resumed = graphrun("resume", run_id, NAP="0")
+    assert (resumed.code, resumed.stdout.strip()) == (0, "plain none 50"), resumed.stderr
+    assert not (root / "charged").exists()  # skipped before the kill, not run after it
+    done = [e for e in _events(graphrun, run_id) if e["type"] == "NodeCompleted"]
+    assert [e["node_id"] for e in done if e.get("skipped")] == ["charge"]
+    assert [e["node_id"] for e in done].count("slow") == 1
+    replayed = graphrun("replay", run_id)
+    assert replayed.code == 0, replayed.stdout + replayed.stderr

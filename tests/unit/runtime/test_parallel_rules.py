@@ -77,6 +77,39 @@ def test_read_hazard_names_the_reader_and_the_writer(tmp_path: Path) -> None:
     assert "snapshot taken BEFORE the super-step" in hazard[0]
 
 
+def test_a_reader_with_state_updates_keeps_its_prompt_reads(tmp_path: Path) -> None:
+    """A node's own state_updates do not hide what its prompt reads."""
+    found = check(
+        tmp_path,
+        """
+        name: g
+        version: "1.0"
+        start: fan
+        nodes:
+          fan: {type: script, script: scripts/fan.py, next: [a, b]}
+          a:
+            type: llm
+            model: "openai:x"
+            prompt: "use {{b_out}}"
+            next: join
+            state_updates: {a_out: "{{output}}"}
+          b:
+            type: llm
+            model: "openai:x"
+            prompt: go
+            next: join
+            state_updates: {b_out: "{{output}}"}
+          join: {type: end, output: done}
+        """,
+    )
+    hazard = [f for f in found if "fan-out-read-hazard" in f]
+    assert len(hazard) == 1, found
+    assert (
+        "node 'a' reads state key(s) `b_out` which sibling parallel branch 'b' writes"
+        in (hazard[0])
+    )
+
+
 def test_people_and_undeclared_scripts_in_a_fan_out(tmp_path: Path) -> None:
     found = check(
         tmp_path,
