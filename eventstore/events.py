@@ -288,6 +288,12 @@ class ToolCalled(EventBase, frozen=True, kw_only=True):
     is_error: bool = False
     duration_ms: float = 0.0
     source: str = ""  # "tools.sh", "tools.py", "global", "mcp:<server>"
+    # The text this call put into the system prompt of the following turns (Loki's
+    # ``skill__load``: the skill's body; older logs carry it in ``result``).
+    instructions: str | None = None
+    # The tools this call offered from the following turn on (``skill__load``: the
+    # skill's ``enabled_tools``).
+    tools: list[str] = []
 
 
 class LlmContinued(EventBase, frozen=True, kw_only=True):

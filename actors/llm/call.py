@@ -15,7 +15,10 @@ module performs the calls and records each as it happens:
    When the model ends its turn, a toolbox with a ``continuation`` (Loki's
    built-ins: open todos, spawned agents still running) may prompt it again; that
    is recorded as ``LlmContinued`` before the next turn, and a resumed visit
-   takes it from the log.
+   takes it from the log. A toolbox with ``instructions`` adds to the system
+   prompt of the turns that follow a call, and its ``specs`` may grow (Loki's
+   loaded skills); what a call added is recorded with it (``ToolCalled``'s
+   ``instructions`` and ``tools``).
 3. With an ``output_schema``, a reply that is not valid JSON for the schema goes
    to the structured-output extractor (purpose ``"extract"``), with one repair
    retry (purpose ``"repair"``) if the extractor's answer is unusable too.
@@ -89,7 +92,10 @@ class LlmTask:
 class ToolboxLike(Protocol):
     """The tools an llm node may call (exactly the ones its ``tools:`` lists)."""
 
-    specs: list[ToolSpec]
+    @property
+    def specs(self) -> list[ToolSpec]:
+        """The tools offered on the next turn."""
+        ...
 
     def call(self, name: str, arguments: str, *, cancel: CancelToken) -> ToolResult:
         """Run tool ``name`` with JSON ``arguments``; failures come back as ``is_error``."""
@@ -432,13 +438,14 @@ class _LlmRun:
     def _tool_loop(self) -> Steps:
         """The bounded tool-call loop; returns the last response, or why it failed."""
         task = self.task
-        specs = list(self.toolbox.specs) if self.toolbox is not None else []
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
         previous: set[tuple[str, str]] = set()
         said: list[str] = []  # the texts of turns the model was prompted again after
         for iteration in range(1, task.max_iterations + 1):
+            # A call may add tools for the turns that follow (Loki's skills).
+            specs = list(self.toolbox.specs) if self.toolbox is not None else []
             response = yield from self._call(
-                "main", iteration, task.system, messages, specs, sampling=True
+                "main", iteration, self._system(), messages, specs, sampling=True
             )
             if isinstance(response, str):
                 return response
@@ -511,6 +518,8 @@ class _LlmRun:
                         is_error=result.is_error,
                         duration_ms=result.duration_ms,
                         source=result.source,
+                        instructions=result.instructions,
+                        tools=list(result.tools),
                     )
                 )
                 messages.append(
@@ -523,6 +532,15 @@ class _LlmRun:
                 )
             previous = {(call.name, call.arguments) for call in response.tool_calls}
         return f"tool-call loop hit max_iterations={task.max_iterations}"
+
+    def _system(self) -> str | None:
+        """The node's system prompt for the next turn: its own, then what the toolbox
+        has put into it so far (Loki's loaded skills, each after a blank line)."""
+        added = getattr(self.toolbox, "instructions", None)
+        text = added() if added is not None else ""
+        if not text:
+            return self.task.system
+        return f"{self.task.system}\n\n{text}" if self.task.system else text
 
     def _continuation(self, iteration: int, text: str) -> LlmContinued | None:
         """Whether the model, which ended its turn, is prompted again: as recorded

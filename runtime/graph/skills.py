@@ -4,7 +4,8 @@ A skill is ``<skills dir>/<name>/SKILL.md``; the skills directory is
 ``$COYOTE_SKILLS_DIR`` (or ``$LOKI_SKILLS_DIR``), else ``skills/`` of the
 configuration directory; a project's own ``.coyote/skills`` (or ``.loki/skills``)
 in the working directory comes first, as in Loki. A skill's YAML front matter
-gives its ``description``; the rest is its body.
+gives its ``description`` and what it grants (``enabled_tools``,
+``enabled_mcp_servers``); the rest is its body.
 """
 
 from __future__ import annotations
@@ -48,6 +49,47 @@ def read_skill(path: Path) -> tuple[str, str]:
     return description, match.group(2).strip()
 
 
+def read_grants(path: Path) -> list[str]:
+    """What a SKILL.md's front matter grants, as tools entries: its ``enabled_tools``
+    and, as ``mcp:<server>``, its ``enabled_mcp_servers`` (each a list, or names
+    separated by commas, as Loki reads them)."""
+    import yaml
+
+    match = _FRONT.match(path.read_text(encoding="utf-8"))
+    if match is None:
+        return []
+    try:
+        meta = yaml.safe_load(match.group(1))
+    except yaml.YAMLError:
+        return []
+    if not isinstance(meta, dict):
+        return []
+    tools = _names(meta.get("enabled_tools"))
+    return tools + [f"mcp:{server}" for server in _names(meta.get("enabled_mcp_servers"))]
+
+
+def auto_unloads(path: Path) -> bool:
+    """Whether a SKILL.md's front matter sets Loki's ``auto_unload``."""
+    import yaml
+
+    match = _FRONT.match(path.read_text(encoding="utf-8"))
+    try:
+        meta = yaml.safe_load(match.group(1)) if match is not None else None
+    except yaml.YAMLError:
+        return False
+    return isinstance(meta, dict) and meta.get("auto_unload") is True
+
+
+def _names(value: object) -> list[str]:
+    if isinstance(value, str):
+        names = value.split(",")
+    elif isinstance(value, list):
+        names = [v for v in value if isinstance(v, str)]
+    else:
+        return []
+    return [n.strip() for n in names if n.strip()]
+
+
 def find_skill(name: str, config_dir: Path | None) -> Path | None:
     if not _NAME.match(name):
         return None
@@ -68,4 +110,11 @@ def available(config_dir: Path | None) -> list[str]:
     return sorted(names)
 
 
-__all__ = ["available", "find_skill", "read_skill", "skills_dirs"]
+__all__ = [
+    "auto_unloads",
+    "available",
+    "find_skill",
+    "read_grants",
+    "read_skill",
+    "skills_dirs",
+]

@@ -295,6 +295,40 @@ class LlmActor:
             )
         return box
 
+    def granted(self, names: tuple[str, ...]) -> Any:
+        """The toolbox of the tools loaded skills grant: global tools by name, as in
+        Loki (``<config_dir>/functions/tools/<name>.sh`` or ``.py``), whether or not
+        the graph lists them, any tool of the graph's own, and ``mcp:<server>`` for
+        an MCP server of ``mcp.json`` (offered as the node's other MCP tools are).
+
+        Raises:
+            ToolError: a granted name is no tool here.
+        """
+        import re
+        from pathlib import Path
+
+        from graphrun.actors.tools.toolbox import load_toolbox
+
+        files = list(self.graph.global_tools)
+        tools_dir = Path(self.config_dir) / "functions" / "tools" if self.config_dir else None
+        for name in names:
+            if tools_dir is None or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                continue
+            for file_name in (f"{name}.sh", f"{name}.py"):
+                if file_name not in files and (tools_dir / file_name).is_file():
+                    files.append(file_name)
+                    break
+        servers = list(self.graph.mcp_servers)
+        servers += [n[4:] for n in names if n.startswith("mcp:") and n[4:] not in servers]
+        return load_toolbox(
+            self.agent_dir,
+            list(names),
+            global_tools=files,
+            mcp_servers=servers,
+            config_dir=self.config_dir,
+            variables=self.variables,
+        )
+
     def close(self) -> None:
         """Release the HTTP connection pools when the actor stops."""
         self.clients.close()
@@ -330,7 +364,13 @@ class LlmActor:
             )
         own = self.toolbox(tuple(name for name in task.tools if not is_builtin(name)))
         box = BuiltinToolbox(
-            own, builtins, ports=self.ports, ctx=ctx, node_id=task.node_id, clients=self.clients
+            own,
+            builtins,
+            ports=self.ports,
+            ctx=ctx,
+            node_id=task.node_id,
+            clients=self.clients,
+            grant=self.granted,
         )
         try:
             return perform_llm(task, ctx, client_factory=self.clients, toolbox=box)

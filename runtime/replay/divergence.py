@@ -326,9 +326,10 @@ _RECORDED_REQUEST: dict[type, tuple[type, tuple[tuple[str, str, str], ...]]] = {
 
 
 def skill_divergence(outcome: list[Event]) -> Divergence | None:
-    """A skill the recorded visit loaded (``skill__load``: its body is the call's
-    result) whose document reads differently today. A skill that cannot be found
-    here (no configuration directory) is not a change."""
+    """A skill the recorded visit loaded (``skill__load``: its body, which went into
+    the system prompt, is recorded with the call; older logs have it in the result)
+    whose document reads differently today. A skill that cannot be found here (no
+    configuration directory) is not a change."""
     from graphrun.eventstore.events import ToolCalled
     from graphrun.runtime.graph.config import config_dir
     from graphrun.runtime.nodes.builtins.skills import find_skill, read_skill
@@ -337,11 +338,13 @@ def skill_divergence(outcome: list[Event]) -> Divergence | None:
         if not isinstance(event, ToolCalled) or event.name != "skill__load" or event.is_error:
             continue
         try:
-            loaded = json.loads(event.result)
             name = str(json.loads(event.arguments or "{}").get("name") or "")
+            was = event.instructions
+            if was is None:
+                loaded = json.loads(event.result)
+                was = loaded.get("instructions") if isinstance(loaded, dict) else None
         except (ValueError, AttributeError):
             continue
-        was = loaded.get("instructions") if isinstance(loaded, dict) else None
         path = find_skill(name, config_dir(None)) if name else None
         if not isinstance(was, str) or path is None:
             continue

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sqlite3
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -20,8 +21,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GraphrunCli
+from tests.conftest import ROOT, GraphrunCli
 from tests.support.fake_llm import FakeLlm, RecordedRequest, Reply, text, tool_calls
+
+MCP_SERVER = ROOT / "tests" / "support" / "mcp_server.py"
 
 TOOLS_SH = """\
 #!/usr/bin/env bash
@@ -273,9 +276,26 @@ def test_todos_and_skills(graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path) -
     )
     results = _tool_results(fake_llm.requests[2])
     assert results[4] == {
-        "skills": [{"name": "checklist", "description": "A review checklist", "loaded": False}]
+        "skills": [
+            {
+                "name": "checklist",
+                "description": "A review checklist",
+                "grants_tools": [],
+                "grants_mcp_servers": [],
+                "loaded": False,
+            }
+        ]
     }
-    assert results[5]["instructions"] == "CHECK EVERY EDGE CASE."
+    # As in Loki, the body is not the result: it joins the system prompt that follows.
+    assert results[5] == {
+        "status": "ok",
+        "loaded": "checklist",
+        "message": "Skill 'checklist' loaded",
+    }
+    assert "CHECK EVERY EDGE CASE." not in _system(fake_llm.requests[1])
+    assert _system(fake_llm.requests[2]) == _system(fake_llm.requests[1]) + (
+        "\n\nCHECK EVERY EDGE CASE."
+    )
     shown = graphrun("show", _root(graphrun))
     assert shown.code == 0, shown.stderr
     assert "Goal: ship" in shown.stdout
@@ -450,8 +470,174 @@ def test_a_graph_node_with_skills_enabled_loads_its_skills(
     # The node has no instructions: its skill_instructions are its system prompt.
     assert _system(fake_llm.requests[0]) == "SKILLS: load checklist first."
     loaded, refused = _tool_results(fake_llm.requests[1])
-    assert loaded["instructions"] == "CHECK EVERY EDGE CASE."
+    assert loaded == {"status": "ok", "loaded": "checklist", "message": "Skill 'checklist' loaded"}
+    assert (
+        _system(fake_llm.requests[1]) == "SKILLS: load checklist first.\n\nCHECK EVERY EDGE CASE."
+    )
     assert refused == {"error": "Skill 'secret' is not enabled in this context"}
+
+
+def _skills(delay_after_load: float = 0.0) -> Any:
+    """The fake model of the planner: loads two skills, unloads one, loads the other
+    again, then answers (the answer to the turn after the loads can be slow, to kill
+    the run meanwhile)."""
+
+    def answer(request: RecordedRequest) -> Reply:
+        turn = len([m for m in request.body["messages"] if m["role"] == "assistant"])
+        if turn == 0:
+            return tool_calls(
+                ("skill__load", {"name": "checklist"}), ("skill__load", {"name": "style"})
+            )
+        if turn == 1:
+            return dataclasses.replace(
+                tool_calls(("skill__unload", {"name": "checklist"})), delay=delay_after_load
+            )
+        if turn == 2:
+            return tool_calls(("skill__load", {"name": "style"}))
+        return text("done")
+
+    return answer
+
+
+def test_a_loaded_skill_is_in_the_system_prompt_until_unloaded(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    (cfg / "skills" / "style").mkdir()
+    (cfg / "skills" / "style" / "SKILL.md").write_text(
+        "---\nauto_unload: true\n---\nWRITE TERSELY.\n"
+    )
+    fake_llm.default = _skills()
+    env = _env(fake_llm, cfg)
+    res = graphrun("run", "planner", "plan", **env)
+    assert res.code == 0, res.stderr
+    # Loki's auto_unload is not honoured, and says so.
+    assert "warning: skill 'style' sets auto_unload, which graphrun does not honour" in res.stderr
+    base = _system(fake_llm.requests[0])
+    assert "CHECK EVERY" not in base and "TERSELY" not in base
+    # Loaded: each body after the agent's prompt, a blank line apart, in the order loaded.
+    assert _system(fake_llm.requests[1]) == base + "\n\nCHECK EVERY EDGE CASE.\n\nWRITE TERSELY."
+    # Unloaded, it leaves the prompt; loading one again is refused as in Loki.
+    assert _tool_results(fake_llm.requests[2])[2] == {"status": "ok", "unloaded": "checklist"}
+    assert _system(fake_llm.requests[2]) == base + "\n\nWRITE TERSELY."
+    again = _tool_results(fake_llm.requests[3])[3]
+    assert again == {"error": "Skill 'style' is already loaded"}
+    assert _system(fake_llm.requests[3]) == base + "\n\nWRITE TERSELY."
+    # What went into the prompt is recorded with the call.
+    calls = [e for e in _events(graphrun, _root(graphrun)) if e["type"] == "ToolCalled"]
+    assert [c.get("instructions") for c in calls] == [
+        "CHECK EVERY EDGE CASE.",
+        "WRITE TERSELY.",
+        None,
+        None,
+    ]
+    replay = graphrun("replay", _root(graphrun))
+    assert replay.code == 0, replay.stdout + replay.stderr
+
+
+def test_kill_9_after_a_skill_load_resumes_with_it_loaded(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    (cfg / "skills" / "style").mkdir()
+    (cfg / "skills" / "style" / "SKILL.md").write_text("WRITE TERSELY.\n")
+    fake_llm.default = _skills(delay_after_load=30.0)
+    env = _env(fake_llm, cfg)
+    proc = graphrun.popen("run", "planner", "plan", **env)
+    deadline = time.monotonic() + 60
+    while len(fake_llm.requests) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # the loads were committed before the request went out
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert len(fake_llm.requests) == 2
+    killed = fake_llm.requests[1].body
+    fake_llm.requests.clear()
+
+    # The document changes meanwhile: the resumed visit keeps the text it loaded.
+    style = cfg / "skills" / "style" / "SKILL.md"
+    style.write_text("WRITE AT LENGTH.\n")
+    fake_llm.default = _skills()
+    resumed = graphrun("resume", _root(graphrun), **env)
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.stdout.strip() == "done"
+    # The turn that had no answer is asked again, byte for byte.
+    assert fake_llm.requests[0].body == killed
+    assert _system(fake_llm.requests[0]).endswith("\n\nCHECK EVERY EDGE CASE.\n\nWRITE TERSELY.")
+    assert _system(fake_llm.requests[1]).endswith("\n\nWRITE TERSELY.")
+    assert "CHECK EVERY" not in _system(fake_llm.requests[1])
+    # Replay reproduces every request; against today's document it is a divergence.
+    recording = cfg.parent / "recordings" / "planner.run.jsonl"
+    exported = graphrun("export", _root(graphrun), "-o", str(recording))
+    assert exported.code == 0, exported.stderr
+    changed = graphrun("test", str(recording), **env)
+    assert changed.code == 1
+    assert "skill 'style'" in changed.stdout
+    style.write_text("WRITE TERSELY.\n")
+    assert graphrun("test", str(recording), **env).code == 0
+    replay = graphrun("replay", _root(graphrun))
+    assert replay.code == 0, replay.stdout + replay.stderr
+
+
+def test_a_loaded_skill_grants_its_tools_until_unloaded(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
+) -> None:
+    tools_dir = cfg / "functions" / "tools"
+    tools_dir.mkdir(parents=True)
+    (tools_dir / "shout.sh").write_text(
+        "#!/usr/bin/env bash\n# @describe Shout a text\n# @option --text! The text\n"
+        'main() {\n  echo "$argc_text" | tr a-z A-Z >> "$LLM_OUTPUT"\n}\n'
+        'eval "$(argc --argc-eval "$0" "$@")"\n',
+        encoding="utf-8",
+    )
+    server = {"type": "stdio", "command": sys.executable, "args": [str(MCP_SERVER)]}
+    (cfg / "functions" / "mcp.json").write_text(json.dumps({"mcpServers": {"local": server}}))
+    (cfg / "skills" / "loud").mkdir()
+    (cfg / "skills" / "loud" / "SKILL.md").write_text(
+        "---\ndescription: Shouting\nenabled_tools: shout\nenabled_mcp_servers: [local]\n"
+        "---\nSHOUT WHEN ASKED.\n"
+    )
+    (cfg / "skills" / "broken").mkdir()
+    (cfg / "skills" / "broken" / "SKILL.md").write_text(
+        "---\nenabled_tools: [no_such_tool]\n---\nNEVER LOADED.\n"
+    )
+
+    def answer(request: RecordedRequest) -> Reply:
+        turn = len([m for m in request.body["messages"] if m["role"] == "assistant"])
+        script = [
+            tool_calls(("skill__load", {"name": "loud"}), ("skill__load", {"name": "broken"})),
+            tool_calls(
+                ("shout", {"text": "hello there"}),
+                ("mcp_invoke_local", {"tool": "add", "arguments": {"a": 40, "b": 2}}),
+            ),
+            tool_calls(("skill__unload", {"name": "loud"})),
+            tool_calls(("shout", {"text": "again"})),
+        ]
+        return script[turn] if turn < len(script) else text("done")
+
+    fake_llm.default = answer
+    env = _env(fake_llm, cfg)
+    res = graphrun("run", "planner", "plan", **env)
+    assert res.code == 0, res.stderr
+
+    def offered(i: int) -> list[str]:
+        return [t["function"]["name"] for t in fake_llm.requests[i].body["tools"]]
+
+    assert "shout" not in offered(0)
+    meta = ["mcp_search_local", "mcp_describe_local", "mcp_invoke_local"]
+    assert offered(1) == [*offered(0), "shout", *meta]
+    refused = _tool_results(fake_llm.requests[1])[1]
+    assert refused["error"].startswith(
+        "Loaded skill 'broken' but failed to offer the tools it grants: "
+    )
+    assert "NEVER LOADED" not in _system(fake_llm.requests[1])
+    # The granted tool really ran; unloaded, it is gone again.
+    assert _tool_results(fake_llm.requests[2])[-2:] == [{"text": "HELLO THERE\n"}, 42]
+    assert offered(3) == offered(0)
+    assert "unknown tool 'shout'" in fake_llm.requests[4].body["messages"][-1]["content"]
+    calls = [e for e in _events(graphrun, _root(graphrun)) if e["type"] == "ToolCalled"]
+    assert calls[0]["tools"] == ["shout", "mcp:local"]
+    assert calls[2]["source"] == "global:shout.sh" and calls[3]["source"] == "mcp:local"
+    replay = graphrun("replay", _root(graphrun))
+    assert replay.code == 0, replay.stdout + replay.stderr
 
 
 def _user_messages(request: RecordedRequest) -> list[str]:

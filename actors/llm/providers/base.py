@@ -70,6 +70,12 @@ class ToolResult:
     is_error: bool
     duration_ms: float
     source: str
+    # Text the call puts into the system prompt of the following turns (Loki's
+    # ``skill__load``: the skill's body), recorded with the call.
+    instructions: str | None = None
+    # Tools the call offers from the following turn on (``skill__load``: the skill's
+    # ``enabled_tools``), recorded with the call.
+    tools: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ class BuiltinToolbox:
         ctx: Any,
         node_id: str,
         clients: Any = None,
+        grant: Any = None,
     ) -> None:
         from graphrun.runtime.graph.builtins import node_skills, settings_for
         from graphrun.runtime.nodes.builtins.agents import Supervisor
@@ -49,9 +50,12 @@ class BuiltinToolbox:
         self.inner = inner
         self.names = [n for n in names if known(n)]
         # The agent's own tools first, then Loki's built-ins, in Loki's order.
-        self.specs: list[ToolSpec] = list(inner.specs if inner is not None else []) + (
+        self.own: list[ToolSpec] = list(inner.specs if inner is not None else []) + (
             builtin_specs(self.names)
         )
+        # ``grant(names)``: the toolbox of the tools loaded skills grant (or raises).
+        self.grant = grant
+        self._granted: Any = None
         settings = settings_for(ports.agent_dir)
         node = ports.graph.nodes.get(node_id)
         enabled, chosen = node_skills(ports.graph, node)
@@ -80,11 +84,32 @@ class BuiltinToolbox:
             elif isinstance(event, ToolCalled) and event.name == "todo__clear":
                 self.continued = 0
 
+    @property
+    def specs(self) -> list[ToolSpec]:
+        """The tools offered on the next turn: the node's, then those the loaded
+        skills grant (Loki's ``enabled_tools`` of a skill) that it lacks."""
+        granted = self._granted_box()
+        if granted is None:
+            return list(self.own)
+        have = {spec.name for spec in self.own}
+        return self.own + [spec for spec in granted.specs if spec.name not in have]
+
+    def _granted_box(self) -> Any:
+        names = tuple(n for n in self.skills.granted() if n not in {s.name for s in self.own})
+        if not names or self.grant is None:
+            return None
+        if self._granted is None or self._granted[0] != names:
+            self._granted = (names, self.grant(names))
+        return self._granted[1]
+
     def _dispatch(self, args: dict[str, Any]) -> dict[str, Any]:
         return self.agents.call("spawn", args, CancelToken())
 
     def call(self, name: str, arguments: str, *, cancel: CancelToken) -> ToolResult:
         if name not in self.names:
+            granted = self._granted_box()
+            if granted is not None and name in {spec.name for spec in granted.specs}:
+                return self._notify(granted.call(name, arguments, cancel=cancel))
             if self.inner is None:
                 return ToolResult(f"unknown tool '{name}'", True, 0.0, "")
             return self._notify(self.inner.call(name, arguments, cancel=cancel))
@@ -117,7 +142,38 @@ class BuiltinToolbox:
         if action in ("collect", "cancel") and group == "agent":
             self.agents.reclaimed()
         failed = "error" in value or value.get("status") == "error"
-        return self._notify(result(value, started=started, error=failed))
+        # A loaded skill's body goes into the system prompt, not into the result;
+        # the tools it grants are offered from the next turn on.
+        loaded = value.pop("instructions", None) if group == "skill" else None
+        tools = tuple(value.pop("tools", ())) if group == "skill" else ()
+        if isinstance(loaded, str) and tools:
+            problem = self._offer(str(args.get("name") or ""), tools)
+            if problem is not None:
+                return self._notify(result({"error": problem}, started=started, error=True))
+        done = result(value, started=started, error=failed)
+        if isinstance(loaded, str):
+            done = replace(done, instructions=loaded, tools=tools)
+        return self._notify(done)
+
+    def _offer(self, skill: str, tools: tuple[str, ...]) -> str | None:
+        """Make the tools a skill grants callable; why not (the load is taken back)."""
+        from graphrun.actors.tools.base import ToolError
+
+        if self.grant is None:
+            self.skills.forget(skill)
+            return f"Skill '{skill}' grants tools ({', '.join(tools)}), which this node cannot run"
+        try:
+            self._granted_box()
+        except ToolError as err:
+            self.skills.forget(skill)
+            self._granted = None
+            return f"Loaded skill '{skill}' but failed to offer the tools it grants: {err}"
+        return None
+
+    def instructions(self) -> str:
+        """What this visit's calls put into the system prompt so far (Loki's loaded
+        skills, in the order loaded)."""
+        return self.skills.instructions()
 
     def _notify(self, done: ToolResult) -> ToolResult:
         """Loki's escalation notice: a tool result after a spawned agent began waiting
