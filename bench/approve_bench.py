@@ -33,7 +33,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Check, Report, mode_of, parse_args, timed
+from bench.common import Check, Report, loop_script, mode_of, parse_args, timed
 
 RATIO_TARGET = 1.3
 #: events, timed rounds of each side
@@ -66,15 +66,7 @@ nodes:
     output: "{{decision}} after {{i}}"
 """
 
-# Counts visits in state and routes back to itself until i reaches n, then to the gate.
-SCRIPT = r"""#!/bin/bash
-s=${GRAPH_STATE:-$(<"$GRAPH_STATE_FILE")}
-[[ $s =~ \"i\":([0-9]+) ]] && i=${BASH_REMATCH[1]} || i=0
-[[ $s =~ \"n\":([0-9]+) ]] && n=${BASH_REMATCH[1]} || n=1
-i=$((i+1))
-if (( i < n )); then next=step; else next=gate; fi
-printf '{"i":%d,"_next":"%s"}\n' "$i" "$next"
-"""
+SCRIPT = loop_script("gate")
 
 
 def waiting_run(events: int) -> tuple[Path, str, int]:

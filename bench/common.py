@@ -189,3 +189,17 @@ class Report:
         summary = f"{met} met, {len(missed)} missed, {len(skipped)} skipped"
         print(f"== {self.title}: {summary} ==", flush=True)
         return 1 if missed else 0
+
+
+def loop_script(then: str = "done") -> str:
+    """A bash script node that counts its visits in state (``i``) and routes back to
+    ``step`` with ``_next`` until ``i`` reaches ``n``, then to ``then``."""
+    return (
+        "#!/bin/bash\n"
+        's=${GRAPH_STATE:-$(<"$GRAPH_STATE_FILE")}\n'
+        '[[ $s =~ \\"i\\":([0-9]+) ]] && i=${BASH_REMATCH[1]} || i=0\n'
+        '[[ $s =~ \\"n\\":([0-9]+) ]] && n=${BASH_REMATCH[1]} || n=1\n'
+        "i=$((i+1))\n"
+        f"if (( i < n )); then next=step; else next={then}; fi\n"
+        'printf \'{"i":%d,"_next":"%s"}\\n\' "$i" "$next"\n'
+    )

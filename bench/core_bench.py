@@ -46,6 +46,7 @@ from bench.common import (
     best_of,
     graphrun_cmd,
     isolated_env,
+    loop_script,
     median_of,
     mode_of,
     parse_args,
@@ -84,15 +85,7 @@ nodes:
     output: "{{i}}"
 """
 
-# Counts visits in state and routes back to itself until i reaches n.
-LOOP_SCRIPT = r"""#!/bin/bash
-s=${GRAPH_STATE:-$(<"$GRAPH_STATE_FILE")}
-[[ $s =~ \"i\":([0-9]+) ]] && i=${BASH_REMATCH[1]} || i=0
-[[ $s =~ \"n\":([0-9]+) ]] && n=${BASH_REMATCH[1]} || n=1
-i=$((i+1))
-if (( i < n )); then next=step; else next=done; fi
-printf '{"i":%d,"_next":"%s"}\n' "$i" "$next"
-"""
+LOOP_SCRIPT = loop_script("done")
 
 # Adds ~1 KB of random base64 text under a new key each visit.
 GROW_SCRIPT = r"""#!/bin/bash
