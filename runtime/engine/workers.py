@@ -30,6 +30,7 @@ finish for up to ``grace`` seconds, and hands back the rest for other workers.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -141,8 +142,9 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any
     run_id = claim["run_id"]
     options = _options(claim.get("settings") or {})
     target = claim.get("resume_run") or run_id
-    # The run to drive, read and verified once: the driver takes it from here.
-    run = load_run(store, target)
+    # The run to drive, read (by the claim itself, when the store can) and verified
+    # once: the driver takes it from here.
+    run = _claimed_run(claim.get("log"), target) or load_run(store, target)
     state = run.state
     if state.terminal and target == run_id:
         return RunOutcome(run_id, state.status, state.output, state.error)
@@ -163,6 +165,23 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any
         # A person answered a child run: it went on first; now its parents.
         outcome = resume_ancestors(store, target, options, outcome)
     return outcome
+
+
+def _claimed_run(rows: Any, run_id: str) -> Any:
+    """The run a claim read the log of (``raw_rows`` form), verified and folded;
+    ``None`` when the claim brought no log."""
+    if not rows:
+        return None
+    from graphrun.eventstore import codec
+    from graphrun.eventstore.store import broken_log
+    from graphrun.runtime.engine.runs import LoadedRun
+
+    events: list[Any] = []
+    hashes: dict[int, str] = {}
+    problem = codec.verify_chain(rows, into=events, hashes=hashes)
+    if problem is not None:
+        raise broken_log(run_id, problem)
+    return LoadedRun(run_id, events, fold(events), hashes)
 
 
 def prepare_graph_types() -> None:
@@ -247,8 +266,13 @@ class Worker:
         self._stopping = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
+        # Slots waiting for work wait on this; claims are made one at a time.
+        self._wake = threading.Condition(self._lock)
+        self._claiming = threading.Lock()
         self._busy = 0
         self._in_flight: set[str] = set()
+        #: Runs claimed (by one slot, for others that were free) not yet driven.
+        self._ready: collections.deque[dict[str, Any]] = collections.deque()
         #: The last claim's error while claiming fails (None once one succeeds).
         self.failure: BaseException | None = None
         self.outage = Outage(self.say)
@@ -304,16 +328,35 @@ class Worker:
 
     # -- the slots ------------------------------------------------------------------
 
+    def _next_claim(self) -> tuple[dict[str, Any] | None, bool]:
+        """A run for this slot: one claimed already for a free slot, else a claim
+        (one at a time per worker) of as many runs as there are free slots, the
+        others left for the slots they are free for. Returns the claim (or None)
+        and whether the worker is idle (nothing in flight, nothing claimed)."""
+        with self._claiming:
+            with self._lock:
+                if self._ready:
+                    claim = self._ready.popleft()
+                    self._busy += 1
+                    return claim, False
+                free = self.concurrency - self._busy
+            claims = self.store.claim_many(max(1, free), seconds=self.lease_seconds)
+            with self._lock:
+                for each in claims:
+                    self._in_flight.add(each["run_id"])
+                if not claims:
+                    return None, self._busy == 0
+                self._busy += 1
+                self._ready.extend(claims[1:])
+                if len(claims) > 1:
+                    self._wake.notify_all()
+                return claims[0], False
+
     def _slot(self) -> None:
         backoff = 0.0
         while not self._stopping.is_set():
             try:
-                with self._lock:
-                    claim = self.store.claim(seconds=self.lease_seconds)
-                    if claim is not None:
-                        self._busy += 1
-                        self._in_flight.add(claim["run_id"])
-                    idle = self._busy == 0
+                claim, idle = self._next_claim()
             except StoreError as exc:
                 # The database is away (or refuses): --once gives up, a long-running
                 # worker tries again, less and less often, saying so once.
@@ -341,7 +384,9 @@ class Worker:
             if claim is None:
                 if self.once and idle:
                     return
-                self._stopping.wait(self.poll)
+                with self._lock:  # until the next look, or a run claimed for this slot
+                    if not self._ready and not self._stopping.is_set():
+                        self._wake.wait(self.poll)
                 continue
             try:
                 self._work(claim)

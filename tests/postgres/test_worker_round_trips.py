@@ -1,0 +1,257 @@
+"""What a worker asks PostgreSQL per run: the claim is one statement (however many
+runs it takes, their logs included), the hand-back one, the driver's own lease and
+first cancel look none, each step one; nothing is read twice.
+
+Statements are counted on psycopg's cursors (each ``execute`` is a round trip; a
+transaction block adds its ``BEGIN`` and ``COMMIT``), against a real server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import write_agent
+from tests.support.pg import PgServer, pg_server  # noqa: F401  (the session fixture)
+
+pytest.importorskip("psycopg")
+
+CHAIN = """
+    name: chain
+    version: "1.0"
+    model: openai:gpt-test
+    start: n0
+    settings:
+      validate_before_run: false
+    nodes:
+      n0:
+        type: llm
+        prompt: "step 0 {{initial_prompt}}"
+        next: n1
+      n1:
+        type: llm
+        prompt: "step 1 {{initial_prompt}}"
+        next: n2
+      n2:
+        type: llm
+        prompt: "step 2 {{initial_prompt}}"
+        next: done
+      done:
+        type: end
+        output: "ok"
+"""
+
+
+class Statements:
+    """Every statement psycopg sends from now on, by its first words."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import psycopg
+
+        self.seen: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        for name in ("execute", "executemany"):
+            real = getattr(psycopg.Cursor, name)
+            monkeypatch.setattr(psycopg.Cursor, name, self._counted(real))
+        real_transaction = psycopg.Connection.transaction
+
+        def transaction(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            self._add("BEGIN")
+            self._add("COMMIT")
+            return real_transaction(conn, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Connection, "transaction", transaction)
+
+    def _counted(self, real: Any) -> Any:
+        def execute(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            self._add(" ".join(str(query).split()[:3]))
+            return real(cursor, query, *args, **kwargs)
+
+        return execute
+
+    def _add(self, what: str) -> None:
+        with self._lock:
+            self.seen[what] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.seen.values())
+
+    def clear(self) -> None:
+        self.seen.clear()
+
+
+@pytest.fixture
+def agent(tmp_path: Path, fake_llm: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from graphrun.runtime.agents import load_agent
+
+    monkeypatch.setenv("OPENAI_BASE_URL", fake_llm.url_openai)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    return load_agent(write_agent(tmp_path / "chain", CHAIN), config_dir=None)
+
+
+@pytest.fixture
+def open_store(pg_server: PgServer) -> Iterator[Any]:  # noqa: F811
+    from graphrun.eventstore.postgres import PostgresStore
+
+    url = pg_server.new_schema()
+    opened: list[Any] = []
+
+    def make(durability: str = "full") -> Any:
+        store = PostgresStore(url, durability=durability, max_connections=4)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def submit(store: Any, agent: Any, count: int) -> list[str]:
+    from graphrun.runtime.engine.workers import submit_run
+
+    return [
+        submit_run(
+            store,
+            agent,
+            prompt=f"r{i}",
+            overrides={},
+            as_user="ann",
+            agents_dir=None,
+            config_dir=None,
+        )
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+def test_a_worker_run_costs_a_claim_a_read_a_statement_per_step_and_a_hand_back(
+    open_store: Any, agent: Any, monkeypatch: pytest.MonkeyPatch, durability: str
+) -> None:
+    from graphrun.runtime.engine.workers import Worker
+
+    store = open_store(durability)
+    (run_id,) = submit(store, agent, 1)
+    statements = Statements(monkeypatch)
+    worker = Worker(store, concurrency=1, once=True, poll=0.01, say=lambda _line: None)
+    began = time.monotonic()
+    stats = worker.run()
+    took = time.monotonic() - began
+    seen = dict(statements.seen)
+    assert (stats.claimed, stats.completed) == (1, 1)
+    steps = store.run(run_id).last_seq
+    # Opening connections (the pool's, the one claims and locks are on).
+    for opening in [k for k in seen if k.startswith("SET ") and not k.startswith("SET LOCAL")]:
+        del seen[opening]
+    # The claim (and the claim that found the queue empty), the runs row the
+    # driver checks the log's head against, the hand-back.
+    assert seen.pop("WITH alive AS") == 2
+    assert seen.pop("SELECT run_id, graph_name,") == 1
+    assert seen.pop("WITH queue AS") == 1
+    # The driver looks for a cancel request every 0.25 s; its first look is
+    # answered by what the claim read, when it comes within 0.2 s of the claim.
+    assert seen.pop("SELECT requested_by, reason", 0) <= took / 0.2
+    # At most a look for dead processes on this host (once a second).
+    assert seen.pop("SELECT DISTINCT l.owner,", 0) <= 1
+    # Each commit of the drive is one statement, at `full`; at `normal` the one
+    # that ends the run is a transaction that waits for the flush.
+    commits = seen.pop("WITH added AS", 0)
+    if durability == "normal":
+        assert seen.pop("BEGIN") == seen.pop("COMMIT") == 1
+        assert seen.pop("SET LOCAL synchronous_commit") == 1
+        assert seen.pop("SELECT 1 FROM") == 2  # its lease and its head, in the transaction
+        assert seen.pop("INSERT INTO events") == seen.pop("INSERT INTO runs") == 1
+        commits += 1
+    # One commit per llm step and one for the end (RunStarted was the submit's).
+    assert 1 <= commits <= 4 < steps
+    assert seen == {}, seen
+
+
+def test_one_claim_takes_several_runs_with_their_logs(open_store: Any, agent: Any) -> None:
+    a, b = open_store(), open_store()
+    ids = submit(a, agent, 3)
+    claims = a.claim_many(5, seconds=30)
+    assert [c["run_id"] for c in claims] == ids  # oldest first, all of them
+    for claim in claims:
+        assert [seq for seq, *_ in claim["log"]] == [1]
+        assert claim["attempts"] == 1 and not claim["taken_over"]
+        assert a.queued(claim["run_id"])["state"] == "running"  # type: ignore[index]
+        assert b.is_live(claim["run_id"])  # its lock held, its lease live
+    assert b.claim_many(5, seconds=30) == []
+    assert a.claim_many(5, seconds=30) == []  # not twice by its own worker either
+    for run_id in ids:
+        a.finish_claim(run_id, "queued")
+    again = b.claim_many(2, seconds=30)
+    assert [c["run_id"] for c in again] == ids[:2]
+    assert all(c["attempts"] == 2 and not c["taken_over"] for c in again)
+
+
+def test_the_lock_key_is_the_same_in_sql_and_python(open_store: Any) -> None:
+    from graphrun.eventstore.postgres import _LOCK_KEY
+
+    store = open_store()
+    ids = ["01JABCDEF", "r1", "ünï-cödé", "x" * 40]
+    with store.pool.connection() as conn:
+        for run_id in ids:
+            sql = "SELECT " + _LOCK_KEY.format(schema="current_schema()", run="%s")
+            (key,) = conn.execute(sql, (run_id,)).fetchone()
+            assert key == store._lock_key(run_id)
+            assert 0 <= key < 1 << 63
+
+
+def test_racing_batched_claims_take_each_run_once(open_store: Any, agent: Any) -> None:
+    first = open_store()
+    ids = submit(first, agent, 24)
+    workers = [open_store() for _ in range(4)]
+    taken: list[str] = []
+    lock = threading.Lock()
+
+    def work(store: Any) -> None:
+        while claims := store.claim_many(3, seconds=30):
+            with lock:
+                taken.extend(c["run_id"] for c in claims)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(taken) == sorted(ids)
+    # Every lock taken is held by exactly one session, its claimer's.
+    with first.pool.connection() as conn:
+        (locks,) = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+            "AND ((classid::bigint << 32) | objid::bigint) IN (SELECT lock_key FROM leases)"
+        ).fetchone()
+    assert locks == len(ids)
+
+
+def test_a_worker_fills_its_free_slots_from_one_claim(
+    open_store: Any, agent: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four free slots and four queued runs: one claim takes them all, and every
+    slot drives one."""
+    from graphrun.runtime.engine.workers import Worker
+
+    store = open_store()
+    ids = submit(store, agent, 4)
+    taken: list[int] = []
+    claim_many = store.claim_many
+
+    def counted(n: int, **kwargs: Any) -> Any:
+        claims = claim_many(n, **kwargs)
+        taken.append(len(claims))
+        return claims
+
+    monkeypatch.setattr(store, "claim_many", counted)
+    worker = Worker(store, concurrency=4, once=True, poll=0.01, say=lambda _line: None)
+    stats = worker.run()
+    assert stats.completed == 4 and sorted(stats.runs) == sorted(ids)
+    # The first claim took all four; every later look found the queue empty.
+    assert taken[0] == 4 and set(taken[1:]) == {0}
+    assert all(store.queued(r)["state"] == "done" for r in ids)  # type: ignore[index]
