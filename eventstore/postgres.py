@@ -1301,6 +1301,14 @@ class PostgresStore:
         owner)."""
         if n < 1:
             return []
+        with self._lock_guard:
+            return self._claim(n, seconds, None)
+
+    def _claim(
+        self, n: int, seconds: float, finishing: tuple[str, str] | None
+    ) -> list[dict[str, Any]]:
+        """:meth:`claim_many` under the guard; ``finishing``: ``(run id, state)`` of
+        a run handed back in the same transaction first (see :meth:`finish_claim`)."""
         now = self.clock.now()
         tick = time.monotonic()
         with self._lock:
@@ -1308,76 +1316,86 @@ class PostgresStore:
             for run_id, (when, _) in list(self._cancel_seen.items()):
                 if tick - when >= _CANCEL_FRESH:
                     del self._cancel_seen[run_id]
-        started = self._started()
-        with self._lock_guard:
-            dead = self._dead_here(now)
-            args = {
-                "schema": self._schema,
-                "skip": skip,
-                "now": now,
-                "dead": dead,
-                "n": n,
-                "owner": self.owner,
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "until": now + seconds,
-                "started": started,
-            }
-            try:
-                rows = self._on_lock_conn(lambda conn: conn.execute(_CLAIM, args).fetchall())
-            except StoreUnreachableError:
-                raise  # the connection went, and every lock with it
-            except StoreError:
-                # The statement failed after taking some locks, maybe: those go.
-                with contextlib.suppress(StoreError):
-                    held = [self._lock_key(r) for r in self._locked]
-                    self._on_lock_conn(lambda conn: conn.execute(_UNLOCK_OTHERS, (held,)))
-                raise
-            claims: list[dict[str, Any]] = []
-            refused: list[int] = []
-            for row in rows:
-                run_id, settings, resume, attempts, owner, key, got, taken = row[:8]
-                if not taken:
-                    if got:
-                        refused.append(key)
-                    continue
-                seqs, bodies, prevs, hashes, cancel_by, cancel_reason = row[8:]
-                with self._lock:
-                    self._held.add(run_id)
-                    if got:
-                        self._locked.add(run_id)
-                    self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
-                    self._rows.pop(run_id, None)
-                    target = resume or run_id
-                    self._rows.pop(target, None)
-                    self._cancel_seen[target] = (
-                        time.monotonic(),
-                        (str(cancel_by), str(cancel_reason)) if cancel_by is not None else None,
-                    )
-                claims.append(
-                    {
-                        "run_id": run_id,
-                        "settings": settings,
-                        "resume_run": resume,
-                        "attempts": attempts + 1,
-                        "taken_over": owner is not None and owner != self.owner,
-                        "log": [
-                            (seq, body.encode("utf-8"), prev, digest)
-                            for seq, body, prev, digest in zip(
-                                seqs or (), bodies or (), prevs or (), hashes or (), strict=True
-                            )
-                        ],
-                    }
+        args = {
+            "schema": self._schema,
+            "skip": skip,
+            "now": now,
+            "dead": self._dead_here(now),
+            "n": n,
+            "owner": self.owner,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "until": now + seconds,
+            "started": self._started(),
+        }
+
+        def claim(conn: Any) -> list[Any]:
+            if finishing is None:
+                return list(conn.execute(_CLAIM, args).fetchall())
+            # One transaction, sent at once (one round trip, one flush): the
+            # hand-back, then the claim.
+            with conn.pipeline(), conn.transaction():
+                conn.execute(_FINISH, self._finish_args(*finishing, now))
+                found = conn.execute(_CLAIM, args)
+            return list(found.fetchall())
+
+        try:
+            rows = self._on_lock_conn(claim)
+        except StoreUnreachableError:
+            raise  # the connection went, and every lock with it
+        except StoreError:
+            # The statement failed after taking some locks, maybe: those go.
+            with contextlib.suppress(StoreError):
+                keep = [self._lock_key(r) for r in self._locked]
+                self._on_lock_conn(lambda conn: conn.execute(_UNLOCK_OTHERS, (keep,)))
+            raise
+        if finishing is not None:
+            self._finished(finishing[0])
+        claims: list[dict[str, Any]] = []
+        refused: list[int] = []
+        for row in rows:
+            run_id, settings, resume, attempts, owner, key, got, taken = row[:8]
+            if not taken:
+                if got:
+                    refused.append(key)
+                continue
+            seqs, bodies, prevs, hashes, cancel_by, cancel_reason = row[8:]
+            with self._lock:
+                self._held.add(run_id)
+                if got:
+                    self._locked.add(run_id)
+                self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
+                self._rows.pop(run_id, None)
+                target = resume or run_id
+                self._rows.pop(target, None)
+                self._cancel_seen[target] = (
+                    time.monotonic(),
+                    (str(cancel_by), str(cancel_reason)) if cancel_by is not None else None,
                 )
-            if refused:
-                # Locked but not taken (another claim got there first): let go.
-                with contextlib.suppress(StoreError):
-                    self._on_lock_conn(
-                        lambda conn: conn.execute(
-                            "SELECT pg_advisory_unlock(k) FROM unnest(%s::bigint[]) AS k",
-                            (refused,),
+            claims.append(
+                {
+                    "run_id": run_id,
+                    "settings": settings,
+                    "resume_run": resume,
+                    "attempts": attempts + 1,
+                    "taken_over": owner is not None and owner != self.owner,
+                    "log": [
+                        (seq, body.encode("utf-8"), prev, digest)
+                        for seq, body, prev, digest in zip(
+                            seqs or (), bodies or (), prevs or (), hashes or (), strict=True
                         )
+                    ],
+                }
+            )
+        if refused:
+            # Locked but not taken (another claim got there first): let go.
+            with contextlib.suppress(StoreError):
+                self._on_lock_conn(
+                    lambda conn: conn.execute(
+                        "SELECT pg_advisory_unlock(k) FROM unnest(%s::bigint[]) AS k",
+                        (refused,),
                     )
+                )
         return claims
 
     def _started(self) -> float:
@@ -1411,42 +1429,57 @@ class PostgresStore:
         }
         return sorted(self._dead)
 
-    def finish_claim(self, run_id: str, state: str) -> None:
+    def finish_claim(
+        self, run_id: str, state: str, *, claim: int = 0, seconds: float = LEASE_SECONDS
+    ) -> list[dict[str, Any]]:
         """Hand a claimed run back: ``state`` is ``done``, ``waiting``, ``queued`` (a
         run this worker stops driving, for another to continue) or ``stuck`` (a run
         no worker could drive, left for a person). One statement, committed
         flushed: the queue row and the lease change, then the run's advisory lock
         goes. When the database cannot be reached the run stays this worker's (its
         lease renewed by the heartbeat) and :class:`StoreError` is raised: call
-        again."""
+        again.
+
+        ``claim``: claim up to that many runs in the same transaction (see
+        :meth:`claim_many`), whose claims are returned: a worker's slot hands its
+        run back and takes the next in one round trip and one flush. When that
+        fails, nothing of either happened."""
         if state not in ("done", "waiting", "queued", "stuck"):
             raise ValueError(f"unknown queue state {state!r}")
-        now = self.clock.now()
         with self._lock:
             self._releasing.add(run_id)
         try:
             with self._lock_guard:
-                with self._lock:
-                    # A run whose lock is lost keeps none to give up (see _unlock).
-                    unlock = run_id in self._locked
-                args = {
-                    "state": state,
-                    "now": now,
-                    "run": run_id,
-                    "owner": self.owner,
-                    "unlock": unlock,
-                    "key": self._lock_key(run_id),
-                }
+                if claim > 0:
+                    return self._claim(claim, seconds, (run_id, state))
+                args = self._finish_args(run_id, state, self.clock.now())
                 self._on_lock_conn(lambda conn: conn.execute(_FINISH, args))
-                # Under the guard: the heartbeat never locks it again.
-                with self._lock:
-                    self._held.discard(run_id)
-                    self._renew_at.pop(run_id, None)
-                    self._rows.pop(run_id, None)
-                    self._locked.discard(run_id)
+                self._finished(run_id)
+                return []
         finally:
             with self._lock:
                 self._releasing.discard(run_id)
+
+    def _finish_args(self, run_id: str, state: str, now: float) -> dict[str, Any]:
+        """``_FINISH``'s parameters (under the guard)."""
+        return {
+            "state": state,
+            "now": now,
+            "run": run_id,
+            "owner": self.owner,
+            # A run whose lock is lost keeps none to give up (see _unlock).
+            "unlock": run_id in self._locked,
+            "key": self._lock_key(run_id),
+        }
+
+    def _finished(self, run_id: str) -> None:
+        """A run handed back is this worker's no more (under the guard: the
+        heartbeat never locks it again)."""
+        with self._lock:
+            self._held.discard(run_id)
+            self._renew_at.pop(run_id, None)
+            self._rows.pop(run_id, None)
+            self._locked.discard(run_id)
 
     def _forget(self, run_id: str) -> None:
         """The run is no longer this worker's: drop it and its advisory lock."""

@@ -328,19 +328,27 @@ class Worker:
 
     # -- the slots ------------------------------------------------------------------
 
-    def _next_claim(self) -> tuple[dict[str, Any] | None, bool]:
+    def _next_claim(self, done: tuple[str, str] | None) -> tuple[dict[str, Any] | None, bool]:
         """A run for this slot: one claimed already for a free slot, else a claim
         (one at a time per worker) of as many runs as there are free slots, the
-        others left for the slots they are free for. Returns the claim (or None)
-        and whether the worker is idle (nothing in flight, nothing claimed)."""
+        others left for the slots they are free for. ``done``: the run this slot
+        drove and its queue state, handed back first (with the claim, in one
+        transaction, when there is one to make). Returns the claim (or None) and
+        whether the worker is idle (nothing in flight, nothing claimed)."""
         with self._claiming:
             with self._lock:
-                if self._ready:
-                    claim = self._ready.popleft()
+                claim = self._ready.popleft() if self._ready else None
+                if claim is not None:
                     self._busy += 1
-                    return claim, False
                 free = self.concurrency - self._busy
-            claims = self.store.claim_many(max(1, free), seconds=self.lease_seconds)
+            if claim is not None:
+                if done is not None:
+                    self._finish(*done)
+                return claim, False
+            if done is None:
+                claims = self.store.claim_many(max(1, free), seconds=self.lease_seconds)
+            else:
+                claims = self._finish_and_claim(done, max(1, free))
             with self._lock:
                 for each in claims:
                     self._in_flight.add(each["run_id"])
@@ -352,11 +360,38 @@ class Worker:
                     self._wake.notify_all()
                 return claims[0], False
 
+    def _finish_and_claim(self, done: tuple[str, str], n: int) -> list[dict[str, Any]]:
+        """Hand ``done`` back and claim up to ``n`` runs in one transaction; when the
+        store refuses that, one after the other."""
+        run_id, state = done
+        try:
+            claims: list[dict[str, Any]] = self.store.finish_claim(
+                run_id, state, claim=n, seconds=self.lease_seconds
+            )
+        except StoreUnreachableError as exc:
+            # Neither happened (or nothing says it did): the run stays this
+            # worker's, handed back once the database returns; the claim fails.
+            self.outage.down(str(exc))
+            with self._lock:
+                self._unreturned[run_id] = state
+                self._in_flight.discard(run_id)
+            raise
+        except GraphrunError:
+            self._finish(run_id, state)
+            with self._lock:
+                self._in_flight.discard(run_id)
+            return list(self.store.claim_many(n, seconds=self.lease_seconds))
+        with self._lock:
+            self._in_flight.discard(run_id)
+        return claims
+
     def _slot(self) -> None:
         backoff = 0.0
+        done: tuple[str, str] | None = None  # the run to hand back with the next claim
         while not self._stopping.is_set():
             try:
-                claim, idle = self._next_claim()
+                handing, done = done, None
+                claim, idle = self._next_claim(handing)
             except StoreError as exc:
                 # The database is away (or refuses): --once gives up, a long-running
                 # worker tries again, less and less often, saying so once.
@@ -389,13 +424,22 @@ class Worker:
                         self._wake.wait(self.poll)
                 continue
             try:
-                self._work(claim)
+                state = self._work(claim)
+                if state is not None:
+                    done = (claim["run_id"], state)
             finally:
                 with self._lock:
                     self._busy -= 1
-                    self._in_flight.discard(claim["run_id"])
+                    if done is None:
+                        self._in_flight.discard(claim["run_id"])
+        if done is not None:  # stopping: hand it back alone
+            self._finish(*done)
+            with self._lock:
+                self._in_flight.discard(done[0])
 
-    def _work(self, claim: dict[str, Any]) -> None:
+    def _work(self, claim: dict[str, Any]) -> str | None:
+        """Drive a claimed run; returns the queue state to hand it back with (with
+        the slot's next claim), or None when it was handed back already."""
         run_id = claim["run_id"]
         stats = self.stats
         stats.claimed += 1
@@ -413,20 +457,20 @@ class Worker:
             self.say(f"▸ run {run_id}: {exc}")
             with contextlib.suppress(GraphrunError):
                 self.store.finish_claim(run_id, "queued")
-            return
+            return None
         except StoreUnreachableError as exc:
             # The database went away mid-drive: the run is handed back (now, or
             # when the database returns); its log says where it stopped.
             self.outage.down(str(exc))
             self._finish(run_id, "queued")
-            return
+            return None
         except GraphrunError as exc:
             self._broken(claim, f"{type(exc).__name__}: {exc}")
-            return
+            return None
         except Exception as exc:  # a bug: the run is handed back, the worker goes on
             log.debug("driving run %s raised", run_id, exc_info=True)
             self._broken(claim, f"internal error: {type(exc).__name__}: {exc}")
-            return
+            return None
         took = time.monotonic() - started
         if outcome.status == "waiting":
             stats.waiting += 1
@@ -440,7 +484,7 @@ class Worker:
                 stats.failed += 1
             state = "done"
             self.say(f"▸ run {run_id} {outcome.status} ({took:.2f}s)")
-        self._finish(run_id, state)
+        return state
 
     def _finish(self, run_id: str, state: str) -> None:
         """Hand a run back; when the database is away, keep it (the heartbeat

@@ -7,6 +7,7 @@ transaction block adds its ``BEGIN`` and ``COMMIT``), against a real server."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -48,24 +49,42 @@ CHAIN = """
 
 
 class Statements:
-    """Every statement psycopg sends from now on, by its first words."""
+    """Every statement psycopg sends from now on, by its first words; those sent in
+    a pipeline (one round trip for the lot) are counted as ``pipelined: ...``, and
+    each pipeline as ``PIPELINE``."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import psycopg
 
         self.seen: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._local = threading.local()
         for name in ("execute", "executemany"):
             real = getattr(psycopg.Cursor, name)
             monkeypatch.setattr(psycopg.Cursor, name, self._counted(real))
         real_transaction = psycopg.Connection.transaction
+        real_pipeline = psycopg.Connection.pipeline
 
-        def transaction(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        @contextlib.contextmanager
+        def transaction(conn: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
             self._add("BEGIN")
+            with real_transaction(conn, *args, **kwargs) as tx:
+                yield tx
             self._add("COMMIT")
-            return real_transaction(conn, *args, **kwargs)
+
+        @contextlib.contextmanager
+        def pipeline(conn: Any) -> Iterator[Any]:
+            if not getattr(self._local, "depth", 0):  # (psycopg nests its own)
+                self._add("PIPELINE")
+            self._local.depth = getattr(self._local, "depth", 0) + 1
+            try:
+                with real_pipeline(conn) as pipe:
+                    yield pipe
+            finally:
+                self._local.depth -= 1
 
         monkeypatch.setattr(psycopg.Connection, "transaction", transaction)
+        monkeypatch.setattr(psycopg.Connection, "pipeline", pipeline)
 
     def _counted(self, real: Any) -> Any:
         def execute(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
@@ -75,15 +94,10 @@ class Statements:
         return execute
 
     def _add(self, what: str) -> None:
+        if getattr(self._local, "depth", 0):
+            what = f"pipelined: {what}"
         with self._lock:
             self.seen[what] += 1
-
-    @property
-    def total(self) -> int:
-        return sum(self.seen.values())
-
-    def clear(self) -> None:
-        self.seen.clear()
 
 
 @pytest.fixture
@@ -148,11 +162,14 @@ def test_a_worker_run_costs_a_claim_a_read_a_statement_per_step_and_a_hand_back(
     # Opening connections (the pool's, the one claims and locks are on).
     for opening in [k for k in seen if k.startswith("SET ") and not k.startswith("SET LOCAL")]:
         del seen[opening]
-    # The claim (and the claim that found the queue empty), the runs row the
-    # driver checks the log's head against, the hand-back.
-    assert seen.pop("WITH alive AS") == 2
+    # The claim, the runs row the driver checks the log's head against, and the
+    # hand-back with the next claim (which finds the queue empty): one transaction
+    # in one round trip.
+    assert seen.pop("WITH alive AS") == 1
     assert seen.pop("SELECT run_id, graph_name,") == 1
-    assert seen.pop("WITH queue AS") == 1
+    assert seen.pop("PIPELINE") == 1
+    assert seen.pop("pipelined: BEGIN") == seen.pop("pipelined: COMMIT") == 1
+    assert seen.pop("pipelined: WITH queue AS") == seen.pop("pipelined: WITH alive AS") == 1
     # The driver looks for a cancel request every 0.25 s; its first look is
     # answered by what the claim read, when it comes within 0.2 s of the claim.
     assert seen.pop("SELECT requested_by, reason", 0) <= took / 0.2
@@ -240,18 +257,52 @@ def test_a_worker_fills_its_free_slots_from_one_claim(
 
     store = open_store()
     ids = submit(store, agent, 4)
-    taken: list[int] = []
-    claim_many = store.claim_many
+    taken: list[int] = []  # how many runs each claim took
+    claim_many, finish_claim = store.claim_many, store.finish_claim
 
-    def counted(n: int, **kwargs: Any) -> Any:
+    def claimed(n: int, **kwargs: Any) -> Any:
         claims = claim_many(n, **kwargs)
         taken.append(len(claims))
         return claims
 
-    monkeypatch.setattr(store, "claim_many", counted)
+    def finished(run_id: str, state: str, **kwargs: Any) -> Any:
+        claims = finish_claim(run_id, state, **kwargs)
+        if kwargs.get("claim"):
+            taken.append(len(claims))
+        return claims
+
+    monkeypatch.setattr(store, "claim_many", claimed)
+    monkeypatch.setattr(store, "finish_claim", finished)
     worker = Worker(store, concurrency=4, once=True, poll=0.01, say=lambda _line: None)
     stats = worker.run()
     assert stats.completed == 4 and sorted(stats.runs) == sorted(ids)
-    # The first claim took all four; every later look found the queue empty.
-    assert taken[0] == 4 and set(taken[1:]) == {0}
+    # The first claim took all four; every later look (each slot's, with its
+    # hand-back) found the queue empty.
+    assert taken[0] == 4 and set(taken[1:]) == {0} and len(taken) >= 5
     assert all(store.queued(r)["state"] == "done" for r in ids)  # type: ignore[index]
+
+
+def test_a_hand_back_takes_the_next_run_in_the_same_transaction(
+    open_store: Any, agent: Any
+) -> None:
+    a, b = open_store(), open_store()
+    first, second = submit(a, agent, 2)
+    assert [c["run_id"] for c in a.claim_many(1, seconds=30)] == [first]
+    claims = a.finish_claim(first, "done", claim=3, seconds=30)
+    assert [c["run_id"] for c in claims] == [second]
+    assert [seq for seq, *_ in claims[0]["log"]] == [1]
+    assert a.queued(first)["state"] == "done"  # type: ignore[index]
+    assert a.lease(first) is None and not b.is_live(first)
+    assert a.queued(second)["state"] == "running" and b.is_live(second)  # type: ignore[index]
+    # Its lock went with the hand-back; the new run's is held.
+    with a.pool.connection() as conn:
+        held = {
+            key
+            for (key,) in conn.execute(
+                "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks "
+                "WHERE locktype = 'advisory' AND objsubid = 1"
+            ).fetchall()
+        }
+    assert a._lock_key(second) in held and a._lock_key(first) not in held
+    assert a.finish_claim(second, "done", claim=3, seconds=30) == []
+    assert b.claim_many(3, seconds=30) == []
