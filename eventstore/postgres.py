@@ -233,9 +233,9 @@ _LOCK_KEY = (
 #: whose worker lives is taken only once its lease expired or its process is seen
 #: dead on this host (``dead``): then without its lock, which the heartbeat takes
 #: once that worker lets go of it.
-_CLAIM = (
+_CLAIM_WITH = (
     """
-WITH alive AS MATERIALIZED (
+alive AS MATERIALIZED (
     SELECT (k.classid::bigint << 32) | k.objid::bigint AS key FROM pg_locks k
     WHERE k.locktype = 'advisory' AND k.objsubid = 1
       AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -274,11 +274,12 @@ WITH alive AS MATERIALIZED (
         attempts = q.attempts + 1, answered = false
     FROM taken t WHERE q.run_id = t.run_id
     RETURNING q.run_id
+)"""
 )
-SELECT k.run_id, k.settings, k.resume_run, k.attempts, k.was, k.key, k.got,
+_CLAIM_COLUMNS = """k.run_id, k.settings, k.resume_run, k.attempts, k.was, k.key, k.got,
        r.run_id IS NOT NULL, e.seqs, e.bodies, e.prevs, e.hashes,
-       c.requested_by, c.reason
-FROM locked k
+       c.requested_by, c.reason"""
+_CLAIM_JOINS = """
 LEFT JOIN running r ON r.run_id = k.run_id
 LEFT JOIN LATERAL (
     SELECT array_agg(v.seq ORDER BY v.seq) AS seqs, array_agg(v.body ORDER BY v.seq) AS bodies,
@@ -290,22 +291,30 @@ LEFT JOIN cancel_requests c
     ON r.run_id IS NOT NULL AND c.run_id = coalesce(k.resume_run, k.run_id)
 ORDER BY k.queued_at
 """
-)
+_CLAIM = f"WITH {_CLAIM_WITH}\nSELECT {_CLAIM_COLUMNS}\nFROM locked k{_CLAIM_JOINS}"
 
-#: A claimed run handed back, one statement: the queue row and the lease change,
-#: then (they done) the run's advisory lock goes; an answer that came while this
-#: worker held the run queues it again.
-_FINISH = """
-WITH queue AS (
+#: A claimed run handed back: the queue row and the lease change, then (they
+#: done: ``handed`` reads them) the run's advisory lock goes; an answer that came
+#: while this worker held the run queues it again.
+_FINISH_WITH = """
+queue AS (
     UPDATE run_queue SET state = CASE WHEN %(state)s = 'waiting' AND answered
         THEN 'queued' ELSE %(state)s END, answered = false, worker = NULL, updated_at = %(now)s
     WHERE run_id = %(run)s AND worker = %(owner)s RETURNING 1
 ), lease AS (
     DELETE FROM leases WHERE run_id = %(run)s AND owner = %(owner)s RETURNING 1
+), handed AS MATERIALIZED (
+    SELECT CASE WHEN %(unlock)s THEN pg_advisory_unlock(%(key)s) END AS unlocked
+    FROM (SELECT count(*) FROM queue) AS q, (SELECT count(*) FROM lease) AS l
+)"""
+_FINISH = f"WITH {_FINISH_WITH}\nSELECT unlocked FROM handed"
+
+#: A hand-back and the next claim in one statement: one row per candidate (or one
+#: of nulls when there is none), ``handed`` read once whatever the rest finds.
+_FINISH_AND_CLAIM = (
+    f"WITH {_FINISH_WITH}, {_CLAIM_WITH}\n"
+    f"SELECT {_CLAIM_COLUMNS}\nFROM handed h LEFT JOIN locked k ON true{_CLAIM_JOINS}"
 )
-SELECT CASE WHEN %(unlock)s THEN pg_advisory_unlock(%(key)s) END
-FROM (SELECT count(*) FROM queue) AS q, (SELECT count(*) FROM lease) AS l
-"""
 
 #: The advisory locks this session holds that it should not: released after a
 #: claim failed midway (session locks outlive the transaction that took them).
@@ -1329,18 +1338,13 @@ class PostgresStore:
             "started": self._started(),
         }
 
-        def claim(conn: Any) -> list[Any]:
-            if finishing is None:
-                return list(conn.execute(_CLAIM, args).fetchall())
-            # One transaction, sent at once (one round trip, one flush): the
-            # hand-back, then the claim.
-            with conn.pipeline(), conn.transaction():
-                conn.execute(_FINISH, self._finish_args(*finishing, now))
-                found = conn.execute(_CLAIM, args)
-            return list(found.fetchall())
-
+        sql = _CLAIM
+        if finishing is not None:
+            # The hand-back and the claim: one statement (one round trip, one flush).
+            sql = _FINISH_AND_CLAIM
+            args.update(self._finish_args(*finishing, now))
         try:
-            rows = self._on_lock_conn(claim)
+            rows = self._on_lock_conn(lambda conn: conn.execute(sql, args).fetchall())
         except StoreUnreachableError:
             raise  # the connection went, and every lock with it
         except StoreError:
@@ -1355,6 +1359,8 @@ class PostgresStore:
         refused: list[int] = []
         for row in rows:
             run_id, settings, resume, attempts, owner, key, got, taken = row[:8]
+            if run_id is None:
+                continue  # (the hand-back's row when nothing was found)
             if not taken:
                 if got:
                     refused.append(key)
