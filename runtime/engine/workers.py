@@ -344,6 +344,8 @@ class Worker:
             if claim is not None:
                 if done is not None:
                     self._finish(*done)
+                    with self._lock:
+                        self._in_flight.discard(done[0])
                 return claim, False
             if done is None:
                 claims = self.store.claim_many(max(1, free), seconds=self.lease_seconds)

@@ -277,6 +277,32 @@ def test_a_worker_fills_its_free_slots_from_one_claim(
     # hand-back) found the queue empty.
     assert taken[0] == 4 and set(taken[1:]) == {0} and len(taken) >= 5
     assert all(store.queued(r)["state"] == "done" for r in ids)  # type: ignore[index]
+    assert stats.handed_back == 0  # every run handed back as done, none left over
+
+
+def test_slots_drain_a_longer_queue_each_run_once(open_store: Any, agent: Any) -> None:
+    """More runs than slots, two workers: each hand-back takes the next run; every
+    run is driven once and handed back done."""
+    from graphrun.runtime.engine.workers import Worker
+
+    a, b = open_store(), open_store()
+    ids = submit(a, agent, 12)
+    workers = [
+        Worker(store, concurrency=3, once=True, poll=0.01, say=lambda _line: None)
+        for store in (a, b)
+    ]
+    threads = [threading.Thread(target=w.run) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    runs = [r for w in workers for r in w.stats.runs]
+    assert sorted(runs) == sorted(ids)
+    assert sum(w.stats.completed for w in workers) == 12
+    assert all(w.stats.handed_back == 0 and w.failure is None for w in workers)
+    assert a.queue_counts() == {"done": 12}
+    with a.pool.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
 
 
 def test_a_hand_back_takes_the_next_run_in_the_same_transaction(
