@@ -239,18 +239,33 @@ alive AS MATERIALIZED (
     SELECT (k.classid::bigint << 32) | k.objid::bigint AS key FROM pg_locks k
     WHERE k.locktype = 'advisory' AND k.objsubid = 1
       AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-), candidate AS MATERIALIZED (
-    SELECT q.run_id, q.settings, q.resume_run, q.attempts, q.queued_at, l.owner AS was,
-           """
-    + _LOCK_KEY.format(schema="%(schema)s", run="q.run_id")
-    + """ AS key
+), fresh AS MATERIALIZED (
+    -- Queued runs, oldest first, along the (state, queued_at) index: a long queue
+    -- costs a claim no more than a short one.
+    SELECT q.run_id, q.settings, q.resume_run, q.attempts, q.queued_at, l.owner AS was
     FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
-    WHERE q.state IN ('queued', 'running') AND NOT (q.run_id = ANY(%(skip)s))
+    WHERE q.state = 'queued' AND NOT (q.run_id = ANY(%(skip)s))
       AND (l.run_id IS NULL OR l.expires_at <= %(now)s OR l.owner = ANY(%(dead)s)
            OR (l.locked_at > pg_postmaster_start_time()
                AND NOT EXISTS (SELECT 1 FROM alive a WHERE a.key = l.lock_key)))
     ORDER BY q.queued_at LIMIT %(n)s
     FOR UPDATE OF q SKIP LOCKED
+), orphaned AS MATERIALIZED (
+    -- Running runs whose worker is gone (as many as workers drive at once, at most).
+    SELECT q.run_id, q.settings, q.resume_run, q.attempts, q.queued_at, l.owner AS was
+    FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
+    WHERE q.state = 'running' AND NOT (q.run_id = ANY(%(skip)s))
+      AND (l.run_id IS NULL OR l.expires_at <= %(now)s OR l.owner = ANY(%(dead)s)
+           OR (l.locked_at > pg_postmaster_start_time()
+               AND NOT EXISTS (SELECT 1 FROM alive a WHERE a.key = l.lock_key)))
+    ORDER BY q.queued_at LIMIT %(n)s
+    FOR UPDATE OF q SKIP LOCKED
+), candidate AS MATERIALIZED (
+    SELECT c.*, """
+    + _LOCK_KEY.format(schema="%(schema)s", run="c.run_id")
+    + """ AS key
+    FROM (SELECT * FROM orphaned UNION ALL SELECT * FROM fresh) AS c
+    ORDER BY c.queued_at LIMIT %(n)s
 ), locked AS MATERIALIZED (
     SELECT c.*, pg_try_advisory_lock(c.key) AS got FROM candidate c
 ), taken AS (

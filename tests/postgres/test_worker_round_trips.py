@@ -329,3 +329,52 @@ def test_a_hand_back_takes_the_next_run_in_the_same_transaction(
     assert a._lock_key(second) in held and a._lock_key(first) not in held
     assert a.finish_claim(second, "done", claim=3, seconds=30) == []
     assert b.claim_many(3, seconds=30) == []
+
+
+def test_a_claim_reads_the_head_of_a_long_queue_not_all_of_it(open_store: Any) -> None:
+    """A claim walks the queue's (state, queued_at) index from its oldest run: with
+    2,000 runs queued it reads a handful of queue rows, not 2,000 (the plan, as
+    PostgreSQL ran it)."""
+    import json
+
+    import psycopg
+
+    from graphrun.eventstore.postgres import _CLAIM
+
+    store = open_store()
+    with store.pool.connection() as conn:
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO run_queue (run_id, state, settings, queued_at, updated_at) "
+                "VALUES (%s, %s, '{}', %s, %s)",
+                [(f"q{i:05d}", "queued", float(i), float(i)) for i in range(2000)],
+            )
+        conn.execute("ANALYZE run_queue")
+    assert [c["run_id"] for c in store.claim_many(3, seconds=30)] == ["q00000", "q00001", "q00002"]
+    args = {
+        "schema": store._schema,
+        "skip": ["q00000", "q00001", "q00002"],
+        "now": 0.0,
+        "dead": [],
+        "n": 3,
+        "owner": "explain",
+        "pid": 1,
+        "host": "nowhere",
+        "until": 30.0,
+        "started": 0.0,
+    }
+    with store.pool.connection() as conn, conn.transaction() as tx:
+        (plan,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _CLAIM, args).fetchone()
+        conn.execute("SELECT pg_advisory_unlock_all()")
+        raise psycopg.Rollback(tx)  # (nothing of the explained claim stays)
+    read: list[int] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") == "run_queue" and "Scan" in node["Node Type"]:
+            read.append(int(node["Actual Rows"]) * int(node.get("Actual Loops", 1)))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"])
+    assert read and sum(read) <= 10, read
+    assert store.queue_counts() == {"queued": 1997, "running": 3}
