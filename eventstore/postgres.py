@@ -217,6 +217,13 @@ _INSERT_EVENT = (
 _SELECT_RUN = f"SELECT {_COLS} FROM runs"
 _RENEW = "UPDATE leases SET expires_at = %s WHERE run_id = %s AND owner = %s"
 
+
+def _compact(sql: str) -> str:
+    """SQL without its comments and runs of blanks: psycopg caches the parsing of
+    (and prepares) only statements up to 4 KB, and the claim's would not fit."""
+    return " ".join(re.sub(r"--[^\n]*", "", sql).split())
+
+
 #: SQL: the advisory lock key of the run id ``{run}`` in the schema ``{schema}``:
 #: the first 63 bits of ``sha256(schema || '.' || run_id)`` (PostgresStore._lock_key).
 _LOCK_KEY = (
@@ -306,7 +313,7 @@ LEFT JOIN cancel_requests c
     ON r.run_id IS NOT NULL AND c.run_id = coalesce(k.resume_run, k.run_id)
 ORDER BY k.queued_at
 """
-_CLAIM = f"WITH {_CLAIM_WITH}\nSELECT {_CLAIM_COLUMNS}\nFROM locked k{_CLAIM_JOINS}"
+_CLAIM = _compact(f"WITH {_CLAIM_WITH} SELECT {_CLAIM_COLUMNS} FROM locked k{_CLAIM_JOINS}")
 
 #: A claimed run handed back: the queue row and the lease change, then (they
 #: done: ``handed`` reads them) the run's advisory lock goes; an answer that came
@@ -322,13 +329,13 @@ queue AS (
     SELECT CASE WHEN %(unlock)s THEN pg_advisory_unlock(%(key)s) END AS unlocked
     FROM (SELECT count(*) FROM queue) AS q, (SELECT count(*) FROM lease) AS l
 )"""
-_FINISH = f"WITH {_FINISH_WITH}\nSELECT unlocked FROM handed"
+_FINISH = _compact(f"WITH {_FINISH_WITH} SELECT unlocked FROM handed")
 
 #: A hand-back and the next claim in one statement: one row per candidate (or one
 #: of nulls when there is none), ``handed`` read once whatever the rest finds.
-_FINISH_AND_CLAIM = (
-    f"WITH {_FINISH_WITH}, {_CLAIM_WITH}\n"
-    f"SELECT {_CLAIM_COLUMNS}\nFROM handed h LEFT JOIN locked k ON true{_CLAIM_JOINS}"
+_FINISH_AND_CLAIM = _compact(
+    f"WITH {_FINISH_WITH}, {_CLAIM_WITH} "
+    f"SELECT {_CLAIM_COLUMNS} FROM handed h LEFT JOIN locked k ON true{_CLAIM_JOINS}"
 )
 
 #: The advisory locks this session holds that it should not: released after a

@@ -378,3 +378,11 @@ def test_a_claim_reads_the_head_of_a_long_queue_not_all_of_it(open_store: Any) -
     walk((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"])
     assert read and sum(read) <= 10, read
     assert store.queue_counts() == {"queued": 1997, "running": 3}
+
+
+def test_the_claim_statements_fit_psycopgs_statement_cache() -> None:
+    """psycopg parses once (and prepares, after a few uses) only statements up to
+    4,096 bytes: the claim's must fit, or every claim pays for both again."""
+    from graphrun.eventstore.postgres import _CLAIM, _FINISH, _FINISH_AND_CLAIM
+
+    assert max(len(_CLAIM), len(_FINISH), len(_FINISH_AND_CLAIM)) <= 4096
