@@ -5,14 +5,18 @@ transaction (:meth:`PostgresStore.queue_on_start`). A :class:`Worker` runs
 ``concurrency`` slots; each slot:
 
 1. claims the oldest queued run, or a running one whose worker is gone (its
-   lease expired, or its process is dead on this host): ``FOR UPDATE SKIP
-   LOCKED`` on the queue row, the lease taken in the same transaction;
+   lease expired, its advisory lock is free, or its process is dead on this
+   host): ``FOR UPDATE SKIP LOCKED`` on the queue row, the lease taken and the
+   run's log read in the same statement (:meth:`PostgresStore.claim_many`).
+   One claim takes a run for every free slot; the others find theirs claimed;
 2. drives it with the same :class:`~graphrun.runtime.engine.driver.Driver` that
-   ``graphrun run`` and ``resume`` use: a taken-over run continues from its log
-   (an effect whose result was recorded is never performed again);
+   ``graphrun run`` and ``resume`` use, from the log the claim brought (verified
+   and folded once): a taken-over run continues from its log (an effect whose
+   result was recorded is never performed again);
 3. hands it back: ``done`` when it ended, ``waiting`` when it waits for a
-   person. ``approve`` / ``answer`` then only append the answer, which queues
-   the run again in the same transaction, for whichever worker is free.
+   person, in the statement that claims its next run. ``approve`` / ``answer``
+   then only append the answer, which queues the run again in the same
+   transaction, for whichever worker is free.
 
 A heartbeat thread renews the leases of every run the worker holds. A claim
 also holds an advisory lock on the run, on a connection of the worker's own:
