@@ -315,19 +315,22 @@ ORDER BY k.queued_at
 """
 _CLAIM = _compact(f"WITH {_CLAIM_WITH} SELECT {_CLAIM_COLUMNS} FROM locked k{_CLAIM_JOINS}")
 
-#: A claimed run handed back: the queue row and the lease change, then (they
-#: done: ``handed`` reads them) the run's advisory lock goes; an answer that came
-#: while this worker held the run queues it again.
+#: Claimed runs handed back (``runs``, each with its queue state in ``states``):
+#: their queue rows and leases change, then (they done: ``handed`` reads them)
+#: their advisory locks (``keys``) go; an answer that came while this worker held
+#: a run queues it again.
 _FINISH_WITH = """
 queue AS (
-    UPDATE run_queue SET state = CASE WHEN %(state)s = 'waiting' AND answered
-        THEN 'queued' ELSE %(state)s END, answered = false, worker = NULL, updated_at = %(now)s
-    WHERE run_id = %(run)s AND worker = %(owner)s RETURNING 1
+    UPDATE run_queue q SET state = CASE WHEN h.state = 'waiting' AND q.answered
+        THEN 'queued' ELSE h.state END, answered = false, worker = NULL, updated_at = %(now)s
+    FROM unnest(%(runs)s::text[], %(states)s::text[]) AS h(run_id, state)
+    WHERE q.run_id = h.run_id AND q.worker = %(owner)s RETURNING 1
 ), lease AS (
-    DELETE FROM leases WHERE run_id = %(run)s AND owner = %(owner)s RETURNING 1
+    DELETE FROM leases WHERE run_id = ANY(%(runs)s) AND owner = %(owner)s RETURNING 1
 ), handed AS MATERIALIZED (
-    SELECT CASE WHEN %(unlock)s THEN pg_advisory_unlock(%(key)s) END AS unlocked
-    FROM (SELECT count(*) FROM queue) AS q, (SELECT count(*) FROM lease) AS l
+    SELECT (SELECT count(pg_advisory_unlock(k)) FROM unnest(%(keys)s::bigint[]) AS k
+            WHERE q.n + l.n >= 0) AS unlocked
+    FROM (SELECT count(*) AS n FROM queue) AS q, (SELECT count(*) AS n FROM lease) AS l
 )"""
 _FINISH = _compact(f"WITH {_FINISH_WITH} SELECT unlocked FROM handed")
 
@@ -1333,13 +1336,13 @@ class PostgresStore:
         if n < 1:
             return []
         with self._lock_guard:
-            return self._claim(n, seconds, None)
+            return self._claim(n, seconds)
 
     def _claim(
-        self, n: int, seconds: float, finishing: tuple[str, str] | None
+        self, n: int, seconds: float, finishing: Sequence[tuple[str, str]] = ()
     ) -> list[dict[str, Any]]:
         """:meth:`claim_many` under the guard; ``finishing``: ``(run id, state)`` of
-        a run handed back in the same transaction first (see :meth:`finish_claim`)."""
+        runs handed back in the same statement first (see :meth:`finish_claims`)."""
         now = self.clock.now()
         tick = time.monotonic()
         with self._lock:
@@ -1361,10 +1364,10 @@ class PostgresStore:
         }
 
         sql = _CLAIM
-        if finishing is not None:
-            # The hand-back and the claim: one statement (one round trip, one flush).
+        if finishing:
+            # The hand-backs and the claim: one statement (one round trip, one flush).
             sql = _FINISH_AND_CLAIM
-            args.update(self._finish_args(*finishing, now))
+            args.update(self._finish_args(finishing, now))
         try:
             rows = self._on_lock_conn(lambda conn: conn.execute(sql, args).fetchall())
         except StoreUnreachableError:
@@ -1375,8 +1378,8 @@ class PostgresStore:
                 keep = [self._lock_key(r) for r in self._locked]
                 self._on_lock_conn(lambda conn: conn.execute(_UNLOCK_OTHERS, (keep,)))
             raise
-        if finishing is not None:
-            self._finished(finishing[0])
+        if finishing:
+            self._finished([run_id for run_id, _state in finishing])
         claims: list[dict[str, Any]] = []
         refused: list[int] = []
         for row in rows:
@@ -1462,52 +1465,66 @@ class PostgresStore:
     ) -> list[dict[str, Any]]:
         """Hand a claimed run back: ``state`` is ``done``, ``waiting``, ``queued`` (a
         run this worker stops driving, for another to continue) or ``stuck`` (a run
-        no worker could drive, left for a person). One statement, committed
-        flushed: the queue row and the lease change, then the run's advisory lock
-        goes. When the database cannot be reached the run stays this worker's (its
-        lease renewed by the heartbeat) and :class:`StoreError` is raised: call
-        again.
+        no worker could drive, left for a person); see :meth:`finish_claims`."""
+        return self.finish_claims([(run_id, state)], claim=claim, seconds=seconds)
 
-        ``claim``: claim up to that many runs in the same transaction (see
-        :meth:`claim_many`), whose claims are returned: a worker's slot hands its
-        run back and takes the next in one round trip and one flush. When that
+    def finish_claims(
+        self,
+        done: Sequence[tuple[str, str]],
+        *,
+        claim: int = 0,
+        seconds: float = LEASE_SECONDS,
+    ) -> list[dict[str, Any]]:
+        """Hand claimed runs back, each ``(run id, queue state)`` (see
+        :meth:`finish_claim`), in one statement committed flushed: their queue
+        rows and leases change, then their advisory locks go. When the database
+        cannot be reached the runs stay this worker's (their leases renewed by the
+        heartbeat) and :class:`StoreError` is raised: call again.
+
+        ``claim``: claim up to that many runs in the same statement (see
+        :meth:`claim_many`), whose claims are returned: a worker hands its runs
+        back and takes the next ones in one round trip and one flush. When that
         fails, nothing of either happened."""
-        if state not in ("done", "waiting", "queued", "stuck"):
-            raise ValueError(f"unknown queue state {state!r}")
+        for _run_id, state in done:
+            if state not in ("done", "waiting", "queued", "stuck"):
+                raise ValueError(f"unknown queue state {state!r}")
+        runs = [run_id for run_id, _state in done]
+        if not runs and claim < 1:
+            return []
         with self._lock:
-            self._releasing.add(run_id)
+            self._releasing.update(runs)
         try:
             with self._lock_guard:
-                if claim > 0:
-                    return self._claim(claim, seconds, (run_id, state))
-                args = self._finish_args(run_id, state, self.clock.now())
+                if claim > 0 or not done:
+                    return self._claim(claim, seconds, done)
+                args = self._finish_args(done, self.clock.now())
                 self._on_lock_conn(lambda conn: conn.execute(_FINISH, args))
-                self._finished(run_id)
+                self._finished(runs)
                 return []
         finally:
             with self._lock:
-                self._releasing.discard(run_id)
+                self._releasing.difference_update(runs)
 
-    def _finish_args(self, run_id: str, state: str, now: float) -> dict[str, Any]:
-        """``_FINISH``'s parameters (under the guard)."""
+    def _finish_args(self, done: Sequence[tuple[str, str]], now: float) -> dict[str, Any]:
+        """``_FINISH_WITH``'s parameters (under the guard)."""
         return {
-            "state": state,
+            "runs": [run_id for run_id, _state in done],
+            "states": [state for _run_id, state in done],
             "now": now,
-            "run": run_id,
             "owner": self.owner,
             # A run whose lock is lost keeps none to give up (see _unlock).
-            "unlock": run_id in self._locked,
-            "key": self._lock_key(run_id),
+            "keys": [self._lock_key(r) for r, _state in done if r in self._locked],
         }
 
-    def _finished(self, run_id: str) -> None:
-        """A run handed back is this worker's no more (under the guard: the
-        heartbeat never locks it again)."""
+    def _finished(self, runs: Sequence[str]) -> None:
+        """Runs handed back are this worker's no more (under the guard: the
+        heartbeat never locks them again)."""
         with self._lock:
-            self._held.discard(run_id)
-            self._renew_at.pop(run_id, None)
-            self._rows.pop(run_id, None)
-            self._locked.discard(run_id)
+            for run_id in runs:
+                self._held.discard(run_id)
+                self._renew_at.pop(run_id, None)
+                self._rows.pop(run_id, None)
+                self._locked.discard(run_id)
 
     def _forget(self, run_id: str) -> None:
         """The run is no longer this worker's: drop it and its advisory lock."""

@@ -57,6 +57,9 @@ log = logging.getLogger("graphrun.worker")
 #: A run whose drive broke (not the run failing: the worker could not drive it)
 #: this many times is set aside as ``stuck`` instead of being claimed again.
 MAX_ATTEMPTS = 5
+#: Runs a worker claims beyond its free slots: a slot whose run ends finds the
+#: next one claimed already (its claim's round trip and flush off the slot's way).
+CLAIM_AHEAD = 1
 
 
 @dataclass
@@ -270,18 +273,21 @@ class Worker:
         self._stopping = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
-        # Slots waiting for work wait on this; claims are made one at a time.
+        # Slots and the claimer wait on this for each other.
         self._wake = threading.Condition(self._lock)
-        self._claiming = threading.Lock()
-        self._busy = 0
-        self._in_flight: set[str] = set()
-        #: Runs claimed (by one slot, for others that were free) not yet driven.
+        #: Runs claimed, not yet taken by a slot.
         self._ready: collections.deque[dict[str, Any]] = collections.deque()
+        #: Runs the slots drive now.
+        self._driving: set[str] = set()
+        #: Runs driven (or given up) to hand back -> their queue state.
+        self._returns: dict[str, str] = {}
+        #: Set by run() once the slots are done: the claimer hands back the rest.
+        self._closing = False
+        #: The last claim found the queue empty while nothing was in flight.
+        self._empty = False
         #: The last claim's error while claiming fails (None once one succeeds).
         self.failure: BaseException | None = None
         self.outage = Outage(self.say)
-        #: Runs whose hand-back failed (the database was away) -> their state.
-        self._unreturned: dict[str, str] = {}
         trouble = getattr(store, "on_connection_trouble", None)
         if trouble is not None:
             trouble(self.outage.down)
@@ -291,7 +297,7 @@ class Worker:
     def stop(self, reason: str = "stopping") -> None:
         """Claim nothing more; runs in flight finish (see :meth:`run`)."""
         if not self._stopping.is_set():
-            self.say(f"▸ {reason}: no new runs; waiting for {len(self._in_flight)} in flight")
+            self.say(f"▸ {reason}: no new runs; waiting for {len(self._driving)} in flight")
         self._stopping.set()
 
     def run(self) -> WorkerStats:
@@ -301,16 +307,27 @@ class Worker:
             threading.Thread(target=self._slot, name=f"graphrun-slot-{i}", daemon=True)
             for i in range(self.concurrency)
         ]
+        claimer = threading.Thread(target=self._claimer, name="graphrun-claims", daemon=True)
         beat = threading.Thread(target=self._heartbeat, name="graphrun-heartbeat", daemon=True)
         beat.start()
+        claimer.start()
         for slot in slots:
             slot.start()
         while any(s.is_alive() for s in slots) and not self._stopping.is_set():
             time.sleep(0.05)
+        with self._wake:
+            self._wake.notify_all()  # slots waiting for a run see the stop
         deadline = time.monotonic() + self.grace
         for slot in slots:
             slot.join(max(0.0, deadline - time.monotonic()))
-        left = sorted(self._in_flight)
+        # The claimer hands back what was driven and what was never started.
+        with self._wake:
+            self._closing = True
+            self._wake.notify_all()
+        claimer.join(max(5.0, deadline - time.monotonic()))
+        with self._lock:
+            left = sorted(self._driving)
+            unreturned = sorted({*self._returns, *(c["run_id"] for c in self._ready)})
         for run_id in left:
             # Not finished within the grace time: another worker continues it
             # from its log (this process exits; its slot threads die with it).
@@ -320,8 +337,7 @@ class Worker:
             self.say(f"▸ run {run_id} handed back to the queue")
         self._done.set()
         beat.join(5)
-        self._hand_back()  # what the database refused while it was away
-        for run_id in sorted(self._unreturned):
+        for run_id in unreturned:
             self.say(
                 f"▸ run {run_id}: could not hand back (database unreachable); its lease will expire"
             )
@@ -330,88 +346,57 @@ class Worker:
             raise StoreError(f"the worker could not claim runs: {self.failure}")
         return self.stats
 
-    # -- the slots ------------------------------------------------------------------
+    # -- the claimer ------------------------------------------------------------------
 
-    def _next_claim(self, done: tuple[str, str] | None) -> tuple[dict[str, Any] | None, bool]:
-        """A run for this slot: one claimed already for a free slot, else a claim
-        (one at a time per worker) of as many runs as there are free slots, the
-        others left for the slots they are free for. ``done``: the run this slot
-        drove and its queue state, handed back first (with the claim, in one
-        transaction, when there is one to make). Returns the claim (or None) and
-        whether the worker is idle (nothing in flight, nothing claimed)."""
-        with self._claiming:
-            with self._lock:
-                claim = self._ready.popleft() if self._ready else None
-                if claim is not None:
-                    self._busy += 1
-                free = self.concurrency - self._busy
-            if claim is not None:
-                if done is not None:
-                    self._finish(*done)
-                    with self._lock:
-                        self._in_flight.discard(done[0])
-                return claim, False
-            if done is None:
-                claims = self.store.claim_many(max(1, free), seconds=self.lease_seconds)
-            else:
-                claims = self._finish_and_claim(done, max(1, free))
-            with self._lock:
-                for each in claims:
-                    self._in_flight.add(each["run_id"])
-                if not claims:
-                    return None, self._busy == 0
-                self._busy += 1
-                self._ready.extend(claims[1:])
-                if len(claims) > 1:
-                    self._wake.notify_all()
-                return claims[0], False
-
-    def _finish_and_claim(self, done: tuple[str, str], n: int) -> list[dict[str, Any]]:
-        """Hand ``done`` back and claim up to ``n`` runs in one transaction; when the
-        store refuses that, one after the other."""
-        run_id, state = done
-        try:
-            claims: list[dict[str, Any]] = self.store.finish_claim(
-                run_id, state, claim=n, seconds=self.lease_seconds
-            )
-        except StoreUnreachableError as exc:
-            # Neither happened (or nothing says it did): the run stays this
-            # worker's, handed back once the database returns; the claim fails.
-            self.outage.down(str(exc))
-            with self._lock:
-                self._unreturned[run_id] = state
-                self._in_flight.discard(run_id)
-            raise
-        except GraphrunError:
-            self._finish(run_id, state)
-            with self._lock:
-                self._in_flight.discard(run_id)
-            return list(self.store.claim_many(n, seconds=self.lease_seconds))
-        with self._lock:
-            self._in_flight.discard(run_id)
-        return claims
-
-    def _slot(self) -> None:
+    def _claimer(self) -> None:
+        """Hand back the runs the slots are done with and claim runs for the slots
+        that will be free, in one statement each time, ahead of the slots: a slot
+        whose run ends finds the next one claimed, and never waits for a claim's
+        round trip or its flush."""
+        look_at = 0.0  # when to look at the queue again, after finding it empty
+        retry_at = 0.0  # when to try again, after the database refused
         backoff = 0.0
-        done: tuple[str, str] | None = None  # the run to hand back with the next claim
-        while not self._stopping.is_set():
+        retried: set[str] = set()  # hand-backs the database refused before
+        while True:
+            with self._wake:
+                while True:
+                    now = time.monotonic()
+                    closing = self._closing
+                    returning = sorted(self._returns.items())
+                    if closing:
+                        returning += [(c["run_id"], "queued") for c in self._ready]
+                    want = 0
+                    if not (closing or self._stopping.is_set()):
+                        want = (
+                            self.concurrency + CLAIM_AHEAD - len(self._driving) - len(self._ready)
+                        )
+                    due = max(look_at if not returning else 0.0, retry_at)
+                    if (returning or want > 0) and (now >= due or closing):
+                        break
+                    if closing:
+                        return
+                    self._wake.wait(max(0.001, due - now) if want > 0 or returning else None)
+                idle = not self._driving and not self._ready
             try:
-                handing, done = done, None
-                claim, idle = self._next_claim(handing)
+                claims = self.store.finish_claims(
+                    returning, claim=max(0, want), seconds=self.lease_seconds
+                )
             except StoreError as exc:
                 # The database is away (or refuses): --once gives up, a long-running
-                # worker tries again, less and less often, saying so once.
-                if self.once:
-                    self.failure = exc
-                    self.stop(f"cannot claim: {exc}")
+                # worker tries again, less and less often, saying so once; runs it
+                # could not hand back stay its own (their leases renewed).
+                if closing:
                     return
+                retried.update(run_id for run_id, _state in returning)
                 if isinstance(exc, StoreUnreachableError):
                     self.outage.down(str(exc))
                 elif str(exc) != str(self.failure):
                     self.say(f"▸ cannot claim: {exc}; trying again")
                 self.failure = exc
+                if self.once and want > 0:
+                    self.stop(f"cannot claim: {exc}")
                 backoff = min(5.0, max(1.0, backoff * 2))
-                self._stopping.wait(backoff)
+                retry_at = time.monotonic() + backoff
                 continue
             except Exception as exc:  # a bug: stop the worker, say why
                 self.failure = exc
@@ -419,33 +404,46 @@ class Worker:
                 return
             self.failure = None
             self.outage.up()
-            backoff = 0.0
-            if self._unreturned:
-                self._hand_back()
-            if claim is None:
-                if self.once and idle:
+            backoff = retry_at = 0.0
+            with self._wake:
+                for run_id, state in returning:
+                    self._returns.pop(run_id, None)
+                    if run_id in retried:
+                        retried.discard(run_id)
+                        self.say(f"▸ run {run_id} handed back ({state})")
+                if closing:
+                    self._ready.clear()
+                self._ready.extend(claims)
+                if want > 0:
+                    self._empty = not claims and idle
+                    look_at = 0.0 if claims else time.monotonic() + self.poll
+                self._wake.notify_all()
+
+    # -- the slots ------------------------------------------------------------------
+
+    def _slot(self) -> None:
+        while True:
+            with self._wake:
+                while not self._ready and not self._stopping.is_set():
+                    if self.once and self._empty and not self._driving:
+                        return
+                    self._wake.wait(self.poll)
+                if self._stopping.is_set():
                     return
-                with self._lock:  # until the next look, or a run claimed for this slot
-                    if not self._ready and not self._stopping.is_set():
-                        self._wake.wait(self.poll)
-                continue
+                claim = self._ready.popleft()
+                self._driving.add(claim["run_id"])
+                self._wake.notify_all()  # the claimer claims the next one
+            state = "queued"
             try:
                 state = self._work(claim)
-                if state is not None:
-                    done = (claim["run_id"], state)
             finally:
-                with self._lock:
-                    self._busy -= 1
-                    if done is None:
-                        self._in_flight.discard(claim["run_id"])
-        if done is not None:  # stopping: hand it back alone
-            self._finish(*done)
-            with self._lock:
-                self._in_flight.discard(done[0])
+                with self._wake:
+                    self._driving.discard(claim["run_id"])
+                    self._returns[claim["run_id"]] = state
+                    self._wake.notify_all()
 
-    def _work(self, claim: dict[str, Any]) -> str | None:
-        """Drive a claimed run; returns the queue state to hand it back with (with
-        the slot's next claim), or None when it was handed back already."""
+    def _work(self, claim: dict[str, Any]) -> str:
+        """Drive a claimed run; returns the queue state to hand it back with."""
         run_id = claim["run_id"]
         stats = self.stats
         stats.claimed += 1
@@ -459,76 +457,44 @@ class Worker:
             outcome = drive_claimed(self.store, claim, worker_name=self.name)
         except LeaseHeldError as exc:
             # Another worker took the run over (this one stalled past its lease):
-            # it is that worker's now; forget it here.
+            # it is that worker's now; its hand-back changes nothing of it.
             self.say(f"▸ run {run_id}: {exc}")
-            with contextlib.suppress(GraphrunError):
-                self.store.finish_claim(run_id, "queued")
-            return None
+            return "queued"
         except StoreUnreachableError as exc:
-            # The database went away mid-drive: the run is handed back (now, or
-            # when the database returns); its log says where it stopped.
+            # The database went away mid-drive: the run is handed back (once the
+            # database returns); its log says where it stopped.
             self.outage.down(str(exc))
-            self._finish(run_id, "queued")
-            return None
+            return "queued"
         except GraphrunError as exc:
-            self._broken(claim, f"{type(exc).__name__}: {exc}")
-            return None
+            return self._broken(claim, f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # a bug: the run is handed back, the worker goes on
             log.debug("driving run %s raised", run_id, exc_info=True)
-            self._broken(claim, f"internal error: {type(exc).__name__}: {exc}")
-            return None
+            return self._broken(claim, f"internal error: {type(exc).__name__}: {exc}")
         took = time.monotonic() - started
         if outcome.status == "waiting":
             stats.waiting += 1
-            state = "waiting"
             node = outcome.waiting.node_id if outcome.waiting is not None else "?"
             self.say(f"▸ run {run_id} waits at '{node}' ({took:.2f}s); released")
+            return "waiting"
+        if outcome.status in ("completed", "completed_with_errors"):
+            stats.completed += 1
         else:
-            if outcome.status in ("completed", "completed_with_errors"):
-                stats.completed += 1
-            else:
-                stats.failed += 1
-            state = "done"
-            self.say(f"▸ run {run_id} {outcome.status} ({took:.2f}s)")
-        return state
+            stats.failed += 1
+        self.say(f"▸ run {run_id} {outcome.status} ({took:.2f}s)")
+        return "done"
 
-    def _finish(self, run_id: str, state: str) -> None:
-        """Hand a run back; when the database is away, keep it (the heartbeat
-        renews its lease) and hand it back once the database returns."""
-        try:
-            self.store.finish_claim(run_id, state)
-        except StoreUnreachableError as exc:
-            self.outage.down(str(exc))
-            with self._lock:
-                self._unreturned[run_id] = state
-        except GraphrunError as exc:
-            self.say(f"▸ run {run_id}: could not hand back ({exc}); its lease will expire")
-
-    def _hand_back(self) -> None:
-        """Hand back the runs the database refused while it was away."""
-        with self._lock:
-            waiting = sorted(self._unreturned.items())
-        for run_id, state in waiting:
-            try:
-                self.store.finish_claim(run_id, state)
-            except GraphrunError:
-                return  # still away: at the next beat
-            with self._lock:
-                self._unreturned.pop(run_id, None)
-            self.say(f"▸ run {run_id} handed back ({state})")
-
-    def _broken(self, claim: dict[str, Any], why: str) -> None:
+    def _broken(self, claim: dict[str, Any], why: str) -> str:
         run_id = claim["run_id"]
         attempts = int(claim.get("attempts", 1))
         state = "queued" if attempts < MAX_ATTEMPTS else "stuck"
         self.say(f"▸ run {run_id}: could not be driven ({why}); {state}")
-        self._finish(run_id, state)
+        return state
 
     def _heartbeat(self) -> None:
         every = max(0.05, self.lease_seconds / 3)
         while not self._done.wait(every):
             with self._lock:
-                holding = bool(self._in_flight or self._unreturned)
+                holding = bool(self._driving or self._ready or self._returns)
             try:
                 lost = self.store.heartbeat(seconds=self.lease_seconds)
             except StoreUnreachableError as exc:
@@ -540,13 +506,15 @@ class Worker:
             if holding:  # the beat reached the database (with nothing held, it does not)
                 self.outage.up()
             for run_id in lost:
-                with self._lock:
-                    self._unreturned.pop(run_id, None)
+                with self._wake:
+                    self._returns.pop(run_id, None)
+                    self._ready = collections.deque(c for c in self._ready if c["run_id"] != run_id)
+                    self._wake.notify_all()
                 self.say(f"▸ run {run_id}: lease lost to another worker")
-            self._hand_back()
 
 
 __all__ = [
+    "CLAIM_AHEAD",
     "MAX_ATTEMPTS",
     "Outage",
     "Worker",

@@ -152,7 +152,8 @@ def test_a_worker_run_costs_a_claim_a_read_a_statement_per_step_and_a_hand_back(
     store = open_store(durability)
     (run_id,) = submit(store, agent, 1)
     statements = Statements(monkeypatch)
-    worker = Worker(store, concurrency=1, once=True, poll=0.01, say=lambda _line: None)
+    # (A long poll: an empty queue is looked at again only when a run ends.)
+    worker = Worker(store, concurrency=1, once=True, poll=30, say=lambda _line: None)
     began = time.monotonic()
     stats = worker.run()
     took = time.monotonic() - began
@@ -162,9 +163,10 @@ def test_a_worker_run_costs_a_claim_a_read_a_statement_per_step_and_a_hand_back(
     # Opening connections (the pool's, the one claims and locks are on).
     for opening in [k for k in seen if k.startswith("SET ") and not k.startswith("SET LOCAL")]:
         del seen[opening]
-    # The claim, the runs row the driver checks the log's head against, and the
-    # hand-back with the next claim (which finds the queue empty): one statement.
-    assert seen.pop("WITH alive AS") == 1
+    # The claim (and the one ahead of the slot, which finds the queue empty), the
+    # runs row the driver checks the log's head against, and the hand-back with
+    # the next claim (which finds the queue empty): one statement.
+    assert seen.pop("WITH alive AS") == 2
     assert seen.pop("SELECT run_id, graph_name,") == 1
     assert seen.pop("WITH queue AS") == 1
     # The driver looks for a cancel request every 0.25 s; its first look is
@@ -254,28 +256,22 @@ def test_a_worker_fills_its_free_slots_from_one_claim(
 
     store = open_store()
     ids = submit(store, agent, 4)
-    taken: list[int] = []  # how many runs each claim took
-    claim_many, finish_claim = store.claim_many, store.finish_claim
+    taken: list[tuple[int, int]] = []  # (runs asked for, runs taken) of each claim
+    finish_claims = store.finish_claims
 
-    def claimed(n: int, **kwargs: Any) -> Any:
-        claims = claim_many(n, **kwargs)
-        taken.append(len(claims))
-        return claims
-
-    def finished(run_id: str, state: str, **kwargs: Any) -> Any:
-        claims = finish_claim(run_id, state, **kwargs)
+    def claimed(done: Any, **kwargs: Any) -> Any:
+        claims = finish_claims(done, **kwargs)
         if kwargs.get("claim"):
-            taken.append(len(claims))
+            taken.append((kwargs["claim"], len(claims)))
         return claims
 
-    monkeypatch.setattr(store, "claim_many", claimed)
-    monkeypatch.setattr(store, "finish_claim", finished)
+    monkeypatch.setattr(store, "finish_claims", claimed)
     worker = Worker(store, concurrency=4, once=True, poll=0.01, say=lambda _line: None)
     stats = worker.run()
     assert stats.completed == 4 and sorted(stats.runs) == sorted(ids)
-    # The first claim took all four; every later look (each slot's, with its
-    # hand-back) found the queue empty.
-    assert taken[0] == 4 and set(taken[1:]) == {0} and len(taken) >= 5
+    # The first claim asked for a run per slot and one ahead, and took all four;
+    # every later look found the queue empty.
+    assert taken[0] == (5, 4) and {n for _, n in taken[1:]} == {0}
     assert all(store.queued(r)["state"] == "done" for r in ids)  # type: ignore[index]
     assert stats.handed_back == 0  # every run handed back as done, none left over
 
@@ -386,3 +382,48 @@ def test_the_claim_statements_fit_psycopgs_statement_cache() -> None:
     from graphrun.eventstore.postgres import _CLAIM, _FINISH, _FINISH_AND_CLAIM
 
     assert max(len(_CLAIM), len(_FINISH), len(_FINISH_AND_CLAIM)) <= 4096
+
+
+def test_several_runs_are_handed_back_in_one_statement(open_store: Any, agent: Any) -> None:
+    a, b = open_store(), open_store()
+    ids = submit(a, agent, 4)
+    assert len(a.claim_many(4, seconds=30)) == 4
+    states = ["done", "waiting", "queued", "stuck"]
+    assert a.finish_claims(list(zip(ids, states, strict=True))) == []
+    assert [a.queued(r)["state"] for r in ids] == states  # type: ignore[index]
+    assert all(a.lease(r) is None and not b.is_live(r) for r in ids)
+    with a.pool.connection() as conn:
+        (locks,) = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1"
+        ).fetchone()
+    assert locks == 0  # every run's lock went with its hand-back
+    # The queued one is claimable again, by anyone.
+    assert [c["run_id"] for c in b.claim_many(4, seconds=30)] == [ids[2]]
+
+
+def test_a_stopped_worker_hands_back_the_run_it_claimed_ahead(
+    open_store: Any, agent: Any, fake_llm: Any
+) -> None:
+    """One slot drives a run while the next one waits, claimed ahead; a stop lets
+    the first finish and hands the second back to the queue, never started."""
+    from graphrun.runtime.engine.workers import Worker
+    from tests.support.fake_llm import text
+
+    fake_llm.default = lambda request: text("ok", delay=0.3)
+    store = open_store()
+    ids = submit(store, agent, 3)
+    worker = Worker(store, concurrency=1, poll=0.01, grace=30, say=lambda _line: None)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while store.queue_counts().get("running", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.queue_counts().get("running") == 2  # the one driven, the one ahead
+    worker.stop("test")
+    thread.join(60)
+    assert not thread.is_alive()
+    assert worker.stats.runs == ids[:1] and worker.stats.completed == 1
+    assert worker.stats.handed_back == 0
+    assert [store.queued(r)["state"] for r in ids] == ["done", "queued", "queued"]  # type: ignore[index]
+    with store.pool.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
