@@ -2,19 +2,21 @@
 
 ``graphrun submit`` records a run's ``RunStarted`` and queues it in the same
 transaction (:meth:`PostgresStore.queue_on_start`). A :class:`Worker` runs
-``concurrency`` slots; each slot:
+``concurrency`` slots and a claimer:
 
-1. claims the oldest queued run, or a running one whose worker is gone (its
-   lease expired, its advisory lock is free, or its process is dead on this
-   host): ``FOR UPDATE SKIP LOCKED`` on the queue row, the lease taken and the
-   run's log read in the same statement (:meth:`PostgresStore.claim_many`).
-   One claim takes a run for every free slot; the others find theirs claimed;
-2. drives it with the same :class:`~graphrun.runtime.engine.driver.Driver` that
-   ``graphrun run`` and ``resume`` use, from the log the claim brought (verified
-   and folded once): a taken-over run continues from its log (an effect whose
-   result was recorded is never performed again);
-3. hands it back: ``done`` when it ended, ``waiting`` when it waits for a
-   person, in the statement that claims its next run. ``approve`` / ``answer``
+1. the claimer claims the oldest queued runs, or running ones whose worker is
+   gone (its lease expired, its advisory lock is free, or its process is dead on
+   this host): ``FOR UPDATE SKIP LOCKED`` on the queue rows, the leases taken
+   and the runs' logs read in the same statement
+   (:meth:`PostgresStore.finish_claims`), as many as there are free slots and
+   ``CLAIM_AHEAD`` more, so that a slot whose run ends finds the next one ready;
+2. a slot drives a claimed run with the same
+   :class:`~graphrun.runtime.engine.driver.Driver` that ``graphrun run`` and
+   ``resume`` use, from the log the claim brought (verified and folded once): a
+   taken-over run continues from its log (an effect whose result was recorded is
+   never performed again);
+3. the claimer hands it back, in the statement of its next claim: ``done`` when
+   it ended, ``waiting`` when it waits for a person. ``approve`` / ``answer``
    then only append the answer, which queues the run again in the same
    transaction, for whichever worker is free.
 
@@ -29,7 +31,8 @@ While the database is away the worker says so once, and once when it is back
 could not hand back meanwhile stay its own (their leases renewed) and are
 handed back when the database returns.
 :meth:`Worker.stop` (SIGTERM, Ctrl-C) stops claiming, lets the runs in flight
-finish for up to ``grace`` seconds, and hands back the rest for other workers.
+finish for up to ``grace`` seconds, and hands back the rest (and the runs claimed
+ahead, never started) for other workers.
 """
 
 from __future__ import annotations
