@@ -374,10 +374,15 @@ class _LlmRun:
                             abort.done()
                             unhook()
                     elif isinstance(op, _Checkpoint):
-                        await loop.run_in_executor(None, self._commit)
+                        await loop.run_in_executor(
+                            getattr(self.ctx, "executor", None), self._commit
+                        )
                     elif isinstance(op, _RunTool):
                         value = await loop.run_in_executor(
-                            None, self._run_tool, op.name, op.arguments
+                            getattr(self.ctx, "executor", None),
+                            self._run_tool,
+                            op.name,
+                            op.arguments,
                         )
                     else:
                         value = await self._sleep(loop, op.seconds)
