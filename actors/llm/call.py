@@ -294,12 +294,23 @@ class _LlmRun:
         # Whether something was recorded since the last commit (``_checkpoint``).
         self._unsaved = False
         self.deadline: float | None = None
-        self._timer: threading.Timer | None = None
+        # The node's timeout fires the scope token: a timer armed by whoever drives
+        # the steps (a thread's timer, or the loop's own ``call_later``).
+        self._timer: Any = None
         if task.timeout is not None:
             self.deadline = time.monotonic() + task.timeout
-            self._timer = threading.Timer(task.timeout, self.scope.cancel, args=(_NODE_TIMEOUT,))
-            self._timer.daemon = True
-            self._timer.start()
+
+    def _arm(self, loop: Any = None) -> None:
+        """Start the node's timeout (on ``loop`` when the steps are awaited there)."""
+        timeout = self.task.timeout
+        if timeout is None:
+            return
+        if loop is not None:
+            self._timer = loop.call_later(timeout, self.scope.cancel, _NODE_TIMEOUT)
+            return
+        self._timer = threading.Timer(timeout, self.scope.cancel, args=(_NODE_TIMEOUT,))
+        self._timer.daemon = True
+        self._timer.start()
 
     def _cancelled(self) -> None:
         """The run's token fired: so does this node's."""
@@ -317,6 +328,7 @@ class _LlmRun:
 
     def blocking(self, steps: Steps) -> Any:
         """Drive ``steps`` on this thread; what they return."""
+        self._arm()
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -350,6 +362,7 @@ class _LlmRun:
         import asyncio
 
         loop = asyncio.get_running_loop()
+        self._arm(loop)
         steps = self.execute()
         value: Any = None
         error: BaseException | None = None
