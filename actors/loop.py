@@ -73,7 +73,7 @@ class EffectLoop:
             found = self._shared.get(key)
             if found is None:
                 found = self._shared[key] = make()
-            return found  # type: ignore[no-any-return]
+            return found
 
     def cancel_all(self) -> None:
         """Cancel every task still on the loop (each ends as cancelled at once)."""
@@ -204,7 +204,7 @@ def runner(effect: Any) -> Callable[[Any, Any], Coroutine[Any, Any, Any]]:
     its blocking ``perform`` on the executor."""
     run = getattr(effect, "run", None)
     if run is not None and asyncio.iscoroutinefunction(run):
-        return run  # type: ignore[no-any-return]
+        return run
     return lambda task, ctx: perform_blocking(effect, task, ctx)
 
 

@@ -2,17 +2,17 @@
 
 One :class:`Driver` drives one run in one process (it holds the run's lease). Its
 loop asks the pure decider for the next step; decision events are buffered and
-an effect is performed by the node type's actor (one ``ask`` per node step). The
+an effect is awaited on the run's event loop (:mod:`graphrun.actors.loop`). The
 effect's events and the decisions that follow from them are committed together in
 one transaction before the next effect starts, so nothing observable happens on
 the strength of an unrecorded value; a crash before that commit re-performs the
 effect on resume (at-least-once effects, exactly-once recorded results).
 
 A super-step (a fan-out, a map's items) runs its effects concurrently within their
-caps (:class:`_Slots`): a live llm call as a task on the HTTP client's event loop
-(the effect's ``submit``), any other effect on a worker thread. Each effect's events
-are committed as they happen and its result as it finishes; a slot it frees starts
-the next effect at once, on the thread that freed it.
+caps (:class:`_Slots`), each a task on the same loop; what an effect can only do
+blocking goes to the run's bounded executor. Each effect's events are committed
+as they happen and its result as it finishes; a slot it frees starts the next
+effect at once, on the loop.
 
 Policies: ``settings.timeout`` (cancels the in-flight node, records
 ``TimeoutFired``), the per-node visit cap (in the decider), cancellation (Ctrl-C,
@@ -893,7 +893,7 @@ class Driver:
                 # branch re-run for a regression is not cut short).
                 join.active = False
         for node_type in {task.node_type for task in queue}:
-            # Made here, on the driver's thread: a slot freed on the HTTP loop's thread
+            # Made here, on the driver's thread: a slot freed on the run's loop
             # must not stall that loop building an effect (loading an index, say). One
             # that cannot be made fails each of its tasks as it starts (_Slots._start).
             with contextlib.suppress(Exception):
@@ -1033,9 +1033,12 @@ class Driver:
         if left > 0:
             loop = asyncio.get_running_loop()
             woken = loop.create_future()
-            unhook = token.on_cancel(
-                lambda: loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
-            )
+
+            def wake() -> None:
+                if not woken.done():
+                    woken.set_result(None)
+
+            unhook = token.on_cancel(lambda: loop.call_soon_threadsafe(wake))
             try:
                 await asyncio.wait([woken], timeout=left)
             finally:
@@ -1399,7 +1402,7 @@ class _Slots:
     """A super-step's effects in flight, within their groups' caps.
 
     A slot freed by a finishing effect starts the group's next effect at once, on the
-    thread that finished it (the HTTP event loop, a worker): the next call goes out
+    run's loop, as the effect before it finishes: the next call goes out
     without waiting for the driver's thread. The driver only takes what finished
     (:meth:`finished`), commits it, and decides what it came to. Nothing starts once
     the run is stopping (an interrupt, a cancel, the run's timeout)."""
