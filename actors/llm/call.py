@@ -391,12 +391,7 @@ class _LlmRun:
                             getattr(self.ctx, "executor", None), self._commit
                         )
                     elif isinstance(op, _RunTool):
-                        value = await loop.run_in_executor(
-                            getattr(self.ctx, "executor", None),
-                            self._run_tool,
-                            op.name,
-                            op.arguments,
-                        )
+                        value = await self._run_tool_async(loop, op.name, op.arguments)
                     else:
                         value = await self._sleep(loop, op.seconds)
                 except Exception as exc:  # the step that asked decides what it means
@@ -591,6 +586,30 @@ class _LlmRun:
         if self._unsaved:
             yield _CHECKPOINT
             self._unsaved = False
+
+    async def _run_tool_async(self, loop: Any, name: str, arguments: str) -> ToolResult:
+        """:meth:`_run_tool` on the run's loop: a toolbox that can await its tools'
+        processes does (``call_async``); any other is called on the executor."""
+        executor = getattr(self.ctx, "executor", None)
+        call_async = getattr(self.toolbox, "call_async", None)
+        if call_async is None:
+            done: ToolResult = await loop.run_in_executor(executor, self._run_tool, name, arguments)
+            return done
+        start = time.perf_counter()
+        try:
+            result: ToolResult = await call_async(
+                name, arguments, cancel=self.scope, executor=executor
+            )
+            return result
+        except Exception as exc:  # as _run_tool: the model hears of it
+            if getattr(exc, "suspends_tool_loop", False):
+                raise
+            return ToolResult(
+                output=f"tool '{name}' failed: {exc}",
+                is_error=True,
+                duration_ms=(time.perf_counter() - start) * 1000.0,
+                source="",
+            )
 
     def _run_tool(self, name: str, arguments: str) -> ToolResult:
         if self.toolbox is None:
