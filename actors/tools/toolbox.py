@@ -653,7 +653,7 @@ class _Launch:
         if stopped is not None:
             return stopped
         try:
-            ended = process.run(
+            ended: process.Finished | OSError = process.run(
                 self.argv, env=self.env, cwd=self.cwd, timeout=self.timeout, cancel=cancel
             )
         except OSError as exc:
