@@ -367,7 +367,7 @@ class _Handler(BaseHTTPRequestHandler):
             path=self.path,
             headers={key.lower(): value for key, value in self.headers.items()},
             body=body,
-            peer="%s:%s" % self.client_address[:2],
+            peer=f"{self.client_address[0]}:{self.client_address[1]}",
         )
         if self.path.endswith("/chat/completions"):
             render = _openai_body
