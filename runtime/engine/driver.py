@@ -562,7 +562,9 @@ class Driver:
                     with contextlib.suppress(Exception):
                         close()  # an effect holding resources (a pool, MCP sessions)
             if self._executor is not None:
-                self._executor.shutdown(wait=True, cancel_futures=True)
+                # Whatever still runs there is abandoned (a retrieval past its
+                # timeout): the run has ended and records nothing more from it.
+                self._executor.shutdown(wait=False, cancel_futures=True)
             if self._owns_loop and self._loop is not None:
                 self._loop.stop()
             if self._tmp_dir is not None:
