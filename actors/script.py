@@ -106,12 +106,16 @@ def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = N
 async def run_script_async(
     task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = None
 ) -> None:
-    """:func:`run_script` awaited on the run's loop: the script and its state are
-    read on the run's executor; the process is watched from the loop."""
+    """:func:`run_script` awaited on the run's loop: the process is watched from
+    the loop. A state too large for the environment is written to its file on the
+    run's executor; the script itself (a small file) is read in place."""
     from graphrun.actors.loop import blocking
 
     run = _ScriptRun(task, ctx, tmp_dir)
-    argv = await blocking(ctx, run.prepare)
+    if len(task.state_json) * 4 > INLINE_STATE_LIMIT:  # (UTF-8: up to 4 bytes a character)
+        argv = await blocking(ctx, run.prepare)
+    else:
+        argv = run.prepare()
     if argv is None:
         return
     try:
