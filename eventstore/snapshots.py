@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +131,7 @@ def state_from(
     stored: Stored | None,
     run_id: str,
     verified: Sequence[Event],
-    hashes: dict[int, str] | Any,
+    hashes: Mapping[int, str],
 ) -> RunState | None:
     """The fold of ``verified`` (a run's whole log, as it was just read and
     verified; ``hashes``: their chain hashes by seq) started from the snapshot
@@ -160,13 +160,13 @@ def fold_stored(
     ``None``) and the chain hash of the last of them; ``None`` when a row does not
     chain to the one before it (or to ``base``), or does not decode as this run's
     event at its seq."""
-    state = decode_state(base, run_id) if base is not None else None
-    if base is not None and state is None:
-        return None
-    if state is None:
+    if base is None:
         state, seq, prev = RunState(), 0, codec.GENESIS
     else:
-        seq, prev = base[0], base[1]  # type: ignore[index]
+        kept = decode_state(base, run_id)
+        if kept is None:
+            return None
+        state, seq, prev = kept, base[0], base[1]
     chain_hash = codec.chain_hash
     read_body = codec.read_body
     apply = fold.apply

@@ -23,13 +23,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphrun.eventstore import snapshots
+import msgspec
+
+from graphrun.eventstore import codec, snapshots
 from graphrun.eventstore.errors import CorruptStoreError, GraphrunError
 from graphrun.eventstore.events import Event, RunStarted
 from graphrun.eventstore.fold import RunState, apply, fold
 from graphrun.eventstore.store import Store, broken_log
 
-__all__ = ["LoadedRun", "keep_snapshot", "load_run", "still_current"]
+__all__ = ["LoadedRun", "keep_snapshot", "load_run", "snapshot_problem", "still_current"]
 
 #: Runs left to be continued later in these states keep a snapshot.
 _CONTINUED_LATER = ("waiting", "interrupted")
@@ -114,8 +116,32 @@ def keep_snapshot(store: Any, run_id: str, status: str) -> bool:
             return False
         body, check = encoded
         return bool(store.keep_snapshot(run_id, state.last_seq, head, body, check))
-    except GraphrunError:
-        return False
+    except (GraphrunError, msgspec.MsgspecError, NotImplementedError, TypeError, ValueError):
+        return False  # a state that does not encode, a store that cannot say
+
+
+def snapshot_problem(store: Any, run_id: str) -> codec.ChainProblem | None:
+    """Whether ``run_id``'s kept snapshot, one its log confirms (the chain hash at its
+    seq), holds another state than the fold of the log up to that seq (it was
+    edited outside graphrun): where and why, else ``None``. A snapshot the log does
+    not confirm is never used, so it is no problem. ``audit --verify`` asks this
+    after the chain verified."""
+    kept = getattr(store, "snapshot", None)
+    row = kept(run_id) if kept is not None else None
+    if row is None:
+        return None
+    hashes: dict[int, str] = {}
+    events, problem = store.read_verified(run_id, hashes=hashes)
+    seq = row[0]
+    if problem is not None or snapshots.state_from(row, run_id, events, hashes) is None:
+        return None
+    if snapshots.decode_state(row, run_id) == fold(events[:seq]):
+        return None
+    return codec.ChainProblem(
+        seq,
+        f"its state snapshot at seq {seq} does not match its events (edited outside "
+        "graphrun?); a command that continues the run would start from it",
+    )
 
 
 def still_current(store: Any, loaded: LoadedRun) -> LoadedRun:

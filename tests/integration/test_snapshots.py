@@ -367,6 +367,26 @@ def test_a_snapshot_with_a_forged_state_and_digest_is_still_tied_to_its_seq(
     assert snapshots.state_from(store.snapshot(run_id), run_id, events, hashes) is None
 
 
+def test_audit_verify_names_a_snapshot_edited_to_disagree_with_the_log(graphrun, tmp_path) -> None:
+    """An edited state whose digest was recomputed fits its row and its seq's hash:
+    a continuing command cannot tell it from a true one without folding the log, so
+    ``audit --verify`` (which does) names it, and the run is reported broken."""
+    assert graphrun("run", str(loop_gate(tmp_path))).code == 3  # waiting
+    run_id = graphrun.last_run()
+    verified = graphrun("audit", run_id, "--verify")
+    assert verified.code == 0, verified.stderr
+    with SqliteStore(graphrun.db) as store:
+        _rewrite(store, run_id, lambda v: v["state"]["state"].update(i=99))
+        seq = store.run(run_id).last_seq
+    broken = graphrun("audit", run_id, "--verify")
+    assert broken.code == 1
+    assert f"BROKEN: run {run_id}: first bad seq {seq}: its state snapshot" in broken.stderr
+    # Without it, the run folds from its first event again and verifies.
+    with sqlite3.connect(graphrun.db) as conn:
+        conn.execute("DELETE FROM snapshots")
+    assert graphrun("audit", run_id, "--verify").code == 0
+
+
 def test_a_store_without_the_table_folds_from_the_start(
     store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
