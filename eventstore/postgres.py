@@ -75,6 +75,7 @@ from graphrun.eventstore.projections import (
     runs_query,
 )
 from graphrun.eventstore.store import (
+    ENDED_STATUSES,
     LEASE_SECONDS,
     Lease,
     _process_started,
@@ -769,6 +770,8 @@ class PostgresStore:
         """An append's statements, inside its transaction."""
         cur.executemany(_INSERT_EVENT, params)
         cur.execute(_UPSERT_RUN, msgspec.structs.astuple(row))
+        if row.status in ENDED_STATUSES:  # (always a transaction: the end settles the run)
+            cur.execute("DELETE FROM snapshots WHERE run_id = %s", (run_id,))
         if renew:
             cur.execute(_RENEW, (now + LEASE_SECONDS, run_id, self.owner))
         if queue is not None:

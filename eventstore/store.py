@@ -79,6 +79,9 @@ LEASE_SECONDS = 30.0
 _REPORTED_STATUSES = frozenset(
     {"waiting", "completed", "completed_with_errors", "failed", "cancelled", "interrupted"}
 )
+#: A run that ends in one of these drops its state snapshot (in the same transaction):
+#: snapshots are kept only for runs that are still to be continued.
+ENDED_STATUSES = frozenset({"completed", "completed_with_errors", "failed", "cancelled"})
 #: How long a command waits for another process's write lock before giving up.
 BUSY_SECONDS = 10.0
 
@@ -537,6 +540,8 @@ class SqliteStore:
                         )
                         if head_changed:
                             conn.execute(_UPSERT_HEAD, (*self._head(row), run_no))
+                            if row.status in ENDED_STATUSES:
+                                conn.execute("DELETE FROM snapshots WHERE run_id = ?", (run_id,))
                         if renew:
                             # Renewing every step would rewrite the leases page every
                             # commit; a third of the lease time is often enough.

@@ -6,7 +6,8 @@
   fold, byte for byte once encoded.
 * A drive that leaves a run waiting keeps a snapshot at its head, folded from the
   stored events; the next command that continues the run folds from it (``fold`` of
-  every event is never called) and ends exactly as a run without snapshots does.
+  every event is never called) and ends exactly as a run without snapshots does;
+  the snapshot is dropped in the transaction that ends the run.
 * A missing, stale, damaged, foreign or mismatching snapshot is ignored; a file
   without the table (schema 6) gains it and keeps working.
 """
@@ -266,6 +267,8 @@ def test_approve_continues_from_the_snapshot_and_ends_as_without_one(graphrun, t
                 conn.execute("DELETE FROM snapshots")
         approved = graphrun("approve", run_id, "approve", "--as", "ann")
         assert approved.code == 0, approved.stderr
+        with sqlite3.connect(graphrun.db) as conn:  # dropped with the run's end
+            assert conn.execute("SELECT count(*) FROM snapshots").fetchone()[0] == 0
         shown = graphrun("show", run_id, "--json")
         assert shown.code == 0, shown.stderr
         state = shown.json()
@@ -275,6 +278,17 @@ def test_approve_continues_from_the_snapshot_and_ends_as_without_one(graphrun, t
         assert graphrun("audit", run_id, "--verify").code == 0
     assert ended[True] == ended[False]
     assert ended[True][:2] == ("completed", "approve after 12")
+
+
+def test_cancelling_a_waiting_run_drops_its_snapshot(graphrun, tmp_path) -> None:
+    assert graphrun("run", str(loop_gate(tmp_path))).code == 3  # waiting
+    run_id = graphrun.last_run()
+    with sqlite3.connect(graphrun.db) as conn:
+        assert conn.execute("SELECT count(*) FROM snapshots").fetchone()[0] == 1
+    cancelled = graphrun("cancel", run_id, "--as", "ann")
+    assert cancelled.code == 0, cancelled.stderr
+    with sqlite3.connect(graphrun.db) as conn:
+        assert conn.execute("SELECT count(*) FROM snapshots").fetchone()[0] == 0
 
 
 def test_load_run_folds_only_what_follows_the_snapshot(

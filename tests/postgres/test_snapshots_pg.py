@@ -67,6 +67,7 @@ def test_a_waiting_run_keeps_a_snapshot_the_answer_continues_from(
     )
     assert outcome.status == "completed", outcome.error
     assert outcome.output == "approve after 12"
+    assert store.snapshot(run_id) is None  # dropped with the run's end
     assert store.verify(run_id) is None
     assert fold(store.read(run_id)).status == "completed"
 
