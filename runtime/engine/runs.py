@@ -108,7 +108,7 @@ def keep_snapshot(store: Any, run_id: str, status: str) -> bool:
                 return True  # nothing new since
         if folded is None:  # none, or it no longer fits the log: from the start
             folded = snapshots.fold_stored(run_id, None, store.stored_after(run_id, 0))
-        if folded is None:
+        if folded is None or folded[0].last_seq == 0:
             return False
         state, head = folded
         encoded = snapshots.encode_state(state, head)
