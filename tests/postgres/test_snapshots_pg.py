@@ -116,3 +116,37 @@ def test_a_schema_3_database_gains_the_table(url: str, tmp_path: Path) -> None:
         ).fetchone()
         assert int(version) == SCHEMA_VERSION == 4
         assert conn.execute("SELECT to_regclass('snapshots')").fetchone()[0] is not None
+
+
+def test_a_workers_claim_of_an_answered_run_folds_from_its_snapshot(
+    store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from graphrun.runtime.engine.answers import submit_answer
+    from graphrun.runtime.engine.workers import drive_claimed, submit_run
+    from graphrun.runtime.graph.loader import load_graph
+
+    run_id = submit_run(
+        store,
+        load_graph(loop_gate(tmp_path)),
+        prompt="",
+        overrides={},
+        as_user="ann",
+        agents_dir=None,
+        config_dir=tmp_path / "config",
+    )
+    claim = store.claim(seconds=30)
+    assert claim is not None and claim["run_id"] == run_id
+    assert drive_claimed(store, claim, worker_name="w1").status == "waiting"
+    store.finish_claim(run_id, "waiting")
+    head = store.run(run_id).last_seq
+    assert store.snapshot(run_id)[0] == head  # kept by the worker's drive
+
+    submit_answer(store, run_id, "approve", kind="approval", as_user="ann", channel="approve")
+    store.release_lease(run_id)
+    claim = store.claim(seconds=30)
+    assert claim is not None and claim["run_id"] == run_id
+    calls = no_full_fold(monkeypatch)
+    outcome = drive_claimed(store, claim, worker_name="w1")
+    assert (outcome.status, outcome.output) == ("completed", "approve after 12")
+    assert calls == [1]  # the answer, the one event after the snapshot
+    assert store.snapshot(run_id) is None
