@@ -75,6 +75,7 @@ from graphrun.eventstore.projections import (
     runs_query,
 )
 from graphrun.eventstore.store import (
+    ENDED_STATUSES,
     LEASE_SECONDS,
     Lease,
     _process_started,
@@ -95,7 +96,7 @@ _HAND_BACK_EVENTS = (
 )
 
 #: The schema version once every migration below has run.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _MIGRATE_LOCK = 0x67726E31  # pg_advisory_xact_lock key ("grn1")
 
 _MIGRATIONS: dict[int, list[str]] = {
@@ -183,6 +184,18 @@ _MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE leases ADD COLUMN locked_at TIMESTAMPTZ",
         "CREATE INDEX IF NOT EXISTS runs_status_started ON runs (status, started_at DESC, "
         "run_id DESC)",
+    ],
+    # A run's folded state at one seq (see graphrun.eventstore.snapshots).
+    4: [
+        """
+        CREATE TABLE snapshots (
+            run_id TEXT COLLATE "C" PRIMARY KEY,
+            seq    INTEGER NOT NULL,
+            hash   TEXT NOT NULL,
+            body   BYTEA NOT NULL,
+            digest TEXT NOT NULL
+        )
+        """,
     ],
 }
 
@@ -757,6 +770,8 @@ class PostgresStore:
         """An append's statements, inside its transaction."""
         cur.executemany(_INSERT_EVENT, params)
         cur.execute(_UPSERT_RUN, msgspec.structs.astuple(row))
+        if row.status in ENDED_STATUSES:  # (always a transaction: the end settles the run)
+            cur.execute("DELETE FROM snapshots WHERE run_id = %s", (run_id,))
         if renew:
             cur.execute(_RENEW, (now + LEASE_SECONDS, run_id, self.owner))
         if queue is not None:
@@ -858,6 +873,48 @@ class PostgresStore:
             raise self.unknown_run(run_id)
         events: list[Event] = []
         return events, codec.verify_chain(self.raw_rows(run_id), into=events, hashes=hashes)
+
+    # -- snapshots (see graphrun.eventstore.snapshots) -------------------------------
+
+    def snapshot(self, run_id: str) -> tuple[int, str, bytes, str] | None:
+        """The run's kept snapshot row ``(seq, hash, body, digest)``, or ``None``
+        (none kept, or the server could not say: a snapshot is never needed)."""
+        try:
+            with self._conn() as conn:
+                found = conn.execute(
+                    "SELECT seq, hash, body, digest FROM snapshots WHERE run_id = %s", (run_id,)
+                ).fetchone()
+        except StoreError:
+            return None
+        if found is None:
+            return None
+        seq, digest, body, check = found
+        return seq, digest, bytes(body), check
+
+    def stored_after(self, run_id: str, after: int) -> list[tuple[int, bytes, str]]:
+        """The run's stored ``(seq, body, hash)`` rows after seq ``after``, in order."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT seq, body, hash FROM events WHERE run_id = %s AND seq > %s ORDER BY seq",
+                (run_id, after),
+            ).fetchall()
+        return [(seq, body.encode("utf-8"), digest) for seq, body, digest in rows]
+
+    def keep_snapshot(self, run_id: str, seq: int, digest: str, body: bytes, check: str) -> bool:
+        """Keep ``body`` as the run's snapshot at ``seq`` (chain hash ``digest``) in
+        place of the one before; whether it was written."""
+        try:
+            with self._conn() as conn:
+                conn.execute(
+                    "INSERT INTO snapshots (run_id, seq, hash, body, digest) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+                    "seq = excluded.seq, hash = excluded.hash, body = excluded.body, "
+                    "digest = excluded.digest",
+                    (run_id, seq, digest, body, check),
+                )
+        except StoreError:
+            return False
+        return True
 
     def lost_head(self, run_id: str) -> str | None:
         """Never behind a reported head here (PostgreSQL never drops a commit it acknowledged)."""

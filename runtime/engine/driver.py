@@ -73,7 +73,7 @@ from graphrun.eventstore.ids import Clock, new_run_id
 from graphrun.eventstore.store import Store
 from graphrun.runtime.engine import decider
 from graphrun.runtime.engine.lifecycle import cancel_run, whoami
-from graphrun.runtime.engine.runs import LoadedRun, load_run, still_current
+from graphrun.runtime.engine.runs import LoadedRun, keep_snapshot, load_run, still_current
 from graphrun.runtime.errors import GraphValidationError, WaitingForHuman
 from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph, graph_of
 from graphrun.runtime.graph.model import Graph
@@ -543,6 +543,7 @@ class Driver:
         try:
             outcome = self._drive()
             driven = True
+            keep_snapshot(self.store, self.run_id, outcome.status)  # for whoever continues it
             return outcome
         finally:
             if not driven:
