@@ -53,6 +53,7 @@ from graphrun.eventstore.errors import (
 )
 from graphrun.eventstore.events import (
     RESULT_TYPES,
+    ApprovalSigned,
     BranchesJoined,
     CacheChecked,
     ChildCancelled,
@@ -178,6 +179,17 @@ class _Context:
     def executor(self) -> Any:
         """The run's bounded executor, where the effect's blocking work goes."""
         return self._driver.executor()
+
+
+def _stopped_cleanly(events: Sequence[Event]) -> bool:
+    """Whether the process that last drove the run stopped with nothing in flight:
+    its log ends at a wait for a person (answers may follow it) or at an interrupt
+    (which stops its effects before it is recorded)."""
+    for event in reversed(events):
+        if isinstance(event, HumanInputReceived | ApprovalSigned):
+            continue
+        return isinstance(event, HumanInputRequested | RunInterrupted)
+    return False
 
 
 def _effect_error(exc: BaseException, token: CancelToken) -> BaseException:
@@ -647,8 +659,10 @@ class Driver:
             self._require_answers_allowed(events, hashes)
             # A graphrun killed outright may have left a script or tool running on
             # this host (if its lifeline died with it): end it before the node is
-            # performed again, never beside it.
-            process.end_orphans()
+            # performed again, never beside it. A log that ends at a wait for a
+            # person (and its answers) or at an interrupt had nothing in flight.
+            if not _stopped_cleanly(events):
+                process.end_orphans()
             self._speculate(
                 (
                     RunResumed(
