@@ -133,8 +133,10 @@ def _options(settings: dict[str, Any]) -> Any:
     )
 
 
-def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any:
-    """Drive a claimed run to its end or to a wait; returns the outermost outcome."""
+def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str, loop: Any = None) -> Any:
+    """Drive a claimed run to its end or to a wait; returns the outermost outcome.
+    ``loop``: the worker's :class:`~graphrun.actors.loop.EffectLoop`, to await the
+    run's effects on (its connections serve every run the worker drives)."""
     from graphrun.runtime.engine.driver import Driver, RunOutcome, drive, graph_of, resume_ancestors
     from graphrun.runtime.engine.runs import load_run
 
@@ -158,6 +160,7 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any
     from graphrun.runtime.engine.driver import for_run
 
     options = for_run(options, store, target, first=run.first)  # the variables it began with
+    options.effect_loop = loop
     outcome = drive(Driver(store, target, options, resumed_by=worker_name, loaded=run))
     if target != run_id:
         # A person answered a child run: it went on first; now its parents.
@@ -254,6 +257,8 @@ class Worker:
         self.outage = Outage(self.say)
         #: Runs whose hand-back failed (the database was away) -> their state.
         self._unreturned: dict[str, str] = {}
+        # The loop every run this worker drives awaits its effects on, made by run().
+        self.effects: Any = None
         trouble = getattr(store, "on_connection_trouble", None)
         if trouble is not None:
             trouble(self.outage.down)
@@ -268,7 +273,10 @@ class Worker:
 
     def run(self) -> WorkerStats:
         """Work until stopped (or, with ``once``, until the queue is drained)."""
+        from graphrun.actors.loop import EffectLoop
+
         prepare_graph_types()
+        self.effects = EffectLoop("graphrun-worker-effects")
         slots = [
             threading.Thread(target=self._slot, name=f"graphrun-slot-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -290,6 +298,9 @@ class Worker:
                 self.store.finish_claim(run_id, "queued")
             self.stats.handed_back += 1
             self.say(f"▸ run {run_id} handed back to the queue")
+        if not left:
+            # (A run still in flight keeps it: its effects go on until the process ends.)
+            self.effects.stop()
         self._done.set()
         beat.join(5)
         self._hand_back()  # what the database refused while it was away
@@ -361,7 +372,7 @@ class Worker:
         self.say(f"▸ {how} run {run_id} (attempt {claim.get('attempts', 1)})")
         started = time.monotonic()
         try:
-            outcome = drive_claimed(self.store, claim, worker_name=self.name)
+            outcome = drive_claimed(self.store, claim, worker_name=self.name, loop=self.effects)
         except LeaseHeldError as exc:
             # Another worker took the run over (this one stalled past its lease):
             # it is that worker's now; forget it here.
