@@ -1,7 +1,8 @@
-"""The supervisor <-> actor protocol: one ``Execute`` per node step, answered by ``ask``.
+"""What the driver hands an effect: one task per node visit.
 
-The decider builds a task (everything already rendered); the actor performs the
-effect and records its outcome through the context. Nothing else crosses.
+The decider builds a task (everything already rendered); the effect, awaited on
+the run's event loop, performs it and records its outcome through the context.
+Nothing else crosses.
 """
 
 from __future__ import annotations
@@ -51,11 +52,3 @@ class RagTask:
     top_k: int | None
     timeout: float
     config: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Execute:
-    """Ask an actor to perform ``task``; it records events through ``ctx``."""
-
-    task: Any
-    ctx: Any

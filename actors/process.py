@@ -7,8 +7,12 @@ a cancellation from any thread, or simply its exit) kills the whole group, so
 nothing it started outlives it: a background job left holding the pipes would
 otherwise keep the node waiting until it finished.
 
-Built on :meth:`subprocess.Popen.communicate` with a timeout; nothing here
-changes the calling process (no signal handlers, no affinity, no scheduler).
+Two ways to wait, with the same rules: :func:`run` blocks its thread
+(:meth:`subprocess.Popen.communicate` with a timeout), for callers on a thread of
+their own (a tool, a document loader); :func:`run_async` is awaited on a run's
+event loop (a script node), which watches the child's pipes and its pidfd, so no
+thread waits on it. Nothing here changes the calling process (no signal handlers,
+no child watcher, no affinity, no scheduler).
 
 Children die with graphrun, even with ``kill -9``:
 
@@ -217,6 +221,64 @@ class Process:
             cancel_reason=self._cancel_reason if cancelled else None,
         )
 
+    async def wait_async(self) -> Finished:
+        """:meth:`wait`, awaited on an event loop: the pipes are read as they become
+        readable and the child's exit is seen through its pidfd (polled where the
+        system has none), so no thread waits on the child. The same rules: the
+        group is killed when the child exits with its pipes still held, when the
+        timeout passes or when it is cancelled, and pipes still open a while after
+        a kill are abandoned."""
+        import asyncio
+
+        proc = self._proc
+        if proc is None:
+            raise RuntimeError("the process was not started")
+        loop = asyncio.get_running_loop()
+        deadline = None if self.timeout is None else loop.time() + self.timeout
+        readers = [_PipeReader(loop, pipe) for pipe in (proc.stdout, proc.stderr)]
+        exited = _exit_watch(loop, proc)
+        pipes = asyncio.gather(*(reader.closed for reader in readers))
+        timed_out = False
+        try:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            done, _ = await asyncio.wait(
+                [pipes, exited], timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+            if pipes not in done:
+                if exited not in done:
+                    timed_out = True  # still running at its deadline
+                # Gone (killed by a cancel, or exited) with its pipes held by what it
+                # left running, or out of time: its group goes, so the pipes close.
+                self._kill()
+                await asyncio.wait([pipes], timeout=_DRAIN_AFTER_KILL)
+            elif exited not in done:
+                # Its output is closed but it runs on: its exit (or its deadline).
+                left = None if deadline is None else max(0.0, deadline - loop.time())
+                await asyncio.wait([exited], timeout=left)
+                if not exited.done():
+                    timed_out = True
+        finally:
+            for reader in readers:
+                reader.stop()
+            exited.cancel()
+            pipes.cancel()
+            with self._lock:
+                _kill_group(proc)
+                if proc.returncode is None:
+                    proc.wait()
+                self._done = True
+                _LIFELINE.forget(proc.pid)
+            _RUNNING.discard(self)
+        cancelled = self._cancel_reason is not None and not timed_out
+        return Finished(
+            returncode=proc.returncode,
+            stdout=readers[0].data(),
+            stderr=readers[1].data(),
+            timed_out=timed_out,
+            cancelled=cancelled,
+            cancel_reason=self._cancel_reason if cancelled else None,
+        )
+
     def _kill(self) -> None:
         with self._lock:
             if self._proc is not None and not self._done:
@@ -265,6 +327,111 @@ def run(
         return process.wait()
     finally:
         unregister()
+
+
+async def run_async(
+    argv: Sequence[str],
+    *,
+    env: Env,
+    cwd: Path | str | None = None,
+    timeout: float | None = None,
+    cancel: CancelToken | None = None,
+    shell: bool = False,
+) -> Finished:
+    """:func:`run`, awaited on an event loop (:meth:`Process.wait_async`)."""
+    process = Process(argv, env=env, cwd=cwd, timeout=timeout, shell=shell)
+    unregister = (
+        (lambda: None)
+        if cancel is None
+        else cancel.on_cancel(lambda: process.cancel(cancel.reason or "cancelled"))
+    )
+    try:
+        try:
+            process.start()
+        except ProcessCancelled as stopped:
+            return Finished(-1, b"", b"", cancelled=True, cancel_reason=str(stopped))
+        return await process.wait_async()
+    finally:
+        unregister()
+
+
+class _PipeReader:
+    """Reads one of a child's pipes on an event loop until it closes (``closed``)."""
+
+    def __init__(self, loop: Any, pipe: Any) -> None:
+        self.loop = loop
+        self.closed = loop.create_future()
+        self._chunks: list[bytes] = []
+        self._fd = -1
+        if pipe is None:
+            self.closed.set_result(None)
+            return
+        self._pipe = pipe
+        self._fd = pipe.fileno()
+        os.set_blocking(self._fd, False)
+        loop.add_reader(self._fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            chunk = os.read(self._fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            self._chunks.append(chunk)
+            return
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop reading (at the end of the output, or abandoning the pipe)."""
+        if self._fd >= 0:
+            self.loop.remove_reader(self._fd)
+            self._fd = -1
+            with contextlib.suppress(OSError):
+                self._pipe.close()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data(self) -> bytes:
+        return b"".join(self._chunks)
+
+
+def _exit_watch(loop: Any, proc: subprocess.Popen[bytes]) -> Any:
+    """A future done when ``proc`` has exited (not reaped: the caller reaps it):
+    through a pidfd where the system has them, else by polling."""
+    import asyncio
+
+    pidfd_open = getattr(os, "pidfd_open", None)
+    fd = -1
+    if pidfd_open is not None:
+        with contextlib.suppress(OSError):
+            fd = pidfd_open(proc.pid)
+    if fd < 0:
+        return asyncio.ensure_future(_poll_exit(proc))
+    exited = loop.create_future()
+
+    def readable() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    def close(_: Any) -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+    loop.add_reader(fd, readable)
+    exited.add_done_callback(close)
+    return exited
+
+
+async def _poll_exit(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for ``proc`` to exit by polling (quickly at first, then less often)."""
+    import asyncio
+
+    slice_s = _FIRST_SLICE
+    while proc.poll() is None:
+        await asyncio.sleep(slice_s)
+        slice_s = min(slice_s * 2, _MAX_SLICE)
 
 
 def kill_running() -> None:

@@ -86,120 +86,167 @@ def _config_dir(ctx: EffectContext) -> Path | None:
 
 
 def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = None) -> None:
-    """Run the script and record one :class:`ScriptFinished`."""
-    started = time.monotonic()
+    """Run the script and record one :class:`ScriptFinished` (blocking)."""
+    run = _ScriptRun(task, ctx, tmp_dir)
+    argv = run.prepare()
+    if argv is None:
+        return
+    try:
+        ended = process.run(
+            argv, env=run.env, cwd=work_dir(ctx.agent_dir), timeout=task.timeout, cancel=ctx.cancel
+        )
+    except FileNotFoundError:
+        run.not_found()
+        return
+    finally:
+        run.cleanup()
+    run.conclude(ended)
 
-    def finish(**fields: object) -> None:
-        ctx.record(
+
+async def run_script_async(
+    task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = None
+) -> None:
+    """:func:`run_script` awaited on the run's loop: the process is watched from
+    the loop. A state too large for the environment is written to its file on the
+    run's executor; the script itself (a small file) is read in place."""
+    from graphrun.actors.loop import blocking
+
+    run = _ScriptRun(task, ctx, tmp_dir)
+    if len(task.state_json) * 4 > INLINE_STATE_LIMIT:  # (UTF-8: up to 4 bytes a character)
+        argv = await blocking(ctx, run.prepare)
+    else:
+        argv = run.prepare()
+    if argv is None:
+        return
+    try:
+        ended = await process.run_async(
+            argv, env=run.env, cwd=work_dir(ctx.agent_dir), timeout=task.timeout, cancel=ctx.cancel
+        )
+    except FileNotFoundError:
+        run.not_found()
+        return
+    finally:
+        if run.state_file is not None:
+            await blocking(ctx, run.cleanup)
+    run.conclude(ended)
+
+
+class _ScriptRun:
+    """One visit of a script node: what runs, with which environment, and the one
+    :class:`ScriptFinished` that says how it went."""
+
+    def __init__(self, task: ScriptTask, ctx: EffectContext, tmp_dir: Path | None) -> None:
+        self.task = task
+        self.ctx = ctx
+        self.tmp_dir = tmp_dir
+        self.started = time.monotonic()
+        self.env: dict[Any, Any] = {}
+        self.runtime: list[str] = []
+        self.script_hash: str | None = None
+        self.state_file: Path | None = None
+
+    def finish(self, **fields: object) -> None:
+        task = self.task
+        if self.script_hash is not None:
+            fields.setdefault("script_hash", self.script_hash)
+        self.ctx.record(
             ScriptFinished(
                 node_id=task.node_id,
                 visit=task.visit,
                 script=task.script,
                 input_hash=content_hash(task.state_json),
-                duration_ms=round((time.monotonic() - started) * 1000, 3),
+                duration_ms=round((time.monotonic() - self.started) * 1000, 3),
                 **fields,  # type: ignore[arg-type]
             )
         )
 
-    loaded = _load(ctx.agent_dir, task.script)
-    if isinstance(loaded, str):
-        finish(error=loaded)
-        return
-    real_path, runtime, script_bytes = loaded
-    script_hash = content_hash(script_bytes)
+    def prepare(self) -> list[str] | None:
+        """Read the script and set up its environment (its state inline, or in a
+        file): the command to run, or None when it cannot run (recorded)."""
+        task, ctx = self.task, self.ctx
+        loaded = _load(ctx.agent_dir, task.script)
+        if isinstance(loaded, str):
+            self.finish(error=loaded)
+            return None
+        real_path, self.runtime, script_bytes = loaded
+        self.script_hash = content_hash(script_bytes)
+        env = script_env(
+            _script_env(),
+            agent_dir=ctx.agent_dir,
+            config_dir=_config_dir(ctx),
+            script=script_bytes,
+            variables=getattr(getattr(ctx, "options", None), "variables", None),  # the run's
+        )
+        if len(task.state_json.encode("utf-8")) <= INLINE_STATE_LIMIT:
+            _set(env, "GRAPH_STATE", task.state_json)
+        else:
+            directory = self.tmp_dir or Path(tempfile.gettempdir())
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f"{task.node_id}-", suffix=".json", dir=directory)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(task.state_json)
+            self.state_file = Path(name)
+            _set(env, "GRAPH_STATE_FILE", name)
+        self.env = env
+        return [*self.runtime, real_path]
 
-    env = _script_env()
-    env = script_env(
-        env,
-        agent_dir=ctx.agent_dir,
-        config_dir=_config_dir(ctx),
-        script=script_bytes,
-        variables=getattr(getattr(ctx, "options", None), "variables", None),  # the run's
-    )
-    state_file: Path | None = None
-    if len(task.state_json.encode("utf-8")) <= INLINE_STATE_LIMIT:
-        _set(env, "GRAPH_STATE", task.state_json)
-    else:
-        directory = tmp_dir or Path(tempfile.gettempdir())
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f"{task.node_id}-", suffix=".json", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(task.state_json)
-        state_file = Path(name)
-        _set(env, "GRAPH_STATE_FILE", name)
+    def not_found(self) -> None:
+        self.finish(error=f"cannot run {self.task.script}: '{self.runtime[0]}' is not on PATH")
 
-    try:
-        try:
-            ended = process.run(
-                [*runtime, real_path],
-                env=env,
-                cwd=work_dir(ctx.agent_dir),
-                timeout=task.timeout,
-                cancel=ctx.cancel,
-            )
-        except FileNotFoundError:
+    def cleanup(self) -> None:
+        """Remove the state file (one in the run's scratch directory goes with it)."""
+        if self.state_file is not None and self.tmp_dir is None:
+            with contextlib.suppress(OSError):
+                self.state_file.unlink()
+
+    def conclude(self, ended: process.Finished) -> None:
+        """Record how the script ended: its output object, or why there is none."""
+        task, finish = self.task, self.finish
+        stdout = ended.stdout[:_OUTPUT_LIMIT].decode("utf-8", errors="replace")
+        stderr = ended.stderr[-_OUTPUT_LIMIT:].decode("utf-8", errors="replace")
+        code = ended.returncode
+        if ended.timed_out:
             finish(
-                script_hash=script_hash,
-                error=f"cannot run {task.script}: '{runtime[0]}' is not on PATH",
+                stdout=stdout,
+                stderr=stderr,
+                timed_out=True,
+                error=f"script timed out after {task.timeout:g}s",
             )
             return
-    finally:
-        if state_file is not None and tmp_dir is None:
-            with contextlib.suppress(OSError):
-                state_file.unlink()
-    stdout_b, stderr_b, timed_out = ended.stdout, ended.stderr, ended.timed_out
-    stdout = stdout_b[:_OUTPUT_LIMIT].decode("utf-8", errors="replace")
-    stderr = stderr_b[-_OUTPUT_LIMIT:].decode("utf-8", errors="replace")
-    code = ended.returncode
-    if timed_out:
-        finish(
-            script_hash=script_hash,
-            stdout=stdout,
-            stderr=stderr,
-            timed_out=True,
-            error=f"script timed out after {task.timeout:g}s",
-        )
-        return
-    if ctx.cancel.cancelled:
-        finish(
-            script_hash=script_hash,
-            stdout=stdout,
-            stderr=stderr,
-            error=f"script cancelled ({ctx.cancel.reason})",
-        )
-        return
-    if code != 0:
-        tail = stderr.strip().splitlines()[-1:] if stderr.strip() else []
-        detail = f": {tail[0]}" if tail else ""
-        finish(
-            script_hash=script_hash,
-            exit_code=code,
-            stdout=stdout,
-            stderr=stderr,
-            error=f"script exited with code {code}{detail}",
-        )
-        return
-    try:
-        value = json.loads(stdout)
-    except json.JSONDecodeError as exc:
-        finish(
-            script_hash=script_hash,
-            exit_code=code,
-            stdout=stdout,
-            stderr=stderr,
-            error=f"script output is not valid JSON ({exc.msg} at line {exc.lineno})",
-        )
-        return
-    if not isinstance(value, dict):
-        finish(
-            script_hash=script_hash,
-            exit_code=code,
-            stdout=stdout,
-            stderr=stderr,
-            error=f"script output must be a JSON object, got {type(value).__name__}",
-        )
-        return
-    finish(script_hash=script_hash, exit_code=code, output=value, stderr=stderr)
+        if self.ctx.cancel.cancelled:
+            finish(
+                stdout=stdout, stderr=stderr, error=f"script cancelled ({self.ctx.cancel.reason})"
+            )
+            return
+        if code != 0:
+            tail = stderr.strip().splitlines()[-1:] if stderr.strip() else []
+            detail = f": {tail[0]}" if tail else ""
+            finish(
+                exit_code=code,
+                stdout=stdout,
+                stderr=stderr,
+                error=f"script exited with code {code}{detail}",
+            )
+            return
+        try:
+            value = json.loads(stdout)
+        except json.JSONDecodeError as exc:
+            finish(
+                exit_code=code,
+                stdout=stdout,
+                stderr=stderr,
+                error=f"script output is not valid JSON ({exc.msg} at line {exc.lineno})",
+            )
+            return
+        if not isinstance(value, dict):
+            finish(
+                exit_code=code,
+                stdout=stdout,
+                stderr=stderr,
+                error=f"script output must be a JSON object, got {type(value).__name__}",
+            )
+            return
+        finish(exit_code=code, output=value, stderr=stderr)
 
 
 class ScriptActor:
@@ -212,3 +259,6 @@ class ScriptActor:
 
     def perform(self, task: ScriptTask, ctx: EffectContext) -> None:
         run_script(task, ctx, tmp_dir=self.tmp_dir)
+
+    async def run(self, task: ScriptTask, ctx: EffectContext) -> None:
+        await run_script_async(task, ctx, tmp_dir=self.tmp_dir)

@@ -535,11 +535,12 @@ def verify_tree(store: Any, run_id: str) -> list[dict[str, Any]]:
     """The chain check of a run and of every run under it (each: ``run_id``, ``ok``,
     ``events``, first bad ``seq``, ``reason``)."""
     from graphrun.eventstore.errors import CorruptStoreError
+    from graphrun.runtime.engine.runs import snapshot_problem
 
     todo, seen, checks = [run_id], {run_id}, []
     while todo:
         rid = todo.pop(0)
-        problem = store.verify(rid)
+        problem = store.verify(rid) or snapshot_problem(store, rid)
         try:
             events = store.run(rid).last_seq
             children = [r.run_id for r in store.runs(parent=rid)]

@@ -138,7 +138,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     current: str | None = None
     current_visit: int = 0
     current_entered_ts: float = 0.0
-    effects: tuple[Any, ...] = ()
+    effects: tuple[Event, ...] = ()
     waiting: HumanInputRequested | None = None
     # Where the last completed node routed (to be entered next).
     routed_to: str | None = None
@@ -153,7 +153,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # Branch) and the effect events of every branch and map item (branch id -> events).
     step: int = 0
     branches: dict[str, Branch] = {}
-    branch_effects: Mapping[str, tuple[Any, ...]] = _NO_BRANCH_EFFECTS
+    branch_effects: Mapping[str, tuple[Event, ...]] = _NO_BRANCH_EFFECTS
     # The running super-step's join policy (``{type, count, timeout}``; empty: all).
     join: dict[str, Any] = {}
     interrupted: bool = False

@@ -1,6 +1,6 @@
 """The schema of the event database, and how older databases reach it.
 
-Schema 6 (this one)::
+Schema 7 (this one)::
 
     events     id = run_no << 32 | seq (the key and the lock), body (the event's
                canonical JSON text, exactly the bytes hashed), hash
@@ -16,6 +16,9 @@ Schema 6 (this one)::
     cancel_requests
                who asked to cancel a run another process drives, and why (not
                an event: only the run's writer appends to its log)
+    snapshots  a run's folded state at one seq, with that seq's chain hash (see
+               :mod:`graphrun.eventstore.snapshots`): never a fact, only a
+               shortcut that a verified log confirms before it is used
 
 Creating the schema and every migration run in one transaction (``BEGIN
 IMMEDIATE``): a process killed at any point leaves the file as it was, and a
@@ -32,7 +35,8 @@ Schema 4 is schema 5 without ``cancel_requests``; schema 5 is schema 6 without
 the listing indexes of ``run_heads`` (newest first, and newest first by status):
 ``runs`` reads its first page through them, whatever the number of runs. The
 indexes are made with sqlite-utils, the library this module's first schemas
-were migrated with.
+were migrated with. Schema 6 is schema 7 without ``snapshots`` (a file that has
+none folds every run from its first event, as before).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from graphrun.eventstore.projections import HEAD_COLUMNS, RUNS_VIEW_SQL
 #: ``PRAGMA application_id`` of a graphrun database ("grn1").
 APPLICATION_ID = 0x67726E31
 #: ``PRAGMA user_version`` of the schema this code writes.
-SCHEMA_USER_VERSION = 6
+SCHEMA_USER_VERSION = 7
 
 _SEQ_BITS = 32
 
@@ -69,6 +73,7 @@ _OWN_TABLES = frozenset(
         "leases_v3",
         "cancel_requests",
         "meta",
+        "snapshots",
     }
 )
 
@@ -126,6 +131,16 @@ CREATE TABLE cancel_requests (
 ) WITHOUT ROWID
 """
 
+SNAPSHOTS_SQL = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    run_id TEXT PRIMARY KEY,
+    seq    INTEGER NOT NULL,
+    hash   TEXT NOT NULL,
+    body   BLOB NOT NULL,
+    digest TEXT NOT NULL
+) WITHOUT ROWID
+"""
+
 RUN_EVENTS_SQL = """
 CREATE VIEW run_events AS
 SELECT run_id, seq, id, ts, type, node_id, body, hash FROM events
@@ -136,7 +151,7 @@ SELECT run_id, seq, id, ts, type, node_id, body, hash FROM events
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    """The tables, views and indexes of schema 6 (old tables, if any, were set aside)."""
+    """The tables, views and indexes of schema 7 (old tables, if any, were set aside)."""
     conn.execute("DROP TABLE IF EXISTS _sqlite_migrations")
     conn.execute(EVENTS_SQL)
     conn.execute(RUN_HEADS_SQL)
@@ -147,6 +162,7 @@ def create_schema(conn: sqlite3.Connection) -> None:
     conn.execute(RUNS_VIEW_SQL)
     conn.execute(RUN_EVENTS_SQL)
     add_listing_indexes(conn)
+    add_snapshots(conn)
 
 
 def add_listing_indexes(conn: sqlite3.Connection) -> None:
@@ -161,6 +177,12 @@ def add_listing_indexes(conn: sqlite3.Connection) -> None:
     heads.create_index(
         ["status", *newest], index_name="run_heads_status_started", if_not_exists=True
     )
+
+
+def add_snapshots(conn: sqlite3.Connection) -> None:
+    """Schema 6 to 7: the table of state snapshots (empty: every run is folded from
+    its first event until a command keeps one)."""
+    conn.execute(SNAPSHOTS_SQL)
 
 
 def set_aside_old_tables(conn: sqlite3.Connection) -> None:
@@ -255,7 +277,7 @@ def drop_old_tables(conn: sqlite3.Connection) -> None:
         conn.execute(f'DROP TABLE IF EXISTS "{name}"')
 
 
-#: What brings a file at schema N (the key) to schema 6, step by step; every
+#: What brings a file at schema N (the key) to schema 7, step by step; every
 #: step of one file runs in one transaction.
 Step = Callable[[sqlite3.Connection], None]
 _FROM_OLDER: list[Step] = [
@@ -271,8 +293,9 @@ STEPS: dict[int, list[Step]] = {
     1: _FROM_OLDER,
     2: _FROM_OLDER,
     3: _FROM_OLDER,
-    4: [add_cancel_requests, add_listing_indexes],
-    5: [add_listing_indexes],
+    4: [add_cancel_requests, add_listing_indexes, add_snapshots],
+    5: [add_listing_indexes, add_snapshots],
+    6: [add_snapshots],
 }
 
 

@@ -76,6 +76,7 @@ from graphrun.eventstore.projections import (
     runs_query,
 )
 from graphrun.eventstore.store import (
+    ENDED_STATUSES,
     LEASE_SECONDS,
     Lease,
     _process_started,
@@ -96,7 +97,7 @@ _HAND_BACK_EVENTS = (
 )
 
 #: The schema version once every migration below has run.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _MIGRATE_LOCK = 0x67726E31  # pg_advisory_xact_lock key ("grn1")
 #: Seconds between a worker's looks for dead processes holding leases on this host.
 _DEAD_EVERY = 1.0
@@ -188,6 +189,18 @@ _MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE leases ADD COLUMN locked_at TIMESTAMPTZ",
         "CREATE INDEX IF NOT EXISTS runs_status_started ON runs (status, started_at DESC, "
         "run_id DESC)",
+    ],
+    # A run's folded state at one seq (see graphrun.eventstore.snapshots).
+    4: [
+        """
+        CREATE TABLE snapshots (
+            run_id TEXT COLLATE "C" PRIMARY KEY,
+            seq    INTEGER NOT NULL,
+            hash   TEXT NOT NULL,
+            body   BYTEA NOT NULL,
+            digest TEXT NOT NULL
+        )
+        """,
     ],
 }
 
@@ -300,7 +313,7 @@ alive AS MATERIALIZED (
 )
 _CLAIM_COLUMNS = """k.run_id, k.settings, k.resume_run, k.attempts, k.was, k.key, k.got,
        r.run_id IS NOT NULL, e.seqs, e.bodies, e.prevs, e.hashes,
-       c.requested_by, c.reason"""
+       c.requested_by, c.reason, s.seq, s.hash, s.body, s.digest"""
 _CLAIM_JOINS = """
 LEFT JOIN running r ON r.run_id = k.run_id
 LEFT JOIN LATERAL (
@@ -311,6 +324,8 @@ LEFT JOIN LATERAL (
 ) e ON true
 LEFT JOIN cancel_requests c
     ON r.run_id IS NOT NULL AND c.run_id = coalesce(k.resume_run, k.run_id)
+LEFT JOIN snapshots s
+    ON r.run_id IS NOT NULL AND s.run_id = coalesce(k.resume_run, k.run_id)
 ORDER BY k.queued_at
 """
 _CLAIM = _compact(f"WITH {_CLAIM_WITH} SELECT {_CLAIM_COLUMNS} FROM locked k{_CLAIM_JOINS}")
@@ -351,7 +366,9 @@ WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.pid = pg_backend_pid()
 
 
 @functools.lru_cache(maxsize=128)
-def _step_statement(rows: int, fenced: bool = False, headed: bool = False) -> str:
+def _step_statement(
+    rows: int, fenced: bool = False, headed: bool = False, ended: bool = False
+) -> str:
     """One statement inserting ``rows`` events and upserting the run's row: the
     row is written only if every event was (a taken seq fails it all). ``fenced``:
     nothing is written unless this store still holds the run's lease (two more
@@ -359,7 +376,8 @@ def _step_statement(rows: int, fenced: bool = False, headed: bool = False) -> st
     is written unless the run's log still ends where the writer thinks (two more
     parameters, the run id and the hash of its last event): a database that lost
     commits the writer saw (a crash under ``synchronous_commit = off``) must not
-    get events after a gap."""
+    get events after a gap. ``ended``: the events end the run, whose state
+    snapshot goes with them (one more parameter, the run id)."""
     values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * rows)
     insert = _INSERT_EVENT.partition(" VALUES ")[0]
     checks = []
@@ -371,7 +389,12 @@ def _step_statement(rows: int, fenced: bool = False, headed: bool = False) -> st
         rows_sql = f"SELECT * FROM (VALUES {values}) AS v WHERE " + " AND ".join(checks)
     else:
         rows_sql = f"VALUES {values}"
-    return f"WITH added AS ({insert} {rows_sql} RETURNING 1) " + _UPSERT_RUN.replace(
+    cleared = (
+        ", cleared AS (DELETE FROM snapshots WHERE run_id = %s AND EXISTS (SELECT 1 FROM added))"
+        if ended
+        else ""
+    )
+    return f"WITH added AS ({insert} {rows_sql} RETURNING 1){cleared} " + _UPSERT_RUN.replace(
         f"VALUES ({', '.join('%s' for _ in COLUMNS)})",
         f"SELECT {', '.join('%s' for _ in COLUMNS)} WHERE (SELECT count(*) FROM added) > 0",
         1,
@@ -823,8 +846,11 @@ class PostgresStore:
                         args += (run_id, self.owner)
                     if head != codec.GENESIS:
                         args += (run_id, head)
+                    ended = row.status in ENDED_STATUSES  # (at `full`: see _append_in)
+                    if ended:
+                        args.append(run_id)
                     cur = conn.execute(
-                        _step_statement(len(params), fenced, head != codec.GENESIS),
+                        _step_statement(len(params), fenced, head != codec.GENESIS, ended),
                         [*args, *msgspec.structs.astuple(row)],
                     )
                     if cur.rowcount == 0:
@@ -915,6 +941,8 @@ class PostgresStore:
         """An append's statements, inside its transaction."""
         cur.executemany(_INSERT_EVENT, params)
         cur.execute(_UPSERT_RUN, msgspec.structs.astuple(row))
+        if row.status in ENDED_STATUSES:  # (its step statement does the same, at `full`)
+            cur.execute("DELETE FROM snapshots WHERE run_id = %s", (run_id,))
         if renew:
             cur.execute(_RENEW, (now + LEASE_SECONDS, run_id, self.owner))
         if queue is not None:
@@ -1016,6 +1044,48 @@ class PostgresStore:
             raise self.unknown_run(run_id)
         events: list[Event] = []
         return events, codec.verify_chain(self.raw_rows(run_id), into=events, hashes=hashes)
+
+    # -- snapshots (see graphrun.eventstore.snapshots) -------------------------------
+
+    def snapshot(self, run_id: str) -> tuple[int, str, bytes, str] | None:
+        """The run's kept snapshot row ``(seq, hash, body, digest)``, or ``None``
+        (none kept, or the server could not say: a snapshot is never needed)."""
+        try:
+            with self._conn() as conn:
+                found = conn.execute(
+                    "SELECT seq, hash, body, digest FROM snapshots WHERE run_id = %s", (run_id,)
+                ).fetchone()
+        except StoreError:
+            return None
+        if found is None:
+            return None
+        seq, digest, body, check = found
+        return seq, digest, bytes(body), check
+
+    def stored_after(self, run_id: str, after: int) -> list[tuple[int, bytes, str]]:
+        """The run's stored ``(seq, body, hash)`` rows after seq ``after``, in order."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT seq, body, hash FROM events WHERE run_id = %s AND seq > %s ORDER BY seq",
+                (run_id, after),
+            ).fetchall()
+        return [(seq, body.encode("utf-8"), digest) for seq, body, digest in rows]
+
+    def keep_snapshot(self, run_id: str, seq: int, digest: str, body: bytes, check: str) -> bool:
+        """Keep ``body`` as the run's snapshot at ``seq`` (chain hash ``digest``) in
+        place of the one before; whether it was written."""
+        try:
+            with self._conn() as conn:
+                conn.execute(
+                    "INSERT INTO snapshots (run_id, seq, hash, body, digest) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+                    "seq = excluded.seq, hash = excluded.hash, body = excluded.body, "
+                    "digest = excluded.digest",
+                    (run_id, seq, digest, body, check),
+                )
+        except StoreError:
+            return False
+        return True
 
     def lost_head(self, run_id: str) -> str | None:
         """Never behind a reported head here (PostgreSQL never drops a commit it acknowledged)."""
@@ -1390,7 +1460,8 @@ class PostgresStore:
                 if got:
                     refused.append(key)
                 continue
-            seqs, bodies, prevs, hashes, cancel_by, cancel_reason = row[8:]
+            seqs, bodies, prevs, hashes, cancel_by, cancel_reason = row[8:14]
+            kept = None if row[14] is None else (row[14], row[15], bytes(row[16]), row[17])
             with self._lock:
                 self._held.add(run_id)
                 if got:
@@ -1416,6 +1487,8 @@ class PostgresStore:
                             seqs or (), bodies or (), prevs or (), hashes or (), strict=True
                         )
                     ],
+                    # The run's kept state snapshot row (see snapshot()), or None.
+                    "snapshot": kept,
                 }
             )
         if refused:

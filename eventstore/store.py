@@ -79,6 +79,9 @@ LEASE_SECONDS = 30.0
 _REPORTED_STATUSES = frozenset(
     {"waiting", "completed", "completed_with_errors", "failed", "cancelled", "interrupted"}
 )
+#: A run that ends in one of these drops its state snapshot (in the same transaction):
+#: snapshots are kept only for runs that are still to be continued.
+ENDED_STATUSES = frozenset({"completed", "completed_with_errors", "failed", "cancelled"})
 #: How long a command waits for another process's write lock before giving up.
 BUSY_SECONDS = 10.0
 
@@ -537,6 +540,8 @@ class SqliteStore:
                         )
                         if head_changed:
                             conn.execute(_UPSERT_HEAD, (*self._head(row), run_no))
+                            if row.status in ENDED_STATUSES:
+                                conn.execute("DELETE FROM snapshots WHERE run_id = ?", (run_id,))
                         if renew:
                             # Renewing every step would rewrite the leases page every
                             # commit; a third of the lease time is often enough.
@@ -705,6 +710,54 @@ class SqliteStore:
             if lost is not None:
                 problem = codec.ChainProblem(min(len(events) + 1, reported[0]), lost)  # type: ignore[index]
         return events, problem
+
+    # -- snapshots (see graphrun.eventstore.snapshots) -------------------------------
+
+    def snapshot(self, run_id: str) -> tuple[int, str, bytes, str] | None:
+        """The run's kept snapshot row ``(seq, hash, body, digest)``, or ``None``
+        (none kept, or a row that cannot be read: a snapshot is never needed)."""
+        try:
+            with self._lock:
+                found = self.conn.execute(
+                    "SELECT seq, hash, CAST(body AS BLOB), digest FROM snapshots WHERE run_id = ?",
+                    (run_id,),
+                ).fetchone()
+        except sqlite3.Error:
+            return None
+        if found is None:
+            return None
+        seq, digest, body, check = found
+        if not (isinstance(seq, int) and isinstance(digest, str) and isinstance(check, str)):
+            return None
+        return seq, digest, bytes(body), check
+
+    @_guarded("reading a run's events")
+    def stored_after(self, run_id: str, after: int) -> list[tuple[int, bytes, str]]:
+        """The run's stored ``(seq, body, hash)`` rows after seq ``after``, in order."""
+        with self._lock:
+            lo, hi = self._range(run_id, after)
+            rows = self.conn.execute(
+                "SELECT id, CAST(body AS BLOB), hash FROM events "
+                "WHERE id > ? AND id <= ? ORDER BY id",
+                (lo, hi),
+            ).fetchall()
+        return [(key & _SEQ_MASK, body, digest) for key, body, digest in rows]
+
+    def keep_snapshot(self, run_id: str, seq: int, digest: str, body: bytes, check: str) -> bool:
+        """Keep ``body`` as the run's snapshot at ``seq`` (chain hash ``digest``) in
+        place of the one before; whether it was written (a busy or read-only file
+        only costs the next command a full fold)."""
+        try:
+            with self._lock:
+                self.conn.execute(
+                    "INSERT OR REPLACE INTO snapshots (run_id, seq, hash, body, digest) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (run_id, seq, digest, body, check),
+                )
+        except sqlite3.Error:
+            self.rollback()
+            return False
+        return True
 
     @_guarded("reading the runs")
     def _head_problem(self, run_id: str, events: list[Event]) -> codec.ChainProblem | None:

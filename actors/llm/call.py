@@ -294,12 +294,23 @@ class _LlmRun:
         # Whether something was recorded since the last commit (``_checkpoint``).
         self._unsaved = False
         self.deadline: float | None = None
-        self._timer: threading.Timer | None = None
+        # The node's timeout fires the scope token: a timer armed by whoever drives
+        # the steps (a thread's timer, or the loop's own ``call_later``).
+        self._timer: Any = None
         if task.timeout is not None:
             self.deadline = time.monotonic() + task.timeout
-            self._timer = threading.Timer(task.timeout, self.scope.cancel, args=(_NODE_TIMEOUT,))
-            self._timer.daemon = True
-            self._timer.start()
+
+    def _arm(self, loop: Any = None) -> None:
+        """Start the node's timeout (on ``loop`` when the steps are awaited there)."""
+        timeout = self.task.timeout
+        if timeout is None:
+            return
+        if loop is not None:
+            self._timer = loop.call_later(timeout, self.scope.cancel, _NODE_TIMEOUT)
+            return
+        self._timer = threading.Timer(timeout, self.scope.cancel, args=(_NODE_TIMEOUT,))
+        self._timer.daemon = True
+        self._timer.start()
 
     def _cancelled(self) -> None:
         """The run's token fired: so does this node's."""
@@ -317,6 +328,7 @@ class _LlmRun:
 
     def blocking(self, steps: Steps) -> Any:
         """Drive ``steps`` on this thread; what they return."""
+        self._arm()
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -350,6 +362,7 @@ class _LlmRun:
         import asyncio
 
         loop = asyncio.get_running_loop()
+        self._arm(loop)
         steps = self.execute()
         value: Any = None
         error: BaseException | None = None
@@ -374,11 +387,11 @@ class _LlmRun:
                             abort.done()
                             unhook()
                     elif isinstance(op, _Checkpoint):
-                        await loop.run_in_executor(None, self._commit)
-                    elif isinstance(op, _RunTool):
-                        value = await loop.run_in_executor(
-                            None, self._run_tool, op.name, op.arguments
+                        await loop.run_in_executor(
+                            getattr(self.ctx, "executor", None), self._commit
                         )
+                    elif isinstance(op, _RunTool):
+                        value = await self._run_tool_async(loop, op.name, op.arguments)
                     else:
                         value = await self._sleep(loop, op.seconds)
                 except Exception as exc:  # the step that asked decides what it means
@@ -573,6 +586,30 @@ class _LlmRun:
         if self._unsaved:
             yield _CHECKPOINT
             self._unsaved = False
+
+    async def _run_tool_async(self, loop: Any, name: str, arguments: str) -> ToolResult:
+        """:meth:`_run_tool` on the run's loop: a toolbox that can await its tools'
+        processes does (``call_async``); any other is called on the executor."""
+        executor = getattr(self.ctx, "executor", None)
+        call_async = getattr(self.toolbox, "call_async", None)
+        if call_async is None:
+            done: ToolResult = await loop.run_in_executor(executor, self._run_tool, name, arguments)
+            return done
+        start = time.perf_counter()
+        try:
+            result: ToolResult = await call_async(
+                name, arguments, cancel=self.scope, executor=executor
+            )
+            return result
+        except Exception as exc:  # as _run_tool: the model hears of it
+            if getattr(exc, "suspends_tool_loop", False):
+                raise
+            return ToolResult(
+                output=f"tool '{name}' failed: {exc}",
+                is_error=True,
+                duration_ms=(time.perf_counter() - start) * 1000.0,
+                source="",
+            )
 
     def _run_tool(self, name: str, arguments: str) -> ToolResult:
         if self.toolbox is None:

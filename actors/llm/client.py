@@ -39,6 +39,7 @@ import msgspec
 from graphrun.actors.base import CancelToken
 from graphrun.actors.llm.config import LlmConfig, LlmConfigError, ResolvedModel, load_llm_config
 from graphrun.actors.llm.providers.base import RetryPolicy
+from graphrun.actors.loop import EffectLoop, TaskOutcome
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import LlmCalled
 
@@ -86,6 +87,7 @@ class ClientFactory:
         retry: RetryPolicy | None = None,
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
+        loop: EffectLoop | None = None,
     ) -> None:
         self.config = config if config is not None else load_llm_config(None)
         self.retry = retry if retry is not None else RetryPolicy()
@@ -96,7 +98,11 @@ class ClientFactory:
         self._lock = threading.Lock()
         self._aborts = _AbortRegistry()
         self._resolved: dict[str, ResolvedModel] = {}
-        self._loop: _LoopThread | None = None
+        # The loop live calls are awaited on: the run's (shared with its other
+        # effects, and kept with its pooled session by whoever made it), or the
+        # factory's own, made on first use and stopped by close().
+        self._loop: EffectLoop | None = loop
+        self._owns_loop = loop is None
 
     @classmethod
     def replay(cls, events: Iterable[LlmCalled], config: LlmConfig | None = None) -> ClientFactory:
@@ -151,9 +157,7 @@ class ClientFactory:
             if self._recording is not None:
                 created: Any = _TransportClient(httpx.MockTransport(self._recording.handle))
             else:
-                if self._loop is None:
-                    self._loop = _LoopThread()
-                created = _LiveClient(self._loop, self._aborts, self._async_client)
+                created = _LiveClient(self._event_loop(), self._aborts, self._session_maker())
             self._clients[base_url] = created
             return created
 
@@ -162,10 +166,26 @@ class ClientFactory:
         use), where its live clients' :meth:`_LiveClient.post_async` may be awaited;
         the returned :class:`TaskOutcome` completes with it."""
         with self._lock:
-            if self._loop is None:
-                self._loop = _LoopThread()
-            loop = self._loop
+            loop = self._event_loop()
         return loop.start(coro)
+
+    def _event_loop(self) -> EffectLoop:
+        """The loop live calls run on (the factory's own is made here; under the lock)."""
+        if self._loop is None:
+            self._loop = EffectLoop("graphrun-http")
+        return self._loop
+
+    def _session_maker(self) -> Callable[[], Any]:
+        """What makes the live clients' session (on the loop's thread, at the first
+        call): on the run's loop, the one session kept with that loop for every
+        factory using it (its connections outlive a run); on the factory's own
+        loop, a session of its own."""
+        if self._owns_loop:
+            return self._async_client
+        loop = self._loop
+        assert loop is not None
+        key = ("aiohttp", self._connect_timeout, self._read_timeout)
+        return lambda: loop.keep(key, self._async_client)
 
     def _async_client(self) -> aiohttp.ClientSession:
         """A pooled session (made on the loop thread, where it is used).
@@ -196,12 +216,13 @@ class ClientFactory:
         """Close every pooled client (and the event-loop thread, if one was started)."""
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
-            loop, self._loop = self._loop, None
+            loop = self._loop if self._owns_loop else None
+            if self._owns_loop:
+                self._loop = None
         if loop is not None:
             loop.cancel_all()  # calls still in flight end now, as aborted
-        for client in clients:
-            client.close()
-        if loop is not None:
+            for client in clients:
+                client.close()
             loop.stop()
 
     def __enter__(self) -> ClientFactory:
@@ -229,112 +250,8 @@ def shared_ssl_context() -> Any:
 _NOTHING_TO_ABORT = contextlib.nullcontext()
 
 
-class _LoopThread:
-    """An asyncio event loop on a daemon thread of its own (one per factory)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="graphrun-http", daemon=True
-        )
-        self._thread.start()
-
-    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
-        """Run ``coro`` on the loop; cancelling the future cancels its task."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def start(self, coro: Any) -> TaskOutcome:
-        """Run ``coro`` as a task on the loop; the outcome completes with it.
-
-        The task completes the outcome itself as it ends, so whoever is told of it
-        (a callback starting the next call) hears of it in the same loop iteration,
-        not one later. Submitted from the loop's own thread (a call finishing starts
-        the next), the task is created at once, not via the loop's wake-up pipe."""
-        outcome = TaskOutcome()
-        if threading.get_ident() == self._thread.ident:
-            self.loop.create_task(_into(coro, outcome))
-        else:
-            self.loop.call_soon_threadsafe(self.loop.create_task, _into(coro, outcome))
-        return outcome
-
-    def cancel_all(self) -> None:
-        """Cancel every call in flight (its caller gets ``httpx.ReadError`` at once)."""
-
-        async def cancel_the_rest() -> None:
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
-
-        with contextlib.suppress(Exception):
-            self.submit(cancel_the_rest()).result(timeout=10)
-
-    def stop(self) -> None:
-        self.cancel_all()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
-class TaskOutcome:
-    """How a task started by :meth:`ClientFactory.run_on_loop` ended, for whoever is
-    told when it does: the part of ``concurrent.futures.Future`` the driver uses
-    (``add_done_callback``, then ``cancelled`` and ``exception``), without the
-    condition variable a ``Future`` makes for waiters: nobody waits on one, and a map
-    makes one per call. A cancelled task ends with its ``CancelledError`` as the
-    exception."""
-
-    __slots__ = ("_callbacks", "_done", "_exception", "_lock")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[TaskOutcome], object]] = []
-        self._done = False
-        self._exception: BaseException | None = None
-
-    def add_done_callback(self, fn: Callable[[TaskOutcome], object]) -> None:
-        """Call ``fn(outcome)`` when the task ends (on the loop's thread), or now if it has."""
-        with self._lock:
-            if not self._done:
-                self._callbacks.append(fn)
-                return
-        fn(self)
-
-    def cancelled(self) -> bool:
-        return False
-
-    def exception(self) -> BaseException | None:
-        if not self._done:
-            raise concurrent.futures.InvalidStateError("the task has not ended")
-        return self._exception
-
-    def _end(self, exception: BaseException | None) -> None:
-        with self._lock:
-            self._exception, self._done = exception, True
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            try:
-                fn(self)
-            except Exception:  # as concurrent.futures does: one callback's bug stops no other
-                log.exception("a callback of a loop task raised")
-
-
-async def _into(coro: Any, outcome: TaskOutcome) -> None:
-    """Await ``coro`` and hand how it ended to ``outcome`` (its result is recorded by
-    the effect itself, so only an exception is kept)."""
-    try:
-        await coro
-    except asyncio.CancelledError as exc:
-        outcome._end(exc)
-        raise
-    except BaseException as exc:
-        outcome._end(exc)
-    else:
-        outcome._end(None)
-
-
 class _LiveClient:
-    """``post`` and ``close`` of an ``aiohttp.ClientSession`` run on a :class:`_LoopThread`,
+    """``post`` and ``close`` of an ``aiohttp.ClientSession`` run on an :class:`EffectLoop`,
     for the providers' synchronous code: the response reads as httpx's, read in full,
     and a failure is raised as the httpx exception a live httpx call raises.
 
@@ -343,7 +260,7 @@ class _LiveClient:
     ``httpx.ReadError`` at once.
     """
 
-    def __init__(self, loop: _LoopThread, aborts: _AbortRegistry, make: Any) -> None:
+    def __init__(self, loop: EffectLoop, aborts: _AbortRegistry, make: Any) -> None:
         self._loop = loop
         self._aborts = aborts
         self._session: aiohttp.ClientSession | None = None
@@ -636,6 +553,13 @@ class _TransportClient:
         response = self.transport.handle_request(request)
         response.read()
         return response
+
+    async def post_async(
+        self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None
+    ) -> httpx.Response:
+        """:meth:`post` for a visit awaited on the run's loop: the recording answers
+        in memory, without a wait, so it is answered in place."""
+        return self.post(url, content=content, headers=headers, timeout=timeout)
 
     def close(self) -> None:
         self.transport.close()

@@ -9,6 +9,7 @@ tool printed one).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -66,22 +67,34 @@ class ToolActor:
         self.config_dir = config_dir
         self.variables = variables
 
-    def perform(self, task: ToolTask, ctx: Any) -> None:
+    async def run(self, task: ToolTask, ctx: Any) -> None:
+        """Load the tool (on the run's executor: it reads files, may start an MCP
+        server) and call it, its process awaited on the run's loop."""
+        import asyncio
+
         from graphrun.actors.tools.toolbox import ToolError, load_toolbox
 
         started = time.monotonic()
         name = tool_name(task.tool)
+        executor = getattr(ctx, "executor", None)
+        loop = asyncio.get_running_loop()
         try:
-            box = load_toolbox(
-                self.agent_dir,
-                [name],
-                global_tools=self.global_tools,
-                mcp_servers=self.mcp_servers,
-                config_dir=self.config_dir,
-                variables=self.variables,
-                timeout=task.timeout,
+            box = await loop.run_in_executor(
+                executor,
+                functools.partial(
+                    load_toolbox,
+                    self.agent_dir,
+                    [name],
+                    global_tools=self.global_tools,
+                    mcp_servers=self.mcp_servers,
+                    config_dir=self.config_dir,
+                    variables=self.variables,
+                    timeout=task.timeout,
+                ),
             )
-            result = box.call(name, task.arguments, cancel=ctx.cancel, timeout=task.timeout)
+            result = await box.call_async(
+                name, task.arguments, cancel=ctx.cancel, timeout=task.timeout, executor=executor
+            )
         except ToolError as exc:
             ctx.record(
                 ToolFinished(

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import json
 import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -618,48 +619,91 @@ def _error(message: str, source: str, started: float) -> ToolResult:
     return ToolResult(message, True, (time.monotonic() - started) * 1000, source)
 
 
-def _run_process(
-    argv: list[str],
-    *,
-    name: str,
-    source: str,
-    env: dict[str, str],
-    cwd: Path | None,
-    cancel: CancelToken | None,
-    timeout: float,
-    started: float,
-) -> ToolResult:
-    """Run one tool process; its result comes from ``$LLM_OUTPUT`` or stdout."""
-    if cancel is not None and cancel.cancelled:
-        return _error(f"tool '{name}' was cancelled ({cancel.reason})", source, started)
-    fd, output_path = tempfile.mkstemp(prefix="graphrun-tool-", suffix=".out")
-    os.close(fd)
-    env = {**env, "LLM_OUTPUT": output_path}
-    try:
+@dataclass
+class _Launch:
+    """One tool process to run, and how its outcome becomes the tool's result: made
+    by a tool's :meth:`plan` (which blocks: it reads files), run blocking
+    (:meth:`run`) or awaited on the run's loop (:meth:`run_async`)."""
+
+    argv: list[str]
+    name: str
+    source: str
+    env: dict[str, str]
+    cwd: Path | None
+    timeout: float
+    started: float
+    # After the process, whatever its result: the tool's own check and clean-up.
+    after: Callable[[ToolResult], ToolResult] | None = None
+    output_path: str = ""
+
+    def prepare(self, cancel: CancelToken | None) -> ToolResult | None:
+        """The file the tool writes its result to (``$LLM_OUTPUT``); a cancelled
+        call's result instead."""
+        if cancel is not None and cancel.cancelled:
+            return _error(
+                f"tool '{self.name}' was cancelled ({cancel.reason})", self.source, self.started
+            )
+        fd, self.output_path = tempfile.mkstemp(prefix="graphrun-tool-", suffix=".out")
+        os.close(fd)
+        self.env = {**self.env, "LLM_OUTPUT": self.output_path}
+        return None
+
+    def run(self, cancel: CancelToken | None) -> ToolResult:
+        stopped = self.prepare(cancel)
+        if stopped is not None:
+            return stopped
         try:
-            ended = process.run(argv, env=env, cwd=cwd, timeout=timeout, cancel=cancel)
+            ended: process.Finished | OSError = process.run(
+                self.argv, env=self.env, cwd=self.cwd, timeout=self.timeout, cancel=cancel
+            )
         except OSError as exc:
-            return _error(f"tool '{name}' could not start: {exc}", source, started)
-        stdout, stderr, timed_out = ended.stdout, ended.stderr, ended.timed_out
-        out_text = Path(output_path).read_text(encoding="utf-8", errors="replace")
-    finally:
-        Path(output_path).unlink(missing_ok=True)
-    stdout_text = stdout.decode("utf-8", errors="replace")
-    stderr_text = stderr.decode("utf-8", errors="replace").strip()
-    if timed_out:
-        return _error(
-            f"tool '{name}' timed out after {timeout:g} s and was killed", source, started
-        )
-    if cancel is not None and cancel.cancelled:
-        return _error(f"tool '{name}' was cancelled ({cancel.reason})", source, started)
-    if ended.returncode != 0:
-        detail = stderr_text or out_text.strip() or stdout_text.strip()
-        message = f"tool '{name}' exited with code {ended.returncode}"
-        return _error(f"{message}: {detail}" if detail else message, source, started)
-    text = out_text if out_text.strip() else stdout_text
-    if not text.strip():
-        text = EMPTY_OUTPUT
-    return ToolResult(text, False, (time.monotonic() - started) * 1000, source)
+            ended = exc
+        return self.conclude(ended, cancel)
+
+    async def run_async(self, cancel: CancelToken | None, executor: Any) -> ToolResult:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        stopped = await loop.run_in_executor(executor, self.prepare, cancel)
+        if stopped is not None:
+            return stopped
+        try:
+            ended: process.Finished | OSError = await process.run_async(
+                self.argv, env=self.env, cwd=self.cwd, timeout=self.timeout, cancel=cancel
+            )
+        except OSError as exc:
+            ended = exc
+        return await loop.run_in_executor(executor, self.conclude, ended, cancel)
+
+    def conclude(self, ended: process.Finished | OSError, cancel: CancelToken | None) -> ToolResult:
+        """The result: from ``$LLM_OUTPUT`` or stdout, or why there is none."""
+        result = self._result(ended, cancel)
+        return self.after(result) if self.after is not None else result
+
+    def _result(self, ended: process.Finished | OSError, cancel: CancelToken | None) -> ToolResult:
+        name, source, started = self.name, self.source, self.started
+        try:
+            if isinstance(ended, OSError):
+                return _error(f"tool '{name}' could not start: {ended}", source, started)
+            out_text = Path(self.output_path).read_text(encoding="utf-8", errors="replace")
+        finally:
+            Path(self.output_path).unlink(missing_ok=True)
+        stdout_text = ended.stdout.decode("utf-8", errors="replace")
+        stderr_text = ended.stderr.decode("utf-8", errors="replace").strip()
+        if ended.timed_out:
+            return _error(
+                f"tool '{name}' timed out after {self.timeout:g} s and was killed", source, started
+            )
+        if cancel is not None and cancel.cancelled:
+            return _error(f"tool '{name}' was cancelled ({cancel.reason})", source, started)
+        if ended.returncode != 0:
+            detail = stderr_text or out_text.strip() or stdout_text.strip()
+            message = f"tool '{name}' exited with code {ended.returncode}"
+            return _error(f"{message}: {detail}" if detail else message, source, started)
+        text = out_text if out_text.strip() else stdout_text
+        if not text.strip():
+            text = EMPTY_OUTPUT
+        return ToolResult(text, False, (time.monotonic() - started) * 1000, source)
 
 
 def _raw_json(arguments: Mapping[str, Any]) -> dict[str, str]:
@@ -741,6 +785,11 @@ class PythonTool:
     agent_tool: bool
 
     def call(self, arguments: str, *, cancel: CancelToken | None, timeout: float) -> ToolResult:
+        planned = self.plan(arguments, timeout=timeout)
+        return planned if isinstance(planned, ToolResult) else planned.run(cancel)
+
+    def plan(self, arguments: str, *, timeout: float) -> _Launch | ToolResult:
+        """The process a call runs (or the model's error instead); it reads files."""
         started = time.monotonic()
         parsed = _arguments(arguments)
         if isinstance(parsed, str):
@@ -754,13 +803,12 @@ class PythonTool:
             needs=_named_keys(self.path),
         )
         env.update(_raw_json(parsed))
-        return _run_process(
+        return _Launch(
             argv,
             name=self.spec.name,
             source=self.spec.source,
             env=env,
             cwd=work_dir(self.ctx.agent_dir),
-            cancel=cancel,
             timeout=timeout,
             started=started,
         )
@@ -868,6 +916,11 @@ class BashTool:
         return cli, "\n".join(assignments)
 
     def call(self, arguments: str, *, cancel: CancelToken | None, timeout: float) -> ToolResult:
+        planned = self.plan(arguments, timeout=timeout)
+        return planned if isinstance(planned, ToolResult) else planned.run(cancel)
+
+    def plan(self, arguments: str, *, timeout: float) -> _Launch | ToolResult:
+        """The process a call runs (or the model's error instead); it reads files."""
         started = time.monotonic()
         parsed = _arguments(arguments)
         if isinstance(parsed, str):
@@ -896,28 +949,30 @@ class BashTool:
         env.update(_raw_json(parsed))
         env["GRAPHRUN_ARGC_EVAL"] = f'printf "" > "$GRAPHRUN_ARGC_MARK"\n{eval_text}'
         env["BASH_FUNC_argc%%"] = _ARGC_SHIM
-        try:
-            result = _run_process(
-                argv + cli,
-                name=self.spec.name,
-                source=self.spec.source,
-                env=env,
-                cwd=work_dir(self.ctx.agent_dir),
-                cancel=cancel,
-                timeout=timeout,
-                started=started,
-            )
+
+        def after(result: ToolResult) -> ToolResult:
+            # Whether the dispatch reached the function (it made the mark just before).
             called = os.path.exists(mark)
-        finally:
             Path(mark).unlink(missing_ok=True)
-        if not built and not result.is_error and not called:
-            return _error(
-                f"tool '{self.spec.name}': {self.path.name} ended without calling its "
-                f"function '{function}' (does the script exit before its end?)",
-                self.spec.source,
-                started,
-            )
-        return result
+            if not built and not result.is_error and not called:
+                return _error(
+                    f"tool '{self.spec.name}': {self.path.name} ended without calling its "
+                    f"function '{function}' (does the script exit before its end?)",
+                    self.spec.source,
+                    started,
+                )
+            return result
+
+        return _Launch(
+            argv + cli,
+            name=self.spec.name,
+            source=self.spec.source,
+            env=env,
+            cwd=work_dir(self.ctx.agent_dir),
+            timeout=timeout,
+            started=started,
+            after=after,
+        )
 
 
 class Toolbox:
@@ -953,8 +1008,41 @@ class Toolbox:
             available = ", ".join(self._tools) or "none"
             return ToolResult(f"unknown tool '{name}' (available: {available})", True, 0.0, "")
         result = tool.call(arguments, cancel=cancel, timeout=timeout or self.timeout)
-        output = redaction.redact(result.output)  # a key a tool found goes nowhere
-        return result if output is result.output else replace(result, output=output)
+        return _redacted(result)
+
+    async def call_async(
+        self,
+        name: str,
+        arguments: str,
+        *,
+        cancel: CancelToken | None = None,
+        timeout: float | None = None,
+        executor: Any = None,
+    ) -> ToolResult:
+        """:meth:`call` awaited on the run's loop: a tool that runs a process has it
+        watched from the loop (what it reads and writes around it goes to
+        ``executor``); any other tool (an MCP server's) is called on ``executor``."""
+        import asyncio
+
+        tool = self._tools.get(name)
+        loop = asyncio.get_running_loop()
+        plan = getattr(tool, "plan", None)
+        if tool is None or plan is None:
+            return await loop.run_in_executor(
+                executor,
+                functools.partial(self.call, name, arguments, cancel=cancel, timeout=timeout),
+            )
+        planned = await loop.run_in_executor(
+            executor, functools.partial(plan, arguments, timeout=timeout or self.timeout)
+        )
+        if not isinstance(planned, ToolResult):
+            planned = await planned.run_async(cancel, executor)
+        return _redacted(planned)
+
+
+def _redacted(result: ToolResult) -> ToolResult:
+    output = redaction.redact(result.output)  # a key a tool found goes nowhere
+    return result if output is result.output else replace(result, output=output)
 
 
 # --------------------------------------------------------------------------- #

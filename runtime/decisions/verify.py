@@ -360,12 +360,14 @@ def require_answers_allowed(
     policies: dict[str, Policy] = {}
     requests: dict[tuple[str, int, str], HumanInputRequested] = {}
     first = events[0] if events else None
+    human = (HumanInputRequested, HumanInputReceived, ApprovalSigned)
     for event in events:
+        if not isinstance(event, human):  # one check for the many other events
+            continue
         if isinstance(event, HumanInputRequested):
             requests[(event.node_id, event.visit, event.branch)] = event
             continue
-        if not isinstance(event, HumanInputReceived | ApprovalSigned):
-            continue
+        assert isinstance(event, HumanInputReceived | ApprovalSigned)
         node = event.node_id
         if node not in policies:
             from graphrun.runtime.decisions.policy import governing_policy

@@ -2,17 +2,17 @@
 
 One :class:`Driver` drives one run in one process (it holds the run's lease). Its
 loop asks the pure decider for the next step; decision events are buffered and
-an effect is performed by the node type's actor (one ``ask`` per node step). The
+an effect is awaited on the run's event loop (:mod:`graphrun.actors.loop`). The
 effect's events and the decisions that follow from them are committed together in
 one transaction before the next effect starts, so nothing observable happens on
 the strength of an unrecorded value; a crash before that commit re-performs the
 effect on resume (at-least-once effects, exactly-once recorded results).
 
 A super-step (a fan-out, a map's items) runs its effects concurrently within their
-caps (:class:`_Slots`): a live llm call as a task on the HTTP client's event loop
-(the effect's ``submit``), any other effect on a worker thread. Each effect's events
-are committed as they happen and its result as it finishes; a slot it frees starts
-the next effect at once, on the thread that freed it.
+caps (:class:`_Slots`), each a task on the same loop; what an effect can only do
+blocking goes to the run's bounded executor. Each effect's events are committed
+as they happen and its result as it finishes; a slot it frees starts the next
+effect at once, on the loop.
 
 Policies: ``settings.timeout`` (cancels the in-flight node, records
 ``TimeoutFired``), the per-node visit cap (in the decider), cancellation (Ctrl-C,
@@ -42,8 +42,8 @@ from typing import Any
 import msgspec
 
 from graphrun.actors import process
-from graphrun.actors.base import CancelToken, start_actor_around
-from graphrun.actors.messages import Execute
+from graphrun.actors.base import CancelToken
+from graphrun.actors.loop import EffectLoop, TaskOutcome, runner
 from graphrun.eventstore.codec import content_hash
 from graphrun.eventstore.errors import (
     CorruptStoreError,
@@ -53,6 +53,7 @@ from graphrun.eventstore.errors import (
 )
 from graphrun.eventstore.events import (
     RESULT_TYPES,
+    ApprovalSigned,
     BranchesJoined,
     CacheChecked,
     ChildCancelled,
@@ -73,7 +74,7 @@ from graphrun.eventstore.ids import Clock, new_run_id
 from graphrun.eventstore.store import Store
 from graphrun.runtime.engine import decider
 from graphrun.runtime.engine.lifecycle import cancel_run, whoami
-from graphrun.runtime.engine.runs import LoadedRun, load_run, still_current
+from graphrun.runtime.engine.runs import LoadedRun, keep_snapshot, load_run, still_current
 from graphrun.runtime.errors import GraphValidationError, WaitingForHuman
 from graphrun.runtime.graph.loader import Diagnostic, LoadedGraph, graph_of
 from graphrun.runtime.graph.model import Graph
@@ -90,6 +91,9 @@ _LEASE_RENEW_EVERY = 10.0
 #: How often a driver looks for a cancel request from another process (``graphrun
 #: cancel``), between steps and while effects are in flight: one indexed read.
 _CANCEL_POLL_EVERY = 0.25
+# The fewest threads a run's executor may use for blocking work (a store commit, a
+# tool, an index, a person, a child run): a step may use as many as its effects.
+_MIN_EXECUTOR = 4
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,32 @@ class _Context:
         """Queue what was recorded so far for the next commit, now (a recording
         that ends inside this effect: what it holds is kept)."""
         self._driver.absorb_effects()
+
+    @property
+    def executor(self) -> Any:
+        """The run's bounded executor, where the effect's blocking work goes."""
+        return self._driver.executor()
+
+
+def _stopped_cleanly(events: Sequence[Event]) -> bool:
+    """Whether the process that last drove the run stopped with nothing in flight:
+    its log ends at a wait for a person (answers may follow it) or at an interrupt
+    (which stops its effects before it is recorded)."""
+    for event in reversed(events):
+        if isinstance(event, HumanInputReceived | ApprovalSigned):
+            continue
+        return isinstance(event, HumanInputRequested | RunInterrupted)
+    return False
+
+
+def _effect_error(exc: BaseException, token: CancelToken) -> BaseException:
+    """How an effect's task ended, as the driver reads it: a task cancelled under it
+    (its loop stopping) is the effect cancelled, a :class:`GraphrunError`."""
+    import asyncio
+
+    if isinstance(exc, asyncio.CancelledError):
+        return GraphrunError(f"cancelled ({token.reason or 'the run ended'})")
+    return exc
 
 
 def store_lost(exc: BaseException) -> bool:
@@ -332,7 +362,6 @@ class Driver:
         self.timed_out: float | None = None
         self.refused: GraphrunError | None = None
         self._pending_lock = threading.Lock()
-        self._actors: dict[str, Any] = {}
         self._effects_by_type: dict[str, Any] = {}
         self._tmp_dir: Path | None = None
         # Child runs started by this run's agent nodes (their tokens and drivers).
@@ -341,8 +370,14 @@ class Driver:
         self.interrupted: tuple[str, str] | None = None
         # The cancel tokens of effects in flight (a super-step runs several at once).
         self._tokens: set[CancelToken] = set()
-        self._workers: Any = None
-        self._workers_size = 0
+        # The loop the run's effects are awaited on (its own, made when first needed,
+        # unless the options bring one: a worker's, a parent run's), and the bounded
+        # executor their blocking work goes to.
+        self._loop: EffectLoop | None = self.options.effect_loop
+        self._owns_loop = self._loop is None
+        self._executor: Any = None
+        self._executor_size = 0
+        self._loop_lock = threading.Lock()
         self._effect_lock = threading.Lock()
         # Who cancelled the run from another process (its cancel request), and when
         # to look for a request and renew the lease next (time.monotonic()).
@@ -520,6 +555,7 @@ class Driver:
         try:
             outcome = self._drive()
             driven = True
+            keep_snapshot(self.store, self.run_id, outcome.status)  # for whoever continues it
             return outcome
         finally:
             if not driven:
@@ -533,16 +569,17 @@ class Driver:
             if driven:
                 self._sign_head()
             self.store.release_lease(self.run_id)
-            for ref in self._actors.values():
-                with contextlib.suppress(Exception):
-                    ref.stop(block=False)  # the actor closes its effect object
-            for node_type, effect in self._effects_by_type.items():
+            for effect in self._effects_by_type.values():
                 close = getattr(effect, "close", None)
-                if node_type not in self._actors and close is not None:
+                if close is not None:
                     with contextlib.suppress(Exception):
-                        close()
-            if self._workers is not None:
-                self._workers.shutdown(wait=True, cancel_futures=True)
+                        close()  # an effect holding resources (a pool, MCP sessions)
+            if self._executor is not None:
+                # Whatever still runs there is abandoned (a retrieval past its
+                # timeout): the run has ended and records nothing more from it.
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._owns_loop and self._loop is not None:
+                self._loop.stop()
             if self._tmp_dir is not None:
                 shutil.rmtree(self._tmp_dir, ignore_errors=True)
 
@@ -558,7 +595,33 @@ class Driver:
             scratch=lambda: self.tmp_dir,
             children=self.children,
             launcher=_ChildDriving(self),
+            loop=self.effect_loop,
         )
+
+    @property
+    def effect_loop(self) -> EffectLoop:
+        """The loop this run's effects are awaited on (made on first use)."""
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = EffectLoop(f"graphrun-loop-{self.run_id[:8]}")
+            return self._loop
+
+    def executor(self, size: int = 0) -> Any:
+        """The run's bounded executor for blocking work, with room for ``size``
+        threads at least (made anew between steps when a step needs more; threads
+        start only as work comes)."""
+        import concurrent.futures as cf
+
+        size = max(size, _MIN_EXECUTOR, self.graph.settings.max_concurrency)
+        with self._loop_lock:
+            if self._executor is None or self._executor_size < size:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=False)
+                self._executor_size = size
+                self._executor = cf.ThreadPoolExecutor(
+                    max_workers=size, thread_name_prefix=f"graphrun-{self.run_id[:8]}"
+                )
+            return self._executor
 
     @property
     def tmp_dir(self) -> Path:
@@ -596,8 +659,10 @@ class Driver:
             self._require_answers_allowed(events, hashes)
             # A graphrun killed outright may have left a script or tool running on
             # this host (if its lifeline died with it): end it before the node is
-            # performed again, never beside it.
-            process.end_orphans()
+            # performed again, never beside it. A log that ends at a wait for a
+            # person (and its answers) or at an interrupt had nothing in flight.
+            if not _stopped_cleanly(events):
+                process.end_orphans()
             self._speculate(
                 (
                     RunResumed(
@@ -746,8 +811,11 @@ class Driver:
                 # served here, like a recorded effect, without the actor hand-off.
                 effect.perform(step.task, ctx)
             else:
-                future = self._actor(step.node_type).ask(Execute(step.task, ctx), block=False)
+                future = self.effect_loop.start(runner(effect)(step.task, ctx))
                 self._wait(future, deadline, timeout, node_id)
+                failed = future.exception() if future.done() else None
+                if failed is not None and self.timed_out is None:
+                    raise _effect_error(failed, self.node_cancel)
         except WaitingForHuman as exc:
             self.absorb_effects()
             cause = exc.__cause__
@@ -799,19 +867,11 @@ class Driver:
         Each effect's events are committed as they happen and its result the moment
         it finishes, so a crash loses at most the effects still in flight. Returns
         the request of a branch that waits for a person (the others finish first)."""
-        import concurrent.futures as cf
-
         caps = {"": max(1, self.graph.settings.max_concurrency)}
         for task in tasks:
             if task.group:
                 caps[task.group] = max(1, task.cap)
-        if self._workers is None or self._workers_size < sum(caps.values()):
-            if self._workers is not None:
-                self._workers.shutdown(wait=False)
-            self._workers_size = sum(caps.values())
-            self._workers = cf.ThreadPoolExecutor(
-                max_workers=self._workers_size, thread_name_prefix=f"graphrun-{self.run_id[:8]}"
-            )
+        self.executor(sum(caps.values()))
         waiting: HumanInputRequested | None = None
         failures: list[tuple[str, decider.Perform, str]] = []
         queue = list(tasks)
@@ -850,7 +910,7 @@ class Driver:
                 # branch re-run for a regression is not cut short).
                 join.active = False
         for node_type in {task.node_type for task in queue}:
-            # Made here, on the driver's thread: a slot freed on the HTTP loop's thread
+            # Made here, on the driver's thread: a slot freed on the run's loop
             # must not stall that loop building an effect (loading an index, say). One
             # that cannot be made fails each of its tasks as it starts (_Slots._start).
             with contextlib.suppress(Exception):
@@ -964,10 +1024,8 @@ class Driver:
         return "ok", None
 
     def _start_effect(self, task: decider.Perform, token: CancelToken) -> tuple[Any, _Context]:
-        """Start one effect of a super-step: its future and its context.
-
-        An effect that can run as a task on an event loop (``submit``: a live llm
-        call) holds no thread while it waits; any other runs on a worker thread."""
+        """Start one effect of a super-step as a task on the run's loop: its outcome
+        and its context."""
         if self.interrupted is not None:
             token.cancel(self.interrupted[1])
         effects = self.state.branch_effects.get(task.branch, ())
@@ -975,27 +1033,36 @@ class Driver:
         ctx = _Context(
             self, task.node_id, task.visit, branch=task.branch, cancel=token, prior=prior
         )
-        effect = self._effect(task.node_type)
+        run = runner(self._effect(task.node_type))
         retry = pending_retry(effects) if self.options.effect_source is None else None
         if retry is not None:
-            # A branch trying again waits out its delay on its worker, not the loop's.
-            future = self._workers.submit(self._after_delay, retry, token, effect, task.task, ctx)
-            return future, ctx
-        submit = getattr(effect, "submit", None)
-        future = submit(task.task, ctx) if submit is not None else None
-        if future is None:
-            future = self._workers.submit(effect.perform, task.task, ctx)
-        return future, ctx
+            return self.effect_loop.start(self._after_delay(retry, token, run, task.task, ctx)), ctx
+        return self.effect_loop.start(run(task.task, ctx)), ctx
 
-    def _after_delay(
-        self, retry: NodeRetrying, token: CancelToken, effect: Any, task: Any, ctx: _Context
+    async def _after_delay(
+        self, retry: NodeRetrying, token: CancelToken, run: Any, task: Any, ctx: _Context
     ) -> Any:
         """A branch's next attempt, once its retry delay has passed (or never, when
-        the branch is cancelled meanwhile)."""
+        the branch is cancelled meanwhile): the wait is an asyncio wait."""
+        import asyncio
+
         left = retry.ts + retry.delay - self.clock.now()
-        if left > 0 and token.wait(left):
-            raise GraphrunError(token.reason or "cancelled")
-        return effect.perform(task, ctx)
+        if left > 0:
+            loop = asyncio.get_running_loop()
+            woken = loop.create_future()
+
+            def wake() -> None:
+                if not woken.done():
+                    woken.set_result(None)
+
+            unhook = token.on_cancel(lambda: loop.call_soon_threadsafe(wake))
+            try:
+                await asyncio.wait([woken], timeout=left)
+            finally:
+                unhook()
+            if token.cancelled:
+                raise GraphrunError(token.reason or "cancelled")
+        return await run(task, ctx)
 
     def _served_from_cache(self, step: decider.Perform, visit: int) -> bool:
         """A node with ``cache:``: serve an earlier run's recorded effect for the same
@@ -1053,9 +1120,9 @@ class Driver:
         self, task: decider.Perform, token: CancelToken, ctx: _Context, future: Any
     ) -> tuple[str, Any]:
         """What a finished effect of a super-step came to: ``(kind, detail)``."""
-        if future.cancelled():  # its event loop closed under it
-            return "failed", f"cancelled ({token.reason or 'the run ended'})"
         exc = future.exception()
+        if exc is not None:
+            exc = _effect_error(exc, token)
         if exc is None:
             if not ctx.recorded and not token.cancelled:
                 return "failed", f"{task.node_type} node produced no result"
@@ -1073,23 +1140,19 @@ class Driver:
         return "failed", f"internal error: {type(exc).__name__}: {exc}"
 
     def _wait(
-        self, future: Any, deadline: float | None, timeout: float | None, node_id: str
+        self, future: TaskOutcome, deadline: float | None, timeout: float | None, node_id: str
     ) -> None:
-        import pykka
-
+        """Wait for the node's effect in slices that watch for cancel requests, the
+        lease and the run's timeout (which cancels the effect and fails the run)."""
         while True:
             slice_ = _CANCEL_POLL_EVERY
             if deadline is not None:
                 slice_ = max(0.0, min(slice_, deadline - self.clock.monotonic()))
-            try:
-                future.get(timeout=slice_)
+            if future.wait(slice_):
                 return
-            except pykka.Timeout:
-                pass
             if deadline is not None and self.clock.monotonic() >= deadline:
                 self.node_cancel.cancel(f"run timeout ({timeout:g}s)")
-                with contextlib.suppress(Exception):
-                    future.get(timeout=30)
+                future.wait(30)
                 assert timeout is not None
                 self._timeout(timeout, node_id)
                 return
@@ -1149,8 +1212,7 @@ class Driver:
         for token in list(self._tokens):
             token.cancel(reason)
         if future is not None:
-            with contextlib.suppress(Exception):
-                future.get(timeout=30)
+            future.wait(30)
         with self._effects_lock:
             self._effects.clear()
 
@@ -1185,13 +1247,6 @@ class Driver:
                 for e in self._effects
                 if not (isinstance(e, RESULT_TYPES) and (branch is None or e.branch == branch))
             ]
-
-    def _actor(self, node_type: str) -> Any:
-        """The actor around :meth:`_effect` (started on first use)."""
-        ref = self._actors.get(node_type)
-        if ref is None:
-            ref = self._actors[node_type] = start_actor_around(self._effect(node_type))
-        return ref
 
     def _outcome(self) -> RunOutcome:
         s = self.state
@@ -1364,7 +1419,7 @@ class _Slots:
     """A super-step's effects in flight, within their groups' caps.
 
     A slot freed by a finishing effect starts the group's next effect at once, on the
-    thread that finished it (the HTTP event loop, a worker): the next call goes out
+    run's loop, as the effect before it finishes: the next call goes out
     without waiting for the driver's thread. The driver only takes what finished
     (:meth:`finished`), commits it, and decides what it came to. Nothing starts once
     the run is stopping (an interrupt, a cancel, the run's timeout)."""
@@ -1586,6 +1641,7 @@ class _ChildDriving:
         parent = self.parent
         # The child's own variables, as recorded when it began (never the parent's).
         options = for_run(_child_options(parent.options, knowledge), parent.store, child_id)
+        options.effect_loop = parent.effect_loop  # its effects are awaited beside the parent's
         child = Driver(parent.store, child_id, options, cancel=token)
         parent.children.attach(child_id, token, child)
         try:

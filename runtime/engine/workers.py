@@ -144,8 +144,10 @@ def _options(settings: dict[str, Any]) -> Any:
     )
 
 
-def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any:
-    """Drive a claimed run to its end or to a wait; returns the outermost outcome."""
+def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str, loop: Any = None) -> Any:
+    """Drive a claimed run to its end or to a wait; returns the outermost outcome.
+    ``loop``: the worker's :class:`~graphrun.actors.loop.EffectLoop`, to await the
+    run's effects on (its connections serve every run the worker drives)."""
     from graphrun.runtime.engine.driver import Driver, RunOutcome, drive, graph_of, resume_ancestors
     from graphrun.runtime.engine.runs import load_run
 
@@ -154,7 +156,7 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any
     target = claim.get("resume_run") or run_id
     # The run to drive, read (by the claim itself, when the store can) and verified
     # once: the driver takes it from here.
-    run = _claimed_run(claim.get("log"), target) or load_run(store, target)
+    run = _claimed_run(claim.get("log"), claim.get("snapshot"), target) or load_run(store, target)
     state = run.state
     if state.terminal and target == run_id:
         return RunOutcome(run_id, state.status, state.output, state.error)
@@ -170,6 +172,7 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any
     from graphrun.runtime.engine.driver import for_run
 
     options = for_run(options, store, target, first=run.first)  # the variables it began with
+    options.effect_loop = loop
     outcome = drive(Driver(store, target, options, resumed_by=worker_name, loaded=run))
     if target != run_id:
         # A person answered a child run: it went on first; now its parents.
@@ -177,12 +180,14 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str) -> Any
     return outcome
 
 
-def _claimed_run(rows: Any, run_id: str) -> Any:
-    """The run a claim read the log of (``raw_rows`` form), verified and folded;
-    ``None`` when the claim brought no log."""
+def _claimed_run(rows: Any, kept: Any, run_id: str) -> Any:
+    """The run a claim read the log of (``raw_rows`` form), verified and folded
+    (from ``kept``, the run's snapshot row the claim read, when the log confirms
+    it: see :func:`~graphrun.runtime.engine.runs.load_run`); ``None`` when the
+    claim brought no log."""
     if not rows:
         return None
-    from graphrun.eventstore import codec
+    from graphrun.eventstore import codec, snapshots
     from graphrun.eventstore.store import broken_log
     from graphrun.runtime.engine.runs import LoadedRun
 
@@ -191,7 +196,8 @@ def _claimed_run(rows: Any, run_id: str) -> Any:
     problem = codec.verify_chain(rows, into=events, hashes=hashes)
     if problem is not None:
         raise broken_log(run_id, problem)
-    return LoadedRun(run_id, events, fold(events), hashes)
+    state = snapshots.state_from(kept, run_id, events, hashes) if kept else None
+    return LoadedRun(run_id, events, state if state is not None else fold(events), hashes)
 
 
 def prepare_graph_types() -> None:
@@ -291,6 +297,8 @@ class Worker:
         #: The last claim's error while claiming fails (None once one succeeds).
         self.failure: BaseException | None = None
         self.outage = Outage(self.say)
+        # The loop every run this worker drives awaits its effects on, made by run().
+        self.effects: Any = None
         trouble = getattr(store, "on_connection_trouble", None)
         if trouble is not None:
             trouble(self.outage.down)
@@ -305,7 +313,10 @@ class Worker:
 
     def run(self) -> WorkerStats:
         """Work until stopped (or, with ``once``, until the queue is drained)."""
+        from graphrun.actors.loop import EffectLoop
+
         prepare_graph_types()
+        self.effects = EffectLoop("graphrun-worker-effects")
         slots = [
             threading.Thread(target=self._slot, name=f"graphrun-slot-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -338,6 +349,9 @@ class Worker:
                 self.store.finish_claim(run_id, "queued")
             self.stats.handed_back += 1
             self.say(f"▸ run {run_id} handed back to the queue")
+        if not left:
+            # (A run still in flight keeps it: its effects go on until the process ends.)
+            self.effects.stop()
         self._done.set()
         beat.join(5)
         for run_id in unreturned:
@@ -457,7 +471,7 @@ class Worker:
         self.say(f"▸ {how} run {run_id} (attempt {claim.get('attempts', 1)})")
         started = time.monotonic()
         try:
-            outcome = drive_claimed(self.store, claim, worker_name=self.name)
+            outcome = drive_claimed(self.store, claim, worker_name=self.name, loop=self.effects)
         except LeaseHeldError as exc:
             # Another worker took the run over (this one stalled past its lease):
             # it is that worker's now; its hand-back changes nothing of it.

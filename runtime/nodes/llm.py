@@ -270,7 +270,7 @@ class LlmActor:
         if options.llm_replay is not None:
             self.clients = ClientFactory.replay(options.llm_replay, config)
         else:
-            self.clients = ClientFactory(config)
+            self.clients = ClientFactory(config, loop=ports.loop)
         self.graph = ports.graph
         self.config_dir = options.config_dir
         self.agent_dir = ports.agent_dir
@@ -334,34 +334,45 @@ class LlmActor:
         self.clients.close()
 
     def inline(self, task: Any) -> bool:
-        """Whether a visit can be served on the supervisor's thread: every response
-        comes from the recording and there are no tools to run (no I/O, no wait)."""
+        """Whether a visit is served from the recording on the driver's thread, as a
+        recorded effect is: every response comes from the recording and there are no
+        tools to run (no I/O, no wait)."""
         return self.clients.replaying and not task.tools
 
-    def submit(self, task: Any, ctx: Any) -> Any:
-        """A live visit without tools as a task on the HTTP client's event loop (its
-        :class:`~graphrun.actors.llm.client.TaskOutcome`, which reads as a
-        ``concurrent.futures.Future``): a step's many calls hold no thread each while
-        their models answer. None when the visit is to be performed on a thread:
-        replaying (no waits to overlap), or with tools (they block, each on its own)."""
-        if self.clients.replaying or task.tools:
-            return None
-        from graphrun.actors.llm.call import perform_llm_async
-
-        return self.clients.run_on_loop(perform_llm_async(task, ctx, client_factory=self.clients))
-
     def perform(self, task: Any, ctx: Any) -> Any:
+        """A visit served from the recording, in place (see :meth:`inline`)."""
+        from graphrun.actors.llm.call import perform_llm
+
+        return perform_llm(task, ctx, client_factory=self.clients)
+
+    async def run(self, task: Any, ctx: Any) -> Any:
+        """One visit, awaited on the run's loop: each request is awaited there (a
+        step's many calls hold no thread while their models answer); its tools and
+        commits block, so they go to the run's executor."""
         # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
         # supervisor prefixes the node id, so they carry none of their own.
-        from graphrun.actors.llm.call import perform_llm
+        from graphrun.actors.llm.call import perform_llm_async
+        from graphrun.actors.loop import blocking
+
+        if not task.tools:
+            return await perform_llm_async(task, ctx, client_factory=self.clients)
+        box, own = await blocking(ctx, self._toolbox_of, task, ctx)
+        try:
+            return await perform_llm_async(task, ctx, client_factory=self.clients, toolbox=box)
+        finally:
+            if own:
+                await blocking(ctx, box.close)
+
+    def _toolbox_of(self, task: Any, ctx: Any) -> tuple[Any, bool]:
+        """The tools of a visit (loading them can start processes: it blocks): the
+        node's own, and Loki's built-in functions when it names any; and whether the
+        box is the visit's own, closed when it ends (the node's are kept)."""
         from graphrun.actors.tools.builtin_specs import is_builtin
         from graphrun.runtime.nodes.builtins import BuiltinToolbox
 
         builtins = [name for name in task.tools if is_builtin(name)]
         if not builtins:
-            return perform_llm(
-                task, ctx, client_factory=self.clients, toolbox=self.toolbox(task.tools)
-            )
+            return self.toolbox(task.tools), False
         own = self.toolbox(tuple(name for name in task.tools if not is_builtin(name)))
         box = BuiltinToolbox(
             own,
@@ -372,10 +383,7 @@ class LlmActor:
             clients=self.clients,
             grant=self.granted,
         )
-        try:
-            return perform_llm(task, ctx, client_factory=self.clients, toolbox=box)
-        finally:
-            box.close()
+        return box, True
 
 
 def effect(ports: RunPorts) -> tuple[type, tuple[Any, ...]]:

@@ -45,6 +45,10 @@ class RunOptions:
     # The allowed_signers file recorded answers are checked against (--signers; else
     # found next to the graph, then in the config directory).
     signers: Path | None = None
+    # The event loop (an ``actors.loop.EffectLoop``) to await the run's effects on:
+    # a worker's, kept for every run it drives, or a parent run's for its children.
+    # None: the run makes its own and stops it when it stops.
+    effect_loop: Any = None
 
 
 @dataclass
@@ -98,6 +102,7 @@ class RunPorts:
     scratch: Callable[[], Path]  # the run's scratch directory, made on first use
     children: ChildRuns
     launcher: ChildLauncher  # starts and drives child runs (agent nodes)
+    loop: Any = None  # the run's EffectLoop (its effects are awaited on it)
 
 
 __all__ = ["ChildLauncher", "ChildRuns", "RunOptions", "RunPorts"]

@@ -9,7 +9,6 @@ records ``RetrievalDone``, so replay never needs the index.
 
 from __future__ import annotations
 
-import concurrent.futures
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -267,7 +266,12 @@ class RagActor:
             )
         return kb
 
-    def perform(self, task: Any, ctx: Any) -> None:
+    async def run(self, task: Any, ctx: Any) -> None:
+        """Query the knowledge base (loading it first, the first time) on the run's
+        executor: the index and the query's embedding block. The node's timeout
+        bounds the query (a loop timer): past it, its outcome is not waited for."""
+        import asyncio
+
         started = time.monotonic()
 
         def done(**fields: Any) -> None:
@@ -282,23 +286,23 @@ class RagActor:
                 )
             )
 
+        loop = asyncio.get_running_loop()
+        executor = getattr(ctx, "executor", None)
         try:
-            kb = self._kb(task.node_id, task.config)
+            kb = await loop.run_in_executor(executor, self._kb, task.node_id, task.config)
         except GraphrunError as exc:
             done(error=str(exc))
             return
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-        future = pool.submit(kb.query, task.query, task.top_k)
         try:
-            result = future.result(timeout=task.timeout)
-        except concurrent.futures.TimeoutError:
+            result = await asyncio.wait_for(
+                loop.run_in_executor(executor, kb.query, task.query, task.top_k), task.timeout
+            )
+        except TimeoutError:
             done(error=f"retrieval timed out after {task.timeout:g}s")
             return
         except GraphrunError as exc:
             done(error=str(exc))
             return
-        finally:
-            pool.shutdown(wait=False)
         done(result=result.as_output(), hits=list(result.hits))
 
 

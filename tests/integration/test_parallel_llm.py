@@ -120,8 +120,8 @@ def test_a_map_of_llm_calls_has_them_in_flight_at_once(
     llm.default = reply
     run_id, outcome = run(store, agent(tmp_path, ["a", "b", "c", "d"], cap=4))
     assert outcome.status == "completed", outcome.error
-    # The calls were tasks on the HTTP client's loop: no worker thread was started.
-    assert "graphrun-http" in threads
+    # The calls were tasks on the run's loop: no executor thread was started.
+    assert f"graphrun-loop-{run_id[:8]}" in threads
     assert not [name for name in threads if name.startswith(f"graphrun-{run_id[:8]}")]
     assert json.loads(outcome.output or "") == [
         "echo: item a",

@@ -182,6 +182,7 @@ def test_a_worker_run_costs_a_claim_a_read_a_statement_per_step_and_a_hand_back(
         assert seen.pop("SET LOCAL synchronous_commit") == 1
         assert seen.pop("SELECT 1 FROM") == 2  # its lease and its head, in the transaction
         assert seen.pop("INSERT INTO events") == seen.pop("INSERT INTO runs") == 1
+        assert seen.pop("DELETE FROM snapshots") == 1  # an ended run keeps none
         commits += 1
     # One commit per llm step and one for the end (RunStarted was the submit's).
     assert 1 <= commits <= 4 < steps
@@ -427,3 +428,40 @@ def test_a_stopped_worker_hands_back_the_run_it_claimed_ahead(
     assert [store.queued(r)["state"] for r in ids] == ["done", "queued", "queued"]  # type: ignore[index]
     with store.pool.connection() as conn:
         assert conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+def test_a_claimed_answered_run_folds_from_its_snapshot_and_ends_without_one(
+    open_store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str
+) -> None:
+    """The claim brings the run's snapshot with its log: the worker folds only what
+    follows it; the run's end (one statement at `full`) drops the snapshot."""
+    from graphrun.runtime.engine.answers import submit_answer
+    from graphrun.runtime.engine.workers import drive_claimed, submit_run
+    from graphrun.runtime.graph.loader import load_graph
+    from tests.integration.test_snapshots import loop_gate, no_full_fold
+
+    store = open_store(durability)
+    run_id = submit_run(
+        store,
+        load_graph(loop_gate(tmp_path)),
+        prompt="",
+        overrides={},
+        as_user="ann",
+        agents_dir=None,
+        config_dir=tmp_path / "config",
+    )
+    claim = store.claim(seconds=30)
+    assert claim is not None and claim["snapshot"] is None
+    assert drive_claimed(store, claim, worker_name="w1").status == "waiting"
+    store.finish_claim(run_id, "waiting")
+    head = store.run(run_id).last_seq
+    submit_answer(store, run_id, "approve", kind="approval", as_user="ann", channel="approve")
+    store.release_lease(run_id)
+    claim = store.claim(seconds=30)
+    assert claim is not None and claim["snapshot"][0] == head  # type: ignore[index]
+    calls = no_full_fold(monkeypatch)
+    outcome = drive_claimed(store, claim, worker_name="w1")
+    assert (outcome.status, outcome.output) == ("completed", "approve after 12")
+    assert calls == [1]  # the answer, the one event after the snapshot
+    assert store.snapshot(run_id) is None

@@ -2,7 +2,8 @@
 
 ``python count_reads.py OUT.json ARGS...`` runs ``graphrun ARGS...`` in this process
 and writes how often it read a run's log (``read``, ``read_verified``, ``raw_rows``
-of the SQLite store) and folded one (``fold``) to OUT.json, whatever the exit code.
+of the SQLite store), folded one (``fold``) and swept the host for what a killed
+graphrun left running (``end_orphans``) to OUT.json, whatever the exit code.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from graphrun.actors import process
 from graphrun.eventstore import fold as fold_module
 from graphrun.eventstore.store import SqliteStore
 
@@ -32,6 +34,7 @@ def main() -> None:
     out, args = sys.argv[1], sys.argv[2:]
     for name in ("read", "read_verified", "raw_rows", "append"):
         setattr(SqliteStore, name, counted(name, getattr(SqliteStore, name)))
+    process.end_orphans = counted("end_orphans", process.end_orphans)  # type: ignore[assignment]
     real_fold = fold_module.fold
     fold_module.fold = counted("fold", real_fold)
     # Modules that imported ``fold`` by name before it was wrapped.

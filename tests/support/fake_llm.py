@@ -107,6 +107,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: Any
+    peer: str = ""  # the client's address and port: which connection it came over
 
     @property
     def protocol(self) -> str:
@@ -366,6 +367,7 @@ class _Handler(BaseHTTPRequestHandler):
             path=self.path,
             headers={key.lower(): value for key, value in self.headers.items()},
             body=body,
+            peer=f"{self.client_address[0]}:{self.client_address[1]}",
         )
         if self.path.endswith("/chat/completions"):
             render = _openai_body

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -367,8 +371,28 @@ def test_validate_whitelist_reports_a_broken_tool_file(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- #
 
 
-def test_python_tool_writes_to_llm_output(agent_dir: Path, config_dir: Path) -> None:
-    box = toolbox(agent_dir, config_dir, "search", "classify")
+class _Awaited:
+    """A toolbox whose calls are awaited (``call_async``) on a loop of their own,
+    with one executor thread: as a run's loop calls it."""
+
+    def __init__(self, box: Any) -> None:
+        self.box = box
+
+    def call(self, name: str, arguments: str, **kwargs: Any) -> Any:
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            return asyncio.run(self.box.call_async(name, arguments, executor=executor, **kwargs))
+
+
+@pytest.fixture(params=["blocking", "awaited"])
+def via(request: pytest.FixtureRequest) -> Callable[[Any], Any]:
+    """Each behaviour holds for a call that blocks and for one awaited on a loop."""
+    return (lambda box: box) if request.param == "blocking" else _Awaited
+
+
+def test_python_tool_writes_to_llm_output(
+    agent_dir: Path, config_dir: Path, via: Callable[[Any], Any]
+) -> None:
+    box = via(toolbox(agent_dir, config_dir, "search", "classify"))
     result = box.call("search", json.dumps({"query": "cats", "exact": True}))
     assert (result.output, result.is_error, result.source) == ("cats:5:True", False, "tools.py")
     assert result.duration_ms > 0
@@ -382,13 +406,17 @@ def test_python_tool_writes_to_llm_output(agent_dir: Path, config_dir: Path) -> 
 
 
 def test_python_tool_environment_and_cwd(
-    agent_dir: Path, config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    agent_dir: Path,
+    config_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    via: Callable[[Any], Any],
 ) -> None:
     # A tool runs where graphrun was invoked (as Loki runs it), not in the agent dir.
     invoked = tmp_path / "project"
     invoked.mkdir()
     monkeypatch.chdir(invoked)
-    result = toolbox(agent_dir, config_dir, "env_report").call("env_report", "{}")
+    result = via(toolbox(agent_dir, config_dir, "env_report")).call("env_report", "{}")
     report = json.loads(result.output)
     output_file = report.pop("LLM_OUTPUT")
     assert output_file.startswith("/") and not Path(output_file).exists()  # removed after
@@ -408,22 +436,28 @@ def test_python_tool_environment_and_cwd(
     }
 
 
-def test_stdout_is_the_fallback_when_llm_output_is_empty(agent_dir: Path, config_dir: Path) -> None:
-    box = toolbox(agent_dir, config_dir, "noisy", "greet")
+def test_stdout_is_the_fallback_when_llm_output_is_empty(
+    agent_dir: Path, config_dir: Path, via: Callable[[Any], Any]
+) -> None:
+    box = via(toolbox(agent_dir, config_dir, "noisy", "greet"))
     assert box.call("noisy", "").output == "from stdout\n"
     assert box.call("greet", "{}").output == "hello world\n"  # the @option default
     assert box.call("greet", '{"name": "Ada"}').output == "hello Ada\n"
 
 
-def test_python_tool_exception_is_an_error_result(agent_dir: Path, config_dir: Path) -> None:
-    result = toolbox(agent_dir, config_dir, "broken").call("broken", '{"reason": "no disk"}')
+def test_python_tool_exception_is_an_error_result(
+    agent_dir: Path, config_dir: Path, via: Callable[[Any], Any]
+) -> None:
+    result = via(toolbox(agent_dir, config_dir, "broken")).call("broken", '{"reason": "no disk"}')
     assert result.is_error
     assert result.output.startswith("tool 'broken' exited with code 1: Traceback")
     assert result.output.endswith("RuntimeError: no disk")
 
 
-def test_bash_tool_gets_argc_variables_and_flags(agent_dir: Path, config_dir: Path) -> None:
-    box = toolbox(agent_dir, config_dir, "list_files")
+def test_bash_tool_gets_argc_variables_and_flags(
+    agent_dir: Path, config_dir: Path, via: Callable[[Any], Any]
+) -> None:
+    box = via(toolbox(agent_dir, config_dir, "list_files"))
     args = {"dir": "/tmp/x y", "kind": "dir", "pattern": ["*.md", "it's"], "all": True}
     result = box.call("list_files", json.dumps({**args, "depth": 2}))
     assert result.is_error is False
@@ -434,13 +468,17 @@ def test_bash_tool_gets_argc_variables_and_flags(agent_dir: Path, config_dir: Pa
     )
 
 
-def test_bash_global_tool_main(agent_dir: Path, config_dir: Path) -> None:
-    box = toolbox(agent_dir, config_dir, "get_time")
+def test_bash_global_tool_main(
+    agent_dir: Path, config_dir: Path, via: Callable[[Any], Any]
+) -> None:
+    box = via(toolbox(agent_dir, config_dir, "get_time"))
     assert box.call("get_time", '{"zone": "CET"}').output == "time in CET\n"
 
 
-def test_bash_argument_errors_go_back_to_the_model(agent_dir: Path, config_dir: Path) -> None:
-    box = toolbox(agent_dir, config_dir, "list_files")
+def test_bash_argument_errors_go_back_to_the_model(
+    agent_dir: Path, config_dir: Path, via: Callable[[Any], Any]
+) -> None:
+    box = via(toolbox(agent_dir, config_dir, "list_files"))
     cases = {
         "{}": "tool 'list_files': missing required argument 'dir'",
         '{"dir": "a", "kind": "pipe"}': (
@@ -456,21 +494,27 @@ def test_bash_argument_errors_go_back_to_the_model(agent_dir: Path, config_dir: 
         assert (result.output, result.is_error) == (message, True)
 
 
-def test_nonzero_exit_returns_stderr(agent_dir: Path, config_dir: Path) -> None:
-    result = toolbox(agent_dir, config_dir, "fail").call("fail", "{}")
+def test_nonzero_exit_returns_stderr(
+    agent_dir: Path, config_dir: Path, via: Callable[[Any], Any]
+) -> None:
+    result = via(toolbox(agent_dir, config_dir, "fail")).call("fail", "{}")
     assert (result.output, result.is_error) == (
         "tool 'fail' exited with code 3: something broke",
         True,
     )
 
 
-def test_unknown_tool_call_is_an_error_result(agent_dir: Path, config_dir: Path) -> None:
-    result = toolbox(agent_dir, config_dir, "greet").call("rm_rf", "{}")
+def test_unknown_tool_call_is_an_error_result(
+    agent_dir: Path, config_dir: Path, via: Callable[[Any], Any]
+) -> None:
+    result = via(toolbox(agent_dir, config_dir, "greet")).call("rm_rf", "{}")
     assert (result.output, result.is_error) == ("unknown tool 'rm_rf' (available: greet)", True)
 
 
-def test_timeout_kills_the_process_group(agent_dir: Path, config_dir: Path) -> None:
-    box = toolbox(agent_dir, config_dir, "sleep_long", timeout=0.5)
+def test_timeout_kills_the_process_group(
+    agent_dir: Path, config_dir: Path, via: Callable[[Any], Any]
+) -> None:
+    box = via(toolbox(agent_dir, config_dir, "sleep_long", timeout=0.5))
     started = time.monotonic()
     result = box.call("sleep_long", "{}")
     assert time.monotonic() - started < 5
@@ -480,8 +524,10 @@ def test_timeout_kills_the_process_group(agent_dir: Path, config_dir: Path) -> N
     )
 
 
-def test_cancel_kills_a_running_tool(agent_dir: Path, config_dir: Path) -> None:
-    box = toolbox(agent_dir, config_dir, "sleepy")
+def test_cancel_kills_a_running_tool(
+    agent_dir: Path, config_dir: Path, via: Callable[[Any], Any]
+) -> None:
+    box = via(toolbox(agent_dir, config_dir, "sleepy"))
     cancel = CancelToken()
     timer = threading.Timer(0.3, cancel.cancel, args=("run timed out",))
     timer.start()
@@ -497,7 +543,9 @@ def test_cancel_kills_a_running_tool(agent_dir: Path, config_dir: Path) -> None:
     )
 
 
-def test_already_cancelled_token_runs_nothing(agent_dir: Path, config_dir: Path) -> None:
+def test_already_cancelled_token_runs_nothing(
+    agent_dir: Path, config_dir: Path, via: Callable[[Any], Any]
+) -> None:
     marker = agent_dir / "ran"
     (agent_dir / "tools.py").write_text(
         f'def touch():\n    """Touch."""\n    open({str(marker)!r}, "w").close()\n'
@@ -505,21 +553,21 @@ def test_already_cancelled_token_runs_nothing(agent_dir: Path, config_dir: Path)
     (agent_dir / "tools.sh").unlink()
     cancel = CancelToken()
     cancel.cancel("stop")
-    result = load_toolbox(agent_dir, ["touch"]).call("touch", "{}", cancel=cancel)
+    result = via(load_toolbox(agent_dir, ["touch"])).call("touch", "{}", cancel=cancel)
     assert (result.output, result.is_error) == ("tool 'touch' was cancelled (stop)", True)
     assert not marker.exists()
 
 
-def test_stdin_is_closed(tmp_path: Path) -> None:
+def test_stdin_is_closed(tmp_path: Path, via: Callable[[Any], Any]) -> None:
     (tmp_path / "tools.py").write_text(
         'def read_stdin():\n    """Read stdin."""\n'
         "    import sys\n    return repr(sys.stdin.read())\n"
     )
-    assert load_toolbox(tmp_path, ["read_stdin"]).call("read_stdin", "{}").output == "''"
+    assert via(load_toolbox(tmp_path, ["read_stdin"])).call("read_stdin", "{}").output == "''"
 
 
 def test_tool_runs_with_the_callers_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, via: Callable[[Any], Any]
 ) -> None:
     (tmp_path / "tools.sh").write_text(
         '# @describe Echo a variable\nmain() { echo "$GRAPHRUN_TOOLS_TEST"; }\n'
@@ -527,11 +575,11 @@ def test_tool_runs_with_the_callers_environment(
     )
     monkeypatch.setenv("GRAPHRUN_TOOLS_TEST", "inherited")
     # Without @cmd functions, tools.sh is one tool named after the file.
-    assert load_toolbox(tmp_path, ["tools"]).call("tools", "{}").output == "inherited\n"
+    assert via(load_toolbox(tmp_path, ["tools"])).call("tools", "{}").output == "inherited\n"
 
 
 def test_a_global_tool_gets_the_agents_folder_as_root_and_its_dotenv(
-    agent_dir: Path, config_dir: Path, monkeypatch: pytest.MonkeyPatch
+    agent_dir: Path, config_dir: Path, monkeypatch: pytest.MonkeyPatch, via: Callable[[Any], Any]
 ) -> None:
     # As Loki's run-tool runs a global tool for an agent: root = the agent's folder.
     monkeypatch.delenv("SERVICE_TOKEN", raising=False)
@@ -543,6 +591,26 @@ def test_a_global_tool_gets_the_agents_folder_as_root_and_its_dotenv(
     )
     (agent_dir / ".env").write_text("SERVICE_TOKEN=from-the-agent\n")
     (config_dir / ".env").write_text("SERVICE_TOKEN=from-the-config\n")
-    box = load_toolbox(agent_dir, ["gsecret"], global_tools=["gsecret.py"], config_dir=config_dir)
+    box = via(
+        load_toolbox(agent_dir, ["gsecret"], global_tools=["gsecret.py"], config_dir=config_dir)
+    )
     result = box.call("gsecret", "{}")
     assert result.output == f"from-the-agent {agent_dir.resolve()}"
+
+
+def test_awaited_tool_processes_hold_no_thread(agent_dir: Path, config_dir: Path) -> None:
+    # Six tools that each sleep 0.4 s, awaited at once with one executor thread:
+    # their processes are watched from the loop, so they overlap.
+    box = toolbox(agent_dir, config_dir, "sleepy")
+
+    async def main() -> list[Any]:
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            calls = [
+                box.call_async("sleepy", '{"seconds": 0.4}', executor=executor) for _ in range(6)
+            ]
+            return list(await asyncio.gather(*calls))
+
+    started = time.monotonic()
+    results = asyncio.run(main())
+    assert time.monotonic() - started < 6 * 0.4
+    assert all(not r.is_error for r in results), results

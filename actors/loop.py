@@ -1,0 +1,211 @@
+"""The event loop a run's effects are awaited on.
+
+Every effect is a coroutine (``async def run(task, ctx)``) started on an
+:class:`EffectLoop`: an asyncio loop on a daemon thread of its own. An LLM request
+is awaited on it (aiohttp), a script's process is watched from it (its pipes and
+its pidfd), and a wait between attempts is an asyncio wait: none of them holds a
+thread. Work that can only block (a store commit, a tool's process, loading a
+vector index, asking a person, driving a child run) is handed to the run's bounded
+executor with :func:`blocking`, never done on the loop itself.
+
+One loop serves a run and its child runs; a worker keeps one for every run it
+drives (and its connection pool with it). Nothing here touches the process's
+event-loop policy, its signal handlers or its default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class EffectLoop:
+    """An asyncio event loop on a daemon thread of its own.
+
+    ``shared`` holds what the loop's users keep for its life (a pooled HTTP
+    session): :meth:`keep` makes it once; :meth:`stop` closes what has an async
+    ``close``."""
+
+    def __init__(self, name: str = "graphrun-effects") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+        self._shared: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+        self.stopped = False
+
+    def on_loop(self) -> bool:
+        """Whether the caller runs on the loop's own thread."""
+        return threading.get_ident() == self._thread.ident
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on the loop (from another thread); cancelling the future cancels it."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def start(self, coro: Coroutine[Any, Any, Any]) -> TaskOutcome:
+        """Run ``coro`` as a task on the loop; the outcome completes with it.
+
+        The task completes the outcome itself as it ends, so whoever is told of it
+        (a callback starting the next effect) hears of it in the same loop
+        iteration, not one later. Started from the loop's own thread (an effect
+        finishing starts the next), the task is created at once, not via the loop's
+        wake-up pipe."""
+        outcome = TaskOutcome()
+        if self.on_loop():
+            self.loop.create_task(_into(coro, outcome))
+        else:
+            self.loop.call_soon_threadsafe(self.loop.create_task, _into(coro, outcome))
+        return outcome
+
+    def keep(self, key: Any, make: Callable[[], T]) -> T:
+        """The object kept under ``key`` for the loop's life (``make()`` on first use;
+        called on the loop's thread when the object must be made there)."""
+        with self._lock:
+            found = self._shared.get(key)
+            if found is None:
+                found = self._shared[key] = make()
+            return found
+
+    def cancel_all(self) -> None:
+        """Cancel every task still on the loop (each ends as cancelled at once)."""
+
+        async def cancel_the_rest() -> None:
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        with contextlib.suppress(Exception):
+            self.submit(cancel_the_rest()).result(timeout=10)
+
+    def stop(self) -> None:
+        """Cancel what is left, close what was kept, stop the loop and its thread."""
+        if self.stopped:
+            return
+        self.stopped = True
+        self.cancel_all()
+        with self._lock:
+            kept, self._shared = list(self._shared.values()), {}
+        for thing in kept:
+            close = getattr(thing, "close", None)
+            if close is not None and asyncio.iscoroutinefunction(close):
+                with contextlib.suppress(Exception):
+                    self.submit(close()).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    def __enter__(self) -> EffectLoop:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class TaskOutcome:
+    """How a task started by :meth:`EffectLoop.start` ended, for whoever is told or
+    waits: the part of ``concurrent.futures.Future`` the driver uses
+    (``add_done_callback``, ``cancelled``, ``exception``, ``wait``), without the
+    condition variable a ``Future`` makes for waiters (a map makes one per call and
+    nobody waits on them: the event a waiter sleeps on is made by the first
+    :meth:`wait`). A cancelled task ends with its ``CancelledError`` as the
+    exception."""
+
+    __slots__ = ("_callbacks", "_done", "_event", "_exception", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[TaskOutcome], object]] = []
+        self._done = False
+        self._exception: BaseException | None = None
+        self._event: threading.Event | None = None
+
+    def add_done_callback(self, fn: Callable[[TaskOutcome], object]) -> None:
+        """Call ``fn(outcome)`` when the task ends (on the loop's thread), or now if it has."""
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> BaseException | None:
+        if not self._done:
+            raise concurrent.futures.InvalidStateError("the task has not ended")
+        return self._exception
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Sleep until the task ends or ``timeout`` passes; whether it ended."""
+        with self._lock:
+            if self._done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def _end(self, exception: BaseException | None) -> None:
+        with self._lock:
+            self._exception, self._done = exception, True
+            callbacks, self._callbacks = self._callbacks, []
+            event = self._event
+        if event is not None:
+            event.set()
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:  # as concurrent.futures does: one callback's bug stops no other
+                log.exception("a callback of a loop task raised")
+
+
+async def _into(coro: Coroutine[Any, Any, Any], outcome: TaskOutcome) -> None:
+    """Await ``coro`` and hand how it ended to ``outcome`` (its result is recorded by
+    the effect itself, so only an exception is kept)."""
+    try:
+        await coro
+    except asyncio.CancelledError as exc:
+        outcome._end(exc)
+        raise
+    except BaseException as exc:
+        outcome._end(exc)
+    else:
+        outcome._end(None)
+
+
+async def blocking(ctx: Any, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the bounded executor of the run ``ctx`` belongs to (the
+    context's ``executor``; without one, the loop's default executor), awaited: the
+    loop goes on serving the other effects meanwhile."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(getattr(ctx, "executor", None), fn, *args)
+
+
+async def perform_blocking(effect: Any, task: Any, ctx: Any) -> Any:
+    """An effect that only has a blocking ``perform(task, ctx)``, run as an awaitable."""
+    return await blocking(ctx, effect.perform, task, ctx)
+
+
+def runner(effect: Any) -> Callable[[Any, Any], Coroutine[Any, Any, Any]]:
+    """What awaits one of ``effect``'s visits: its ``run`` coroutine function, or
+    its blocking ``perform`` on the executor."""
+    run = getattr(effect, "run", None)
+    if run is not None and asyncio.iscoroutinefunction(run):
+        return run
+    return lambda task, ctx: perform_blocking(effect, task, ctx)
+
+
+__all__ = ["EffectLoop", "TaskOutcome", "blocking", "perform_blocking", "runner"]
