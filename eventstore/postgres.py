@@ -336,8 +336,9 @@ _CLAIM = _compact(f"WITH {_CLAIM_WITH} SELECT {_CLAIM_COLUMNS} FROM locked k{_CL
 #: a run queues it again.
 _FINISH_WITH = """
 queue AS (
-    UPDATE run_queue q SET state = CASE WHEN h.state = 'waiting' AND q.answered
-        THEN 'queued' ELSE h.state END, answered = false, worker = NULL, updated_at = %(now)s
+    UPDATE run_queue q SET state = CASE WHEN h.state = 'unstarted' OR (h.state = 'waiting'
+        AND q.answered) THEN 'queued' ELSE h.state END, answered = false, worker = NULL,
+        updated_at = %(now)s, attempts = q.attempts - (h.state = 'unstarted')::int
     FROM unnest(%(runs)s::text[], %(states)s::text[]) AS h(run_id, state)
     WHERE q.run_id = h.run_id AND q.worker = %(owner)s RETURNING 1
 ), lease AS (
@@ -1549,17 +1550,18 @@ class PostgresStore:
         seconds: float = LEASE_SECONDS,
     ) -> list[dict[str, Any]]:
         """Hand claimed runs back, each ``(run id, queue state)`` (see
-        :meth:`finish_claim`), in one statement committed flushed: their queue
-        rows and leases change, then their advisory locks go. When the database
-        cannot be reached the runs stay this worker's (their leases renewed by the
-        heartbeat) and :class:`StoreError` is raised: call again.
+        :meth:`finish_claim`; ``unstarted``: a run claimed and never driven, queued
+        again with its attempt not counted), in one statement committed flushed:
+        their queue rows and leases change, then their advisory locks go. When the
+        database cannot be reached the runs stay this worker's (their leases
+        renewed by the heartbeat) and :class:`StoreError` is raised: call again.
 
         ``claim``: claim up to that many runs in the same statement (see
         :meth:`claim_many`), whose claims are returned: a worker hands its runs
         back and takes the next ones in one round trip and one flush. When that
         fails, nothing of either happened."""
         for _run_id, state in done:
-            if state not in ("done", "waiting", "queued", "stuck"):
+            if state not in ("done", "waiting", "queued", "stuck", "unstarted"):
                 raise ValueError(f"unknown queue state {state!r}")
         runs = [run_id for run_id, _state in done]
         if not runs and claim < 1:

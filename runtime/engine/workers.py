@@ -381,7 +381,7 @@ class Worker:
                     closing = self._closing
                     returning = sorted(self._returns.items())
                     if closing:
-                        returning += [(c["run_id"], "queued") for c in self._ready]
+                        returning += [(c["run_id"], "unstarted") for c in self._ready]
                     want = 0
                     if not (closing or self._stopping.is_set()):
                         want = (

@@ -426,6 +426,7 @@ def test_a_stopped_worker_hands_back_the_run_it_claimed_ahead(
     assert worker.stats.runs == ids[:1] and worker.stats.completed == 1
     assert worker.stats.handed_back == 0
     assert [store.queued(r)["state"] for r in ids] == ["done", "queued", "queued"]  # type: ignore[index]
+    assert store.queued(ids[1])["attempts"] == 0  # type: ignore[index]  # (never started)
     with store.pool.connection() as conn:
         assert conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
 
