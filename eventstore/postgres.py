@@ -38,6 +38,7 @@ import os
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -98,6 +99,10 @@ _HAND_BACK_EVENTS = (
 #: The schema version once every migration below has run.
 SCHEMA_VERSION = 4
 _MIGRATE_LOCK = 0x67726E31  # pg_advisory_xact_lock key ("grn1")
+#: Seconds between a worker's looks for dead processes holding leases on this host.
+_DEAD_EVERY = 1.0
+#: Seconds a claim's read of a run's cancel request answers the driver's first look.
+_CANCEL_FRESH = 0.2
 
 _MIGRATIONS: dict[int, list[str]] = {
     1: [
@@ -226,8 +231,145 @@ _SELECT_RUN = f"SELECT {_COLS} FROM runs"
 _RENEW = "UPDATE leases SET expires_at = %s WHERE run_id = %s AND owner = %s"
 
 
+def _compact(sql: str) -> str:
+    """SQL without its comments and runs of blanks: psycopg caches the parsing of
+    (and prepares) only statements up to 4 KB, and the claim's would not fit."""
+    return " ".join(re.sub(r"--[^\n]*", "", sql).split())
+
+
+#: SQL: the advisory lock key of the run id ``{run}`` in the schema ``{schema}``:
+#: the first 63 bits of ``sha256(schema || '.' || run_id)`` (PostgresStore._lock_key).
+_LOCK_KEY = (
+    "(('x' || encode(substr(sha256(convert_to({schema} || '.' || {run}, 'UTF8')), 1, 8), "
+    "'hex'))::bit(64)::bigint & 9223372036854775807)"
+)
+
+#: One claim, one statement (one round trip): up to ``n`` of the oldest queued runs
+#: (and running ones whose worker is gone) are locked ``FOR UPDATE SKIP LOCKED``
+#: (workers never wait on each other), their advisory locks tried on the claiming
+#: connection, their leases taken where still free, their queue rows set to
+#: ``running``; each row comes back with whether it was taken and, if so, the log
+#: of the run to continue (``resume_run`` or itself) and its cancel request. A run
+#: whose worker lives is taken only once its lease expired or its process is seen
+#: dead on this host (``dead``): then without its lock, which the heartbeat takes
+#: once that worker lets go of it.
+_CLAIM_WITH = (
+    """
+alive AS MATERIALIZED (
+    SELECT (k.classid::bigint << 32) | k.objid::bigint AS key FROM pg_locks k
+    WHERE k.locktype = 'advisory' AND k.objsubid = 1
+      AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), fresh AS MATERIALIZED (
+    -- Queued runs, oldest first, along the (state, queued_at) index: a long queue
+    -- costs a claim no more than a short one.
+    SELECT q.run_id, q.settings, q.resume_run, q.attempts, q.queued_at, l.owner AS was
+    FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
+    WHERE q.state = 'queued' AND NOT (q.run_id = ANY(%(skip)s))
+      AND (l.run_id IS NULL OR l.expires_at <= %(now)s OR l.owner = ANY(%(dead)s)
+           OR (l.locked_at > pg_postmaster_start_time()
+               AND NOT EXISTS (SELECT 1 FROM alive a WHERE a.key = l.lock_key)))
+    ORDER BY q.queued_at LIMIT %(n)s
+    FOR UPDATE OF q SKIP LOCKED
+), orphaned AS MATERIALIZED (
+    -- Running runs whose worker is gone (as many as workers drive at once, at most).
+    SELECT q.run_id, q.settings, q.resume_run, q.attempts, q.queued_at, l.owner AS was
+    FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
+    WHERE q.state = 'running' AND NOT (q.run_id = ANY(%(skip)s))
+      AND (l.run_id IS NULL OR l.expires_at <= %(now)s OR l.owner = ANY(%(dead)s)
+           OR (l.locked_at > pg_postmaster_start_time()
+               AND NOT EXISTS (SELECT 1 FROM alive a WHERE a.key = l.lock_key)))
+    ORDER BY q.queued_at LIMIT %(n)s
+    FOR UPDATE OF q SKIP LOCKED
+), candidate AS MATERIALIZED (
+    SELECT c.*, """
+    + _LOCK_KEY.format(schema="%(schema)s", run="c.run_id")
+    + """ AS key
+    FROM (SELECT * FROM orphaned UNION ALL SELECT * FROM fresh) AS c
+    ORDER BY c.queued_at LIMIT %(n)s
+), locked AS MATERIALIZED (
+    SELECT c.*, pg_try_advisory_lock(c.key) AS got FROM candidate c
+), taken AS (
+    INSERT INTO leases (run_id, owner, pid, host, expires_at, started, lock_key, locked_at)
+    SELECT run_id, %(owner)s, %(pid)s, %(host)s, %(until)s, %(started)s, key,
+           CASE WHEN got THEN clock_timestamp() END
+    FROM locked
+    ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, pid = excluded.pid,
+        host = excluded.host, expires_at = excluded.expires_at, started = excluded.started,
+        lock_key = excluded.lock_key, locked_at = excluded.locked_at
+    -- The lease as it is now (the candidate may have been seen before another
+    -- worker's claim committed): taken only if still free. Holding the run's
+    -- lock now, this claim knows a holder that had taken the same lock since the
+    -- server started has lost it, so is gone.
+    WHERE leases.expires_at <= %(now)s OR leases.owner = ANY(%(dead)s)
+       OR (excluded.locked_at IS NOT NULL AND leases.lock_key = excluded.lock_key
+           AND leases.locked_at > pg_postmaster_start_time())
+    RETURNING run_id
+), running AS (
+    UPDATE run_queue q SET state = 'running', worker = %(owner)s, updated_at = %(now)s,
+        attempts = q.attempts + 1, answered = false
+    FROM taken t WHERE q.run_id = t.run_id
+    RETURNING q.run_id
+)"""
+)
+_CLAIM_COLUMNS = """k.run_id, k.settings, k.resume_run, k.attempts, k.was, k.key, k.got,
+       r.run_id IS NOT NULL, e.seqs, e.bodies, e.prevs, e.hashes,
+       c.requested_by, c.reason, s.seq, s.hash, s.body, s.digest"""
+_CLAIM_JOINS = """
+LEFT JOIN running r ON r.run_id = k.run_id
+LEFT JOIN LATERAL (
+    SELECT array_agg(v.seq ORDER BY v.seq) AS seqs, array_agg(v.body ORDER BY v.seq) AS bodies,
+           array_agg(v.prev_hash ORDER BY v.seq) AS prevs,
+           array_agg(v.hash ORDER BY v.seq) AS hashes
+    FROM events v WHERE r.run_id IS NOT NULL AND v.run_id = coalesce(k.resume_run, k.run_id)
+) e ON true
+LEFT JOIN cancel_requests c
+    ON r.run_id IS NOT NULL AND c.run_id = coalesce(k.resume_run, k.run_id)
+LEFT JOIN snapshots s
+    ON r.run_id IS NOT NULL AND s.run_id = coalesce(k.resume_run, k.run_id)
+ORDER BY k.queued_at
+"""
+_CLAIM = _compact(f"WITH {_CLAIM_WITH} SELECT {_CLAIM_COLUMNS} FROM locked k{_CLAIM_JOINS}")
+
+#: Claimed runs handed back (``runs``, each with its queue state in ``states``):
+#: their queue rows and leases change, then (they done: ``handed`` reads them)
+#: their advisory locks (``keys``) go; an answer that came while this worker held
+#: a run queues it again.
+_FINISH_WITH = """
+queue AS (
+    UPDATE run_queue q SET state = CASE WHEN h.state = 'unstarted' OR (h.state = 'waiting'
+        AND q.answered) THEN 'queued' ELSE h.state END, answered = false, worker = NULL,
+        updated_at = %(now)s, attempts = q.attempts - (h.state = 'unstarted')::int
+    FROM unnest(%(runs)s::text[], %(states)s::text[]) AS h(run_id, state)
+    WHERE q.run_id = h.run_id AND q.worker = %(owner)s RETURNING 1
+), lease AS (
+    DELETE FROM leases WHERE run_id = ANY(%(runs)s) AND owner = %(owner)s RETURNING 1
+), handed AS MATERIALIZED (
+    SELECT (SELECT count(pg_advisory_unlock(k)) FROM unnest(%(keys)s::bigint[]) AS k
+            WHERE q.n + l.n >= 0) AS unlocked
+    FROM (SELECT count(*) AS n FROM queue) AS q, (SELECT count(*) AS n FROM lease) AS l
+)"""
+_FINISH = _compact(f"WITH {_FINISH_WITH} SELECT unlocked FROM handed")
+
+#: A hand-back and the next claim in one statement: one row per candidate (or one
+#: of nulls when there is none), ``handed`` read once whatever the rest finds.
+_FINISH_AND_CLAIM = _compact(
+    f"WITH {_FINISH_WITH}, {_CLAIM_WITH} "
+    f"SELECT {_CLAIM_COLUMNS} FROM handed h LEFT JOIN locked k ON true{_CLAIM_JOINS}"
+)
+
+#: The advisory locks this session holds that it should not: released after a
+#: claim failed midway (session locks outlive the transaction that took them).
+_UNLOCK_OTHERS = """
+SELECT pg_advisory_unlock((k.classid::bigint << 32) | k.objid::bigint) FROM pg_locks k
+WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.pid = pg_backend_pid()
+  AND NOT ((k.classid::bigint << 32) | k.objid::bigint = ANY(%s))
+"""
+
+
 @functools.lru_cache(maxsize=128)
-def _step_statement(rows: int, fenced: bool = False, headed: bool = False) -> str:
+def _step_statement(
+    rows: int, fenced: bool = False, headed: bool = False, ended: bool = False
+) -> str:
     """One statement inserting ``rows`` events and upserting the run's row: the
     row is written only if every event was (a taken seq fails it all). ``fenced``:
     nothing is written unless this store still holds the run's lease (two more
@@ -235,7 +377,8 @@ def _step_statement(rows: int, fenced: bool = False, headed: bool = False) -> st
     is written unless the run's log still ends where the writer thinks (two more
     parameters, the run id and the hash of its last event): a database that lost
     commits the writer saw (a crash under ``synchronous_commit = off``) must not
-    get events after a gap."""
+    get events after a gap. ``ended``: the events end the run, whose state
+    snapshot goes with them (one more parameter, the run id)."""
     values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * rows)
     insert = _INSERT_EVENT.partition(" VALUES ")[0]
     checks = []
@@ -247,7 +390,12 @@ def _step_statement(rows: int, fenced: bool = False, headed: bool = False) -> st
         rows_sql = f"SELECT * FROM (VALUES {values}) AS v WHERE " + " AND ".join(checks)
     else:
         rows_sql = f"VALUES {values}"
-    return f"WITH added AS ({insert} {rows_sql} RETURNING 1) " + _UPSERT_RUN.replace(
+    cleared = (
+        ", cleared AS (DELETE FROM snapshots WHERE run_id = %s AND EXISTS (SELECT 1 FROM added))"
+        if ended
+        else ""
+    )
+    return f"WITH added AS ({insert} {rows_sql} RETURNING 1){cleared} " + _UPSERT_RUN.replace(
         f"VALUES ({', '.join('%s' for _ in COLUMNS)})",
         f"SELECT {', '.join('%s' for _ in COLUMNS)} WHERE (SELECT count(*) FROM added) > 0",
         1,
@@ -392,6 +540,13 @@ class PostgresStore:
         self._lock_conn: Any = None
         self._lock_guard = threading.Lock()
         self._locked: set[str] = set()
+        # Owners of leases on this host seen dead, and when to look again (claims).
+        self._dead: set[str] = set()
+        self._dead_at = 0.0
+        self._process_start: float | None = None
+        # run id -> (time.monotonic(), its cancel request or None) as a claim read
+        # it: the driver's first look for a request, answered without asking again.
+        self._cancel_seen: dict[str, tuple[float, tuple[str, str] | None]] = {}
         self._schema = ""
         try:
             with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
@@ -512,15 +667,17 @@ class PostgresStore:
     # -- advisory locks on claimed runs ------------------------------------------------
 
     def _lock_key(self, run_id: str) -> int:
-        """The advisory lock key of a run in this schema (63 bits, never negative)."""
-        digest = hashlib.blake2b(f"{self._schema}\0{run_id}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "big") & 0x7FFF_FFFF_FFFF_FFFF
+        """The advisory lock key of a run in this schema (63 bits, never negative);
+        the same as ``_LOCK_KEY`` computes in SQL."""
+        digest = hashlib.sha256(f"{self._schema}.{run_id}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
 
-    def _locking(self, sql: str, run_id: str) -> bool:
-        """``sql`` (one of the advisory lock functions) on the lock connection, under
-        the guard. The connection is opened when missing; when it breaks, every lock
-        it held is gone with it (the heartbeat takes them again, see heartbeat()),
-        and ``sql`` is tried once more on a new one."""
+    def _on_lock_conn(self, work: Callable[[Any], Any]) -> Any:
+        """``work(conn)`` on the connection holding this store's advisory locks,
+        under the guard. The connection is opened when missing; when it breaks,
+        every lock it held is gone with it (the heartbeat takes them again, see
+        heartbeat()), and ``work`` is tried once more on a new one. Another
+        error of the database leaves the connection (and its locks) as it is."""
         psycopg = self._psycopg
         for attempt in (1, 2):
             conn = self._lock_conn
@@ -539,25 +696,34 @@ class PostgresStore:
                         "tcp_keepalives_count = 3",
                         # This connection idles between heartbeats: never cut for it.
                         "idle_session_timeout = 0",
+                        # Claims and hand-backs commit here: flushed before they
+                        # are used, whatever the store's durability.
+                        "synchronous_commit = on",
                     ):
                         with contextlib.suppress(psycopg.Error):
                             conn.execute(f"SET {setting}")
-                return bool(conn.execute(sql, (self._lock_key(run_id),)).fetchone()[0])
+                return work(conn)
             except psycopg.Error as exc:
+                operational = isinstance(exc, psycopg.OperationalError) or bool(
+                    conn is not None and conn.broken
+                )
+                if not operational:
+                    raise StoreError(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
                 if conn is not None:
                     with contextlib.suppress(psycopg.Error):
                         conn.close()
                 self._lock_conn = None
                 self._locked.clear()
-                if not fresh and attempt == 1 and isinstance(exc, psycopg.OperationalError):
+                if not fresh and attempt == 1:
                     continue  # a connection that broke since its last use: a new one
-                error = (
-                    StoreUnreachableError
-                    if isinstance(exc, psycopg.OperationalError)
-                    else StoreError
-                )
-                raise error(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
+                raise StoreUnreachableError(f"PostgreSQL {self.path}: {_first_line(exc)}") from None
         raise AssertionError("unreachable")
+
+    def _locking(self, sql: str, run_id: str) -> bool:
+        """``sql`` (one of the advisory lock functions) of ``run_id``'s key on the
+        lock connection (see :meth:`_on_lock_conn`), under the guard."""
+        key = self._lock_key(run_id)
+        return bool(self._on_lock_conn(lambda conn: conn.execute(sql, (key,)).fetchone()[0]))
 
     def _try_lock(self, run_id: str) -> bool:
         with self._lock_guard:
@@ -668,7 +834,10 @@ class PostgresStore:
                 )
                 fenced = run_id in self._held
             renew = renew_at is not None and now >= renew_at
-            durable = sync or settles or self.durability == "full"
+            # A commit that must wait for the flush on a connection that does not
+            # (``durability="normal"``) needs a transaction to say so; at ``full``
+            # every commit waits, and a step is still one statement.
+            durable = (sync or settles) and self.durability != "full"
             try:
                 if not (renew or queue is not None or answered or durable) and len(params) <= 64:
                     # A node step: its events and the run's row in one statement,
@@ -678,8 +847,11 @@ class PostgresStore:
                         args += (run_id, self.owner)
                     if head != codec.GENESIS:
                         args += (run_id, head)
+                    ended = row.status in ENDED_STATUSES  # (at `full`: see _append_in)
+                    if ended:
+                        args.append(run_id)
                     cur = conn.execute(
-                        _step_statement(len(params), fenced, head != codec.GENESIS),
+                        _step_statement(len(params), fenced, head != codec.GENESIS, ended),
                         [*args, *msgspec.structs.astuple(row)],
                     )
                     if cur.rowcount == 0:
@@ -694,7 +866,7 @@ class PostgresStore:
                         raise self._moved(conn, run_id, params[0][1] - 1)
                 else:
                     with conn.transaction(), conn.cursor() as cur:
-                        if durable and self.durability != "full":
+                        if durable:
                             cur.execute("SET LOCAL synchronous_commit = on")
                         if (
                             fenced
@@ -770,7 +942,7 @@ class PostgresStore:
         """An append's statements, inside its transaction."""
         cur.executemany(_INSERT_EVENT, params)
         cur.execute(_UPSERT_RUN, msgspec.structs.astuple(row))
-        if row.status in ENDED_STATUSES:  # (always a transaction: the end settles the run)
+        if row.status in ENDED_STATUSES:  # (its step statement does the same, at `full`)
             cur.execute("DELETE FROM snapshots WHERE run_id = %s", (run_id,))
         if renew:
             cur.execute(_RENEW, (now + LEASE_SECONDS, run_id, self.owner))
@@ -947,6 +1119,12 @@ class PostgresStore:
         row = RunRow(*found) if found is not None else None
         if row is None:
             raise self.unknown_run(run_id)
+        with self._lock:
+            if run_id in self._held and run_id not in self._rows:
+                # A run this worker holds: no one else appends to it (appends check
+                # the lease), so its next append starts from this row instead of
+                # reading it again.
+                self._rows[run_id] = row
         return row
 
     def runs(
@@ -1007,7 +1185,15 @@ class PostgresStore:
     # -- leases --------------------------------------------------------------------
 
     def acquire_lease(self, run_id: str, *, seconds: float = LEASE_SECONDS) -> None:
-        """Take the run for this process, or raise :class:`LeaseHeldError`."""
+        """Take the run for this process, or raise :class:`LeaseHeldError`.
+
+        A run this store's worker claimed is its own already (the claim took the
+        lease, the heartbeat renews it): nothing to do. Had another worker taken
+        it over since, the first append says so (appends to a claimed run check
+        the lease's owner)."""
+        with self._lock:
+            if run_id in self._held:
+                return
         host = socket.gethostname()
         now = self.clock.now()
         with self._conn() as conn:
@@ -1152,7 +1338,13 @@ class PostgresStore:
             )
 
     def cancel_requested(self, run_id: str) -> tuple[str, str] | None:
-        """``(by, reason)`` of the request to cancel ``run_id``, or ``None``."""
+        """``(by, reason)`` of the request to cancel ``run_id``, or ``None``. The
+        first look after a claim is answered by what the claim read, when it read
+        it less than ``_CANCEL_FRESH`` seconds ago."""
+        with self._lock:
+            seen = self._cancel_seen.pop(run_id, None)
+        if seen is not None and time.monotonic() - seen[0] < _CANCEL_FRESH:
+            return seen[1]
         with self._conn() as conn:
             found = conn.execute(
                 "SELECT requested_by, reason FROM cancel_requests WHERE run_id = %s", (run_id,)
@@ -1188,151 +1380,226 @@ class PostgresStore:
         return None
 
     def claim(self, *, seconds: float = LEASE_SECONDS) -> dict[str, Any] | None:
-        """Take the oldest queued run, or a running one whose worker is gone.
+        """Take the oldest queued run, or a running one whose worker is gone; see
+        :meth:`claim_many`. Returns its claim, or ``None`` when nothing is ready."""
+        claims = self.claim_many(1, seconds=seconds)
+        return claims[0] if claims else None
 
-        In one transaction: the queue row is locked (``FOR UPDATE SKIP LOCKED``:
-        workers never wait on each other), its lease taken, its state set to
-        ``running``. Returns the queue row, or ``None`` when nothing is ready. The
-        lease stays held through drives until :meth:`finish_claim`.
+    def claim_many(self, n: int, *, seconds: float = LEASE_SECONDS) -> list[dict[str, Any]]:
+        """Take up to ``n`` of the oldest queued runs (and running ones whose worker
+        is gone), in one statement: one round trip, however many are taken.
+
+        Each run's queue row is locked (``FOR UPDATE SKIP LOCKED``: workers never
+        wait on each other), its lease taken, its state set to ``running``. Each
+        claim is the queue row (``run_id``, ``settings``, ``resume_run``,
+        ``attempts``, ``taken_over``) and ``log``: the stored rows (``raw_rows``)
+        of the run to continue, read as the claim took it, for the worker to
+        verify and fold instead of reading them again. The lease stays held
+        through drives until :meth:`finish_claim`.
 
         A worker is gone when its lease expired, when its process is dead on this
         host, or, on any host, when the advisory lock its claim took is free: the
-        lock lives on a connection of the worker's own, which PostgreSQL closes
-        the moment the worker dies. The claim takes that lock itself before the
-        lease, so of two workers only one can succeed, and the worker it replaces
-        cannot append any more (appends check the lease's owner)."""
-        host = socket.gethostname()
+        lock lives on a connection of the worker's own (the one claims run on),
+        which PostgreSQL closes the moment the worker dies. The claim takes that
+        lock itself before the lease, so of two workers only one can succeed, and
+        the worker it replaces cannot append any more (appends check the lease's
+        owner)."""
+        if n < 1:
+            return []
+        with self._lock_guard:
+            return self._claim(n, seconds)
+
+    def _claim(
+        self, n: int, seconds: float, finishing: Sequence[tuple[str, str]] = ()
+    ) -> list[dict[str, Any]]:
+        """:meth:`claim_many` under the guard; ``finishing``: ``(run id, state)`` of
+        runs handed back in the same statement first (see :meth:`finish_claims`)."""
         now = self.clock.now()
+        tick = time.monotonic()
         with self._lock:
-            held = sorted(self._held | self._locked)
-        with self._conn() as conn, conn.transaction():
-            # A claim is flushed before it is used: a database crash must not forget
-            # a claim its worker drives (one per run: the cost is small).
-            self._sync_commit(conn)
-            # Workers on this host whose process is gone: their runs are free now,
-            # whatever their leases say.
-            here = conn.execute(
+            skip = sorted(self._held | self._locked)
+            for run_id, (when, _) in list(self._cancel_seen.items()):
+                if tick - when >= _CANCEL_FRESH:
+                    del self._cancel_seen[run_id]
+        args = {
+            "schema": self._schema,
+            "skip": skip,
+            "now": now,
+            "dead": self._dead_here(now),
+            "n": n,
+            "owner": self.owner,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "until": now + seconds,
+            "started": self._started(),
+        }
+
+        sql = _CLAIM
+        if finishing:
+            # The hand-backs and the claim: one statement (one round trip, one flush).
+            sql = _FINISH_AND_CLAIM
+            args.update(self._finish_args(finishing, now))
+        try:
+            rows = self._on_lock_conn(lambda conn: conn.execute(sql, args).fetchall())
+        except StoreUnreachableError:
+            raise  # the connection went, and every lock with it
+        except StoreError:
+            # The statement failed after taking some locks, maybe: those go.
+            with contextlib.suppress(StoreError):
+                keep = [self._lock_key(r) for r in self._locked]
+                self._on_lock_conn(lambda conn: conn.execute(_UNLOCK_OTHERS, (keep,)))
+            raise
+        if finishing:
+            self._finished([run_id for run_id, _state in finishing])
+        claims: list[dict[str, Any]] = []
+        refused: list[int] = []
+        for row in rows:
+            run_id, settings, resume, attempts, owner, key, got, taken = row[:8]
+            if run_id is None:
+                continue  # (the hand-back's row when nothing was found)
+            if not taken:
+                if got:
+                    refused.append(key)
+                continue
+            seqs, bodies, prevs, hashes, cancel_by, cancel_reason = row[8:14]
+            kept = None if row[14] is None else (row[14], row[15], bytes(row[16]), row[17])
+            with self._lock:
+                self._held.add(run_id)
+                if got:
+                    self._locked.add(run_id)
+                self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
+                self._rows.pop(run_id, None)
+                target = resume or run_id
+                self._rows.pop(target, None)
+                self._cancel_seen[target] = (
+                    time.monotonic(),
+                    (str(cancel_by), str(cancel_reason)) if cancel_by is not None else None,
+                )
+            claims.append(
+                {
+                    "run_id": run_id,
+                    "settings": settings,
+                    "resume_run": resume,
+                    "attempts": attempts + 1,
+                    "taken_over": owner is not None and owner != self.owner,
+                    "log": [
+                        (seq, body.encode("utf-8"), prev, digest)
+                        for seq, body, prev, digest in zip(
+                            seqs or (), bodies or (), prevs or (), hashes or (), strict=True
+                        )
+                    ],
+                    # The run's kept state snapshot row (see snapshot()), or None.
+                    "snapshot": kept,
+                }
+            )
+        if refused:
+            # Locked but not taken (another claim got there first): let go.
+            with contextlib.suppress(StoreError):
+                self._on_lock_conn(
+                    lambda conn: conn.execute(
+                        "SELECT pg_advisory_unlock(k) FROM unnest(%s::bigint[]) AS k",
+                        (refused,),
+                    )
+                )
+        return claims
+
+    def _started(self) -> float:
+        """When this process started (a lease's ``started``), looked up once."""
+        if self._process_start is None:
+            self._process_start = _process_started()
+        return self._process_start
+
+    def _dead_here(self, now: float) -> list[str]:
+        """Owners of live leases on running queued runs whose process is gone from
+        this host (under the guard). Looked for at most every ``_DEAD_EVERY``
+        seconds: a dead worker's advisory lock frees its runs at once anyway; this
+        is for a run taken without its lock (from a worker that stalled past its
+        lease), whose new holder then died. An owner seen dead stays dead."""
+        tick = time.monotonic()
+        if tick < self._dead_at:
+            return sorted(self._dead)
+        self._dead_at = tick + _DEAD_EVERY
+        here = self._on_lock_conn(
+            lambda conn: conn.execute(
                 "SELECT DISTINCT l.owner, l.pid, l.started FROM leases l "
                 "JOIN run_queue q ON q.run_id = l.run_id "
                 "WHERE q.state = 'running' AND l.host = %s AND l.expires_at > %s "
                 "AND l.owner <> %s",
-                (host, now, self.owner),
+                (socket.gethostname(), now, self.owner),
             ).fetchall()
-            dead = [owner for owner, pid, started in here if not _pid_alive(pid, started)]
-            # One row at a time: a row locked here and not taken would be skipped by
-            # every other worker until this transaction ends (a short queue would look
-            # empty to them).
-            tried: list[str] = []
-            for _ in range(8):
-                candidate = conn.execute(
-                    "SELECT q.run_id, q.settings, q.resume_run, q.attempts, l.owner "
-                    "FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id "
-                    "WHERE q.state IN ('queued', 'running') AND NOT (q.run_id = ANY(%s)) "
-                    "AND (l.run_id IS NULL OR l.expires_at <= %s OR l.owner = ANY(%s) "
-                    f"OR {_lock_gone('l')}) "
-                    "ORDER BY q.queued_at LIMIT 1 FOR UPDATE OF q SKIP LOCKED",
-                    (held + tried, now, dead),
-                ).fetchone()
-                if candidate is None:
-                    return None
-                run_id = candidate[0]
-                tried.append(run_id)
-                # The run's lock: free unless its worker lives (then only an expired
-                # lease or a dead pid lets the run be taken, without the lock; the
-                # heartbeat takes the lock once that worker lets go of it).
-                locked = self._try_lock(run_id)
-                try:
-                    # The lease as it is now (the select above may have seen it before
-                    # another worker's claim committed): taken only if still free.
-                    taken = conn.execute(
-                        "INSERT INTO leases (run_id, owner, pid, host, expires_at, started, "
-                        "lock_key, locked_at) VALUES (%s, %s, %s, %s, %s, %s, %s, "
-                        "CASE WHEN %s THEN clock_timestamp() END) ON CONFLICT (run_id) "
-                        "DO UPDATE SET owner = excluded.owner, pid = excluded.pid, "
-                        "host = excluded.host, expires_at = excluded.expires_at, "
-                        "started = excluded.started, lock_key = excluded.lock_key, "
-                        "locked_at = excluded.locked_at "
-                        "WHERE leases.expires_at <= %s OR leases.owner = ANY(%s) "
-                        # This claim holds the run's lock now: a holder that had taken
-                        # it since the server started has lost it, so is gone.
-                        "OR (%s AND leases.locked_at > pg_postmaster_start_time()) "
-                        "RETURNING 1",
-                        (
-                            run_id,
-                            self.owner,
-                            os.getpid(),
-                            host,
-                            now + seconds,
-                            _process_started(),
-                            self._lock_key(run_id),
-                            locked,
-                            now,
-                            dead,
-                            locked,
-                        ),
-                    ).fetchone()
-                except BaseException:
-                    self._unlock(run_id)
-                    raise
-                if taken is not None:
-                    break
-                self._unlock(run_id)
-            else:
-                return None
-            run_id, settings, resume, attempts, owner = candidate
-            try:
-                conn.execute(
-                    "UPDATE run_queue SET state = 'running', worker = %s, updated_at = %s, "
-                    "attempts = attempts + 1, answered = false WHERE run_id = %s",
-                    (self.owner, now, run_id),
-                )
-            except BaseException:
-                self._unlock(run_id)
-                raise
-        with self._lock:
-            self._held.add(run_id)
-            self._renew_at[run_id] = now + min(seconds, LEASE_SECONDS) / 3
-            self._rows.pop(run_id, None)
-        return {
-            "run_id": run_id,
-            "settings": settings,
-            "resume_run": resume,
-            "attempts": attempts + 1,
-            "taken_over": owner is not None and owner != self.owner,
+        )
+        owners = {owner for owner, _pid, _started in here}
+        self._dead = {o for o in self._dead if o in owners} | {
+            owner for owner, pid, started in here if not _pid_alive(pid, started)
         }
+        return sorted(self._dead)
 
-    def finish_claim(self, run_id: str, state: str) -> None:
+    def finish_claim(
+        self, run_id: str, state: str, *, claim: int = 0, seconds: float = LEASE_SECONDS
+    ) -> list[dict[str, Any]]:
         """Hand a claimed run back: ``state`` is ``done``, ``waiting``, ``queued`` (a
         run this worker stops driving, for another to continue) or ``stuck`` (a run
-        no worker could drive, left for a person). The queue row and the lease
-        change in one transaction; the run's advisory lock goes after it commits.
-        When the database cannot be reached the run stays this worker's (its lease
-        renewed by the heartbeat) and :class:`StoreError` is raised: call again."""
-        if state not in ("done", "waiting", "queued", "stuck"):
-            raise ValueError(f"unknown queue state {state!r}")
-        now = self.clock.now()
+        no worker could drive, left for a person); see :meth:`finish_claims`."""
+        return self.finish_claims([(run_id, state)], claim=claim, seconds=seconds)
+
+    def finish_claims(
+        self,
+        done: Sequence[tuple[str, str]],
+        *,
+        claim: int = 0,
+        seconds: float = LEASE_SECONDS,
+    ) -> list[dict[str, Any]]:
+        """Hand claimed runs back, each ``(run id, queue state)`` (see
+        :meth:`finish_claim`; ``unstarted``: a run claimed and never driven, queued
+        again with its attempt not counted), in one statement committed flushed:
+        their queue rows and leases change, then their advisory locks go. When the
+        database cannot be reached the runs stay this worker's (their leases
+        renewed by the heartbeat) and :class:`StoreError` is raised: call again.
+
+        ``claim``: claim up to that many runs in the same statement (see
+        :meth:`claim_many`), whose claims are returned: a worker hands its runs
+        back and takes the next ones in one round trip and one flush. When that
+        fails, nothing of either happened."""
+        for _run_id, state in done:
+            if state not in ("done", "waiting", "queued", "stuck", "unstarted"):
+                raise ValueError(f"unknown queue state {state!r}")
+        runs = [run_id for run_id, _state in done]
+        if not runs and claim < 1:
+            return []
         with self._lock:
-            self._releasing.add(run_id)
+            self._releasing.update(runs)
         try:
-            self._finish_claim(run_id, state, now)
+            with self._lock_guard:
+                if claim > 0 or not done:
+                    return self._claim(claim, seconds, done)
+                args = self._finish_args(done, self.clock.now())
+                self._on_lock_conn(lambda conn: conn.execute(_FINISH, args))
+                self._finished(runs)
+                return []
         finally:
             with self._lock:
-                self._releasing.discard(run_id)
+                self._releasing.difference_update(runs)
 
-    def _finish_claim(self, run_id: str, state: str, now: float) -> None:
-        with self._conn() as conn, conn.transaction():
-            self._sync_commit(conn)
-            # An answer that came while this worker held the run queues it again.
-            conn.execute(
-                "UPDATE run_queue SET state = CASE WHEN %s = 'waiting' AND answered "
-                "THEN 'queued' ELSE %s END, answered = false, "
-                "worker = NULL, updated_at = %s WHERE run_id = %s AND worker = %s",
-                (state, state, now, run_id, self.owner),
-            )
-            conn.execute(
-                "DELETE FROM leases WHERE run_id = %s AND owner = %s", (run_id, self.owner)
-            )
-        self._forget(run_id)
+    def _finish_args(self, done: Sequence[tuple[str, str]], now: float) -> dict[str, Any]:
+        """``_FINISH_WITH``'s parameters (under the guard)."""
+        return {
+            "runs": [run_id for run_id, _state in done],
+            "states": [state for _run_id, state in done],
+            "now": now,
+            "owner": self.owner,
+            # A run whose lock is lost keeps none to give up (see _unlock).
+            "keys": [self._lock_key(r) for r, _state in done if r in self._locked],
+        }
+
+    def _finished(self, runs: Sequence[str]) -> None:
+        """Runs handed back are this worker's no more (under the guard: the
+        heartbeat never locks them again)."""
+        with self._lock:
+            for run_id in runs:
+                self._held.discard(run_id)
+                self._renew_at.pop(run_id, None)
+                self._rows.pop(run_id, None)
+                self._locked.discard(run_id)
 
     def _forget(self, run_id: str) -> None:
         """The run is no longer this worker's: drop it and its advisory lock."""

@@ -2,17 +2,23 @@
 
 ``graphrun submit`` records a run's ``RunStarted`` and queues it in the same
 transaction (:meth:`PostgresStore.queue_on_start`). A :class:`Worker` runs
-``concurrency`` slots; each slot:
+``concurrency`` slots and a claimer:
 
-1. claims the oldest queued run, or a running one whose worker is gone (its
-   lease expired, or its process is dead on this host): ``FOR UPDATE SKIP
-   LOCKED`` on the queue row, the lease taken in the same transaction;
-2. drives it with the same :class:`~graphrun.runtime.engine.driver.Driver` that
-   ``graphrun run`` and ``resume`` use: a taken-over run continues from its log
-   (an effect whose result was recorded is never performed again);
-3. hands it back: ``done`` when it ended, ``waiting`` when it waits for a
-   person. ``approve`` / ``answer`` then only append the answer, which queues
-   the run again in the same transaction, for whichever worker is free.
+1. the claimer claims the oldest queued runs, or running ones whose worker is
+   gone (its lease expired, its advisory lock is free, or its process is dead on
+   this host): ``FOR UPDATE SKIP LOCKED`` on the queue rows, the leases taken
+   and the runs' logs read in the same statement
+   (:meth:`PostgresStore.finish_claims`), as many as there are free slots and
+   ``CLAIM_AHEAD`` more, so that a slot whose run ends finds the next one ready;
+2. a slot drives a claimed run with the same
+   :class:`~graphrun.runtime.engine.driver.Driver` that ``graphrun run`` and
+   ``resume`` use, from the log the claim brought (verified and folded once): a
+   taken-over run continues from its log (an effect whose result was recorded is
+   never performed again);
+3. the claimer hands it back, in the statement of its next claim: ``done`` when
+   it ended, ``waiting`` when it waits for a person. ``approve`` / ``answer``
+   then only append the answer, which queues the run again in the same
+   transaction, for whichever worker is free.
 
 A heartbeat thread renews the leases of every run the worker holds. A claim
 also holds an advisory lock on the run, on a connection of the worker's own:
@@ -25,11 +31,13 @@ While the database is away the worker says so once, and once when it is back
 could not hand back meanwhile stay its own (their leases renewed) and are
 handed back when the database returns.
 :meth:`Worker.stop` (SIGTERM, Ctrl-C) stops claiming, lets the runs in flight
-finish for up to ``grace`` seconds, and hands back the rest for other workers.
+finish for up to ``grace`` seconds, and hands back the rest (and the runs claimed
+ahead, never started) for other workers.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -52,6 +60,9 @@ log = logging.getLogger("graphrun.worker")
 #: A run whose drive broke (not the run failing: the worker could not drive it)
 #: this many times is set aside as ``stuck`` instead of being claimed again.
 MAX_ATTEMPTS = 5
+#: Runs a worker claims beyond its free slots: a slot whose run ends finds the
+#: next one claimed already (its claim's round trip and flush off the slot's way).
+CLAIM_AHEAD = 1
 
 
 @dataclass
@@ -143,8 +154,9 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str, loop: 
     run_id = claim["run_id"]
     options = _options(claim.get("settings") or {})
     target = claim.get("resume_run") or run_id
-    # The run to drive, read and verified once: the driver takes it from here.
-    run = load_run(store, target)
+    # The run to drive, read (by the claim itself, when the store can) and verified
+    # once: the driver takes it from here.
+    run = _claimed_run(claim.get("log"), claim.get("snapshot"), target) or load_run(store, target)
     state = run.state
     if state.terminal and target == run_id:
         return RunOutcome(run_id, state.status, state.output, state.error)
@@ -166,6 +178,26 @@ def drive_claimed(store: Any, claim: dict[str, Any], *, worker_name: str, loop: 
         # A person answered a child run: it went on first; now its parents.
         outcome = resume_ancestors(store, target, options, outcome)
     return outcome
+
+
+def _claimed_run(rows: Any, kept: Any, run_id: str) -> Any:
+    """The run a claim read the log of (``raw_rows`` form), verified and folded
+    (from ``kept``, the run's snapshot row the claim read, when the log confirms
+    it: see :func:`~graphrun.runtime.engine.runs.load_run`); ``None`` when the
+    claim brought no log."""
+    if not rows:
+        return None
+    from graphrun.eventstore import codec, snapshots
+    from graphrun.eventstore.store import broken_log
+    from graphrun.runtime.engine.runs import LoadedRun
+
+    events: list[Any] = []
+    hashes: dict[int, str] = {}
+    problem = codec.verify_chain(rows, into=events, hashes=hashes)
+    if problem is not None:
+        raise broken_log(run_id, problem)
+    state = snapshots.state_from(kept, run_id, events, hashes) if kept else None
+    return LoadedRun(run_id, events, state if state is not None else fold(events), hashes)
 
 
 def prepare_graph_types() -> None:
@@ -250,13 +282,21 @@ class Worker:
         self._stopping = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
-        self._busy = 0
-        self._in_flight: set[str] = set()
+        # Slots and the claimer wait on this for each other.
+        self._wake = threading.Condition(self._lock)
+        #: Runs claimed, not yet taken by a slot.
+        self._ready: collections.deque[dict[str, Any]] = collections.deque()
+        #: Runs the slots drive now.
+        self._driving: set[str] = set()
+        #: Runs driven (or given up) to hand back -> their queue state.
+        self._returns: dict[str, str] = {}
+        #: Set by run() once the slots are done: the claimer hands back the rest.
+        self._closing = False
+        #: The last claim found the queue empty while nothing was in flight.
+        self._empty = False
         #: The last claim's error while claiming fails (None once one succeeds).
         self.failure: BaseException | None = None
         self.outage = Outage(self.say)
-        #: Runs whose hand-back failed (the database was away) -> their state.
-        self._unreturned: dict[str, str] = {}
         # The loop every run this worker drives awaits its effects on, made by run().
         self.effects: Any = None
         trouble = getattr(store, "on_connection_trouble", None)
@@ -268,7 +308,7 @@ class Worker:
     def stop(self, reason: str = "stopping") -> None:
         """Claim nothing more; runs in flight finish (see :meth:`run`)."""
         if not self._stopping.is_set():
-            self.say(f"▸ {reason}: no new runs; waiting for {len(self._in_flight)} in flight")
+            self.say(f"▸ {reason}: no new runs; waiting for {len(self._driving)} in flight")
         self._stopping.set()
 
     def run(self) -> WorkerStats:
@@ -281,16 +321,27 @@ class Worker:
             threading.Thread(target=self._slot, name=f"graphrun-slot-{i}", daemon=True)
             for i in range(self.concurrency)
         ]
+        claimer = threading.Thread(target=self._claimer, name="graphrun-claims", daemon=True)
         beat = threading.Thread(target=self._heartbeat, name="graphrun-heartbeat", daemon=True)
         beat.start()
+        claimer.start()
         for slot in slots:
             slot.start()
         while any(s.is_alive() for s in slots) and not self._stopping.is_set():
             time.sleep(0.05)
+        with self._wake:
+            self._wake.notify_all()  # slots waiting for a run see the stop
         deadline = time.monotonic() + self.grace
         for slot in slots:
             slot.join(max(0.0, deadline - time.monotonic()))
-        left = sorted(self._in_flight)
+        # The claimer hands back what was driven and what was never started.
+        with self._wake:
+            self._closing = True
+            self._wake.notify_all()
+        claimer.join(max(5.0, deadline - time.monotonic()))
+        with self._lock:
+            left = sorted(self._driving)
+            unreturned = sorted({*self._returns, *(c["run_id"] for c in self._ready)})
         for run_id in left:
             # Not finished within the grace time: another worker continues it
             # from its log (this process exits; its slot threads die with it).
@@ -303,8 +354,7 @@ class Worker:
             self.effects.stop()
         self._done.set()
         beat.join(5)
-        self._hand_back()  # what the database refused while it was away
-        for run_id in sorted(self._unreturned):
+        for run_id in unreturned:
             self.say(
                 f"▸ run {run_id}: could not hand back (database unreachable); its lease will expire"
             )
@@ -313,32 +363,57 @@ class Worker:
             raise StoreError(f"the worker could not claim runs: {self.failure}")
         return self.stats
 
-    # -- the slots ------------------------------------------------------------------
+    # -- the claimer ------------------------------------------------------------------
 
-    def _slot(self) -> None:
+    def _claimer(self) -> None:
+        """Hand back the runs the slots are done with and claim runs for the slots
+        that will be free, in one statement each time, ahead of the slots: a slot
+        whose run ends finds the next one claimed, and never waits for a claim's
+        round trip or its flush."""
+        look_at = 0.0  # when to look at the queue again, after finding it empty
+        retry_at = 0.0  # when to try again, after the database refused
         backoff = 0.0
-        while not self._stopping.is_set():
+        retried: set[str] = set()  # hand-backs the database refused before
+        while True:
+            with self._wake:
+                while True:
+                    now = time.monotonic()
+                    closing = self._closing
+                    returning = sorted(self._returns.items())
+                    if closing:
+                        returning += [(c["run_id"], "unstarted") for c in self._ready]
+                    want = 0
+                    if not (closing or self._stopping.is_set()):
+                        want = (
+                            self.concurrency + CLAIM_AHEAD - len(self._driving) - len(self._ready)
+                        )
+                    due = max(look_at if not returning else 0.0, retry_at)
+                    if (returning or want > 0) and (now >= due or closing):
+                        break
+                    if closing:
+                        return
+                    self._wake.wait(max(0.001, due - now) if want > 0 or returning else None)
+                idle = not self._driving and not self._ready
             try:
-                with self._lock:
-                    claim = self.store.claim(seconds=self.lease_seconds)
-                    if claim is not None:
-                        self._busy += 1
-                        self._in_flight.add(claim["run_id"])
-                    idle = self._busy == 0
+                claims = self.store.finish_claims(
+                    returning, claim=max(0, want), seconds=self.lease_seconds
+                )
             except StoreError as exc:
                 # The database is away (or refuses): --once gives up, a long-running
-                # worker tries again, less and less often, saying so once.
-                if self.once:
-                    self.failure = exc
-                    self.stop(f"cannot claim: {exc}")
+                # worker tries again, less and less often, saying so once; runs it
+                # could not hand back stay its own (their leases renewed).
+                if closing:
                     return
+                retried.update(run_id for run_id, _state in returning)
                 if isinstance(exc, StoreUnreachableError):
                     self.outage.down(str(exc))
                 elif str(exc) != str(self.failure):
                     self.say(f"▸ cannot claim: {exc}; trying again")
                 self.failure = exc
+                if self.once and want > 0:
+                    self.stop(f"cannot claim: {exc}")
                 backoff = min(5.0, max(1.0, backoff * 2))
-                self._stopping.wait(backoff)
+                retry_at = time.monotonic() + backoff
                 continue
             except Exception as exc:  # a bug: stop the worker, say why
                 self.failure = exc
@@ -346,22 +421,46 @@ class Worker:
                 return
             self.failure = None
             self.outage.up()
-            backoff = 0.0
-            if self._unreturned:
-                self._hand_back()
-            if claim is None:
-                if self.once and idle:
-                    return
-                self._stopping.wait(self.poll)
-                continue
-            try:
-                self._work(claim)
-            finally:
-                with self._lock:
-                    self._busy -= 1
-                    self._in_flight.discard(claim["run_id"])
+            backoff = retry_at = 0.0
+            with self._wake:
+                for run_id, state in returning:
+                    self._returns.pop(run_id, None)
+                    if run_id in retried:
+                        retried.discard(run_id)
+                        self.say(f"▸ run {run_id} handed back ({state})")
+                if closing:
+                    self._ready.clear()
+                self._ready.extend(claims)
+                if want > 0:
+                    self._empty = not claims and idle
+                    look_at = 0.0 if claims else time.monotonic() + self.poll
+                self._wake.notify_all()
 
-    def _work(self, claim: dict[str, Any]) -> None:
+    # -- the slots ------------------------------------------------------------------
+
+    def _slot(self) -> None:
+        while True:
+            with self._wake:
+                while not self._ready and not self._stopping.is_set():
+                    if self.once and self._empty and not self._driving:
+                        return
+                    self._wake.wait(self.poll)
+                if self._stopping.is_set():
+                    return
+                claim = self._ready.popleft()
+                self._driving.add(claim["run_id"])
+                self._wake.notify_all()  # the claimer claims the next one
+            state = "queued"
+            try:
+                state = self._work(claim)
+            finally:
+                with self._wake:
+                    self._driving.discard(claim["run_id"])
+                    self._returns[claim["run_id"]] = state
+                    self._wake.notify_all()
+
+    def _work(self, claim: dict[str, Any]) -> str:
+        """Drive a claimed run; returns the queue state to hand it back with."""
         run_id = claim["run_id"]
         stats = self.stats
         stats.claimed += 1
@@ -375,76 +474,44 @@ class Worker:
             outcome = drive_claimed(self.store, claim, worker_name=self.name, loop=self.effects)
         except LeaseHeldError as exc:
             # Another worker took the run over (this one stalled past its lease):
-            # it is that worker's now; forget it here.
+            # it is that worker's now; its hand-back changes nothing of it.
             self.say(f"▸ run {run_id}: {exc}")
-            with contextlib.suppress(GraphrunError):
-                self.store.finish_claim(run_id, "queued")
-            return
+            return "queued"
         except StoreUnreachableError as exc:
-            # The database went away mid-drive: the run is handed back (now, or
-            # when the database returns); its log says where it stopped.
+            # The database went away mid-drive: the run is handed back (once the
+            # database returns); its log says where it stopped.
             self.outage.down(str(exc))
-            self._finish(run_id, "queued")
-            return
+            return "queued"
         except GraphrunError as exc:
-            self._broken(claim, f"{type(exc).__name__}: {exc}")
-            return
+            return self._broken(claim, f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # a bug: the run is handed back, the worker goes on
             log.debug("driving run %s raised", run_id, exc_info=True)
-            self._broken(claim, f"internal error: {type(exc).__name__}: {exc}")
-            return
+            return self._broken(claim, f"internal error: {type(exc).__name__}: {exc}")
         took = time.monotonic() - started
         if outcome.status == "waiting":
             stats.waiting += 1
-            state = "waiting"
             node = outcome.waiting.node_id if outcome.waiting is not None else "?"
             self.say(f"▸ run {run_id} waits at '{node}' ({took:.2f}s); released")
+            return "waiting"
+        if outcome.status in ("completed", "completed_with_errors"):
+            stats.completed += 1
         else:
-            if outcome.status in ("completed", "completed_with_errors"):
-                stats.completed += 1
-            else:
-                stats.failed += 1
-            state = "done"
-            self.say(f"▸ run {run_id} {outcome.status} ({took:.2f}s)")
-        self._finish(run_id, state)
+            stats.failed += 1
+        self.say(f"▸ run {run_id} {outcome.status} ({took:.2f}s)")
+        return "done"
 
-    def _finish(self, run_id: str, state: str) -> None:
-        """Hand a run back; when the database is away, keep it (the heartbeat
-        renews its lease) and hand it back once the database returns."""
-        try:
-            self.store.finish_claim(run_id, state)
-        except StoreUnreachableError as exc:
-            self.outage.down(str(exc))
-            with self._lock:
-                self._unreturned[run_id] = state
-        except GraphrunError as exc:
-            self.say(f"▸ run {run_id}: could not hand back ({exc}); its lease will expire")
-
-    def _hand_back(self) -> None:
-        """Hand back the runs the database refused while it was away."""
-        with self._lock:
-            waiting = sorted(self._unreturned.items())
-        for run_id, state in waiting:
-            try:
-                self.store.finish_claim(run_id, state)
-            except GraphrunError:
-                return  # still away: at the next beat
-            with self._lock:
-                self._unreturned.pop(run_id, None)
-            self.say(f"▸ run {run_id} handed back ({state})")
-
-    def _broken(self, claim: dict[str, Any], why: str) -> None:
+    def _broken(self, claim: dict[str, Any], why: str) -> str:
         run_id = claim["run_id"]
         attempts = int(claim.get("attempts", 1))
         state = "queued" if attempts < MAX_ATTEMPTS else "stuck"
         self.say(f"▸ run {run_id}: could not be driven ({why}); {state}")
-        self._finish(run_id, state)
+        return state
 
     def _heartbeat(self) -> None:
         every = max(0.05, self.lease_seconds / 3)
         while not self._done.wait(every):
             with self._lock:
-                holding = bool(self._in_flight or self._unreturned)
+                holding = bool(self._driving or self._ready or self._returns)
             try:
                 lost = self.store.heartbeat(seconds=self.lease_seconds)
             except StoreUnreachableError as exc:
@@ -456,13 +523,15 @@ class Worker:
             if holding:  # the beat reached the database (with nothing held, it does not)
                 self.outage.up()
             for run_id in lost:
-                with self._lock:
-                    self._unreturned.pop(run_id, None)
+                with self._wake:
+                    self._returns.pop(run_id, None)
+                    self._ready = collections.deque(c for c in self._ready if c["run_id"] != run_id)
+                    self._wake.notify_all()
                 self.say(f"▸ run {run_id}: lease lost to another worker")
-            self._hand_back()
 
 
 __all__ = [
+    "CLAIM_AHEAD",
     "MAX_ATTEMPTS",
     "Outage",
     "Worker",
