@@ -313,20 +313,8 @@ def run(
     Raises ``OSError`` when the program cannot be started. A ``cancel`` token that
     has already fired starts nothing: the result is a cancelled, empty run.
     """
-    process = Process(argv, env=env, cwd=cwd, timeout=timeout, shell=shell)
-    unregister = (
-        (lambda: None)
-        if cancel is None
-        else cancel.on_cancel(lambda: process.cancel(cancel.reason or "cancelled"))
-    )
-    try:
-        try:
-            process.start()
-        except ProcessCancelled as stopped:
-            return Finished(-1, b"", b"", cancelled=True, cancel_reason=str(stopped))
-        return process.wait()
-    finally:
-        unregister()
+    with _launched(argv, env=env, cwd=cwd, timeout=timeout, cancel=cancel, shell=shell) as child:
+        return child if isinstance(child, Finished) else child.wait()
 
 
 async def run_async(
@@ -339,6 +327,22 @@ async def run_async(
     shell: bool = False,
 ) -> Finished:
     """:func:`run`, awaited on an event loop (:meth:`Process.wait_async`)."""
+    with _launched(argv, env=env, cwd=cwd, timeout=timeout, cancel=cancel, shell=shell) as child:
+        return child if isinstance(child, Finished) else await child.wait_async()
+
+
+@contextlib.contextmanager
+def _launched(
+    argv: Sequence[str],
+    *,
+    env: Env,
+    cwd: Path | str | None,
+    timeout: float | None,
+    cancel: CancelToken | None,
+    shell: bool,
+) -> Iterator[Process | Finished]:
+    """The started child, killed when ``cancel`` fires while it is collected; or,
+    when ``cancel`` had fired already, the cancelled empty result instead."""
     process = Process(argv, env=env, cwd=cwd, timeout=timeout, shell=shell)
     unregister = (
         (lambda: None)
@@ -349,8 +353,9 @@ async def run_async(
         try:
             process.start()
         except ProcessCancelled as stopped:
-            return Finished(-1, b"", b"", cancelled=True, cancel_reason=str(stopped))
-        return await process.wait_async()
+            yield Finished(-1, b"", b"", cancelled=True, cancel_reason=str(stopped))
+            return
+        yield process
     finally:
         unregister()
 
