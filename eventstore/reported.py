@@ -13,8 +13,9 @@ chain's, signed heads' and anchors' business, not this record's.)
 
 The record is independent of signed heads (which make a head unforgeable): it
 only answers "did the database go backwards?". It is rewritten (compacted, one
-line per run) when it grows past :data:`COMPACT_BYTES`, and removed when its
-database file is created anew.
+line per run) when it grows past :data:`COMPACT_BYTES`, and after that only once
+it has doubled since (a store of many runs compacts to more than that limit: it is
+not rewritten at every line), and removed when its database file is created anew.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class ReportedHeads:
 
     def __init__(self, database: str | Path) -> None:
         self.path = Path(f"{database}{SUFFIX}")
+        # The size past which the record is compacted next: twice what the last
+        # compaction left, at least COMPACT_BYTES.
+        self._compact_at = COMPACT_BYTES
 
     def record(self, run_id: str, seq: int, digest: str) -> None:
         """Append (and fsync) that the run's head is ``seq`` / ``digest`` now.
@@ -49,8 +53,8 @@ class ReportedHeads:
                 size = os.fstat(fd).st_size
             finally:
                 os.close(fd)
-            if size > COMPACT_BYTES:
-                self._compact()
+            if size > self._compact_at:
+                self._compact_at = max(COMPACT_BYTES, 2 * self._compact())
 
     def heads(self) -> dict[str, tuple[int, str]]:
         """The last reported head of each run: ``run_id -> (seq, hash)`` (a head
@@ -74,17 +78,20 @@ class ReportedHeads:
         with contextlib.suppress(OSError):
             self.path.unlink()
 
-    def _compact(self) -> None:
-        """Rewrite the record with one line per run, atomically."""
+    def _compact(self) -> int:
+        """Rewrite the record with one line per run, atomically; its size now."""
         heads = self.heads()
         tmp = self.path.with_name(self.path.name + ".tmp")
+        data = b"".join(
+            f"{run_id} {seq} {digest}\n".encode() for run_id, (seq, digest) in sorted(heads.items())
+        )
         with contextlib.suppress(OSError):
             with open(tmp, "wb") as fh:
-                for run_id, (seq, digest) in sorted(heads.items()):
-                    fh.write(f"{run_id} {seq} {digest}\n".encode())
+                fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.path)
+        return len(data)
 
 
 __all__ = ["SUFFIX", "ReportedHeads"]

@@ -106,3 +106,33 @@ def test_a_new_database_forgets_an_old_record(graphrun: Any, agent: Any) -> None
     res = graphrun("runs")
     assert res.code == 0 and res.stderr == ""
     assert len(record.read_text().splitlines()) == 1
+
+
+def test_the_record_is_compacted_once_it_doubles_not_at_every_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A store with more runs than fit under the limit once compacted is not
+    # rewritten at every line (that made each run's end cost the whole record).
+    from graphrun.eventstore import reported
+
+    monkeypatch.setattr(reported, "COMPACT_BYTES", 1000)
+    record = reported.ReportedHeads(tmp_path / "events.db")
+    rewrites = 0
+    real = record._compact
+
+    def counted() -> int:
+        nonlocal rewrites
+        rewrites += 1
+        return real()
+
+    monkeypatch.setattr(record, "_compact", counted)
+    line = len("r0000 1 " + "h" * 64 + "\n")
+    for i in range(200):  # 200 runs: ~15 KB compacted, far past the 1,000-byte limit
+        record.record(f"r{i:04d}", 1, "h" * 64)
+    assert 1 <= rewrites <= 8  # doubling from 1 KB to ~15 KB: a handful, not ~185
+    heads = record.heads()
+    assert len(heads) == 200 and heads["r0199"] == (1, "h" * 64)
+    for i in range(200):  # the same runs again, at their next head
+        record.record(f"r{i:04d}", 2, "g" * 64)
+    assert record.path.stat().st_size <= 2 * 200 * line + 1000
+    assert all(seq == 2 for seq, _ in record.heads().values())
