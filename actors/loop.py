@@ -104,17 +104,11 @@ class EffectLoop:
         if not self._thread.is_alive():
             self.loop.close()
 
-    def __enter__(self) -> EffectLoop:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
 
 class TaskOutcome:
     """How a task started by :meth:`EffectLoop.start` ended, for whoever is told or
     waits: the part of ``concurrent.futures.Future`` the driver uses
-    (``add_done_callback``, ``cancelled``, ``exception``, ``wait``), without the
+    (``add_done_callback``, ``done``, ``exception``, ``wait``), without the
     condition variable a ``Future`` makes for waiters (a map makes one per call and
     nobody waits on them: the event a waiter sleeps on is made by the first
     :meth:`wait`). A cancelled task ends with its ``CancelledError`` as the
@@ -139,9 +133,6 @@ class TaskOutcome:
 
     def done(self) -> bool:
         return self._done
-
-    def cancelled(self) -> bool:
-        return False
 
     def exception(self) -> BaseException | None:
         if not self._done:

@@ -361,6 +361,8 @@ class _LlmRun:
         asyncio wait the token cuts short."""
         import asyncio
 
+        from graphrun.actors.loop import blocking
+
         loop = asyncio.get_running_loop()
         self._arm(loop)
         steps = self.execute()
@@ -387,9 +389,7 @@ class _LlmRun:
                             abort.done()
                             unhook()
                     elif isinstance(op, _Checkpoint):
-                        await loop.run_in_executor(
-                            getattr(self.ctx, "executor", None), self._commit
-                        )
+                        await blocking(self.ctx, self._commit)
                     elif isinstance(op, _RunTool):
                         value = await self._run_tool_async(loop, op.name, op.arguments)
                     else:

@@ -70,17 +70,15 @@ class ToolActor:
     async def run(self, task: ToolTask, ctx: Any) -> None:
         """Load the tool (on the run's executor: it reads files, may start an MCP
         server) and call it, its process awaited on the run's loop."""
-        import asyncio
-
+        from graphrun.actors.loop import blocking
         from graphrun.actors.tools.toolbox import ToolError, load_toolbox
 
         started = time.monotonic()
         name = tool_name(task.tool)
         executor = getattr(ctx, "executor", None)
-        loop = asyncio.get_running_loop()
         try:
-            box = await loop.run_in_executor(
-                executor,
+            box = await blocking(
+                ctx,
                 functools.partial(
                     load_toolbox,
                     self.agent_dir,

@@ -272,6 +272,8 @@ class RagActor:
         bounds the query (a loop timer): past it, its outcome is not waited for."""
         import asyncio
 
+        from graphrun.actors.loop import blocking
+
         started = time.monotonic()
 
         def done(**fields: Any) -> None:
@@ -286,16 +288,14 @@ class RagActor:
                 )
             )
 
-        loop = asyncio.get_running_loop()
-        executor = getattr(ctx, "executor", None)
         try:
-            kb = await loop.run_in_executor(executor, self._kb, task.node_id, task.config)
+            kb = await blocking(ctx, self._kb, task.node_id, task.config)
         except GraphrunError as exc:
             done(error=str(exc))
             return
         try:
             result = await asyncio.wait_for(
-                loop.run_in_executor(executor, kb.query, task.query, task.top_k), task.timeout
+                blocking(ctx, kb.query, task.query, task.top_k), task.timeout
             )
         except TimeoutError:
             done(error=f"retrieval timed out after {task.timeout:g}s")
