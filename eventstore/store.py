@@ -411,6 +411,23 @@ class SqliteStore:
         with self._lock:
             self.conn.close()
 
+    def checkpoint_heads(self) -> bool:
+        """Checkpoint the WAL into the database file and, if every frame went in,
+        mark the reported heads recorded so far as safe (see
+        :mod:`graphrun.eventstore.reported`); whether a mark was written."""
+        covered = self.reported.size()
+        if covered is None:
+            return False
+        with self._lock:
+            try:
+                busy, log, done = self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            except sqlite3.Error:
+                return False  # the next MARK_BYTES of the record try again
+        if busy or log != done:  # a reader (or a writer) held part of the WAL back
+            return False
+        self.reported.mark(covered)
+        return True
+
     def __enter__(self) -> SqliteStore:
         return self
 
@@ -570,8 +587,12 @@ class SqliteStore:
                         pass
             self._run_nos[run_id] = run_no
             self._rows[run_id] = row
-        if head_changed and row.status in _REPORTED_STATUSES:
-            self.reported.record(run_id, row.last_seq, row.last_hash)
+        if (
+            head_changed
+            and row.status in _REPORTED_STATUSES
+            and self.reported.record(run_id, row.last_seq, row.last_hash)
+        ):
+            self.checkpoint_heads()  # the record grew by MARK_BYTES: try to mark it
         return stamped
 
     @staticmethod
@@ -705,7 +726,7 @@ class SqliteStore:
             return events, codec.ChainProblem(1, "the run has no events")
         problem = self._head_problem(run_id, events)
         if problem is None:  # a chain that verifies may still have lost its end
-            reported = self.reported.heads().get(run_id)
+            reported = self.reported.unchecked().get(run_id)
             lost = self._behind(run_id, *reported) if reported is not None else None
             if lost is not None:
                 problem = codec.ChainProblem(min(len(events) + 1, reported[0]), lost)  # type: ignore[index]
@@ -786,14 +807,15 @@ class SqliteStore:
         """Whether the run's log went back behind the head graphrun last reported
         (it ends before that seq, or the run is gone; see
         :mod:`graphrun.eventstore.reported`): why, or ``None``."""
-        reported = self.reported.heads().get(run_id)
+        reported = self.reported.unchecked().get(run_id)
         return None if reported is None else self._behind(run_id, *reported)
 
     @_guarded("reading the runs")
     def lost_heads(self) -> dict[str, str]:
-        """:meth:`lost_head` of every run reported in this file that went back."""
+        """:meth:`lost_head` of every run reported in this file that went back
+        (of the heads no complete checkpoint covers: the rest are safe)."""
         found = {}
-        for run_id, (seq, digest) in sorted(self.reported.heads().items()):
+        for run_id, (seq, digest) in sorted(self.reported.unchecked().items()):
             problem = self._behind(run_id, seq, digest)
             if problem is not None:
                 found[run_id] = problem

@@ -136,3 +136,98 @@ def test_the_record_is_compacted_once_it_doubles_not_at_every_line(
         record.record(f"r{i:04d}", 2, "g" * 64)
     assert record.path.stat().st_size <= 2 * 200 * line + 1000
     assert all(seq == 2 for seq, _ in record.heads().values())
+
+
+def test_a_complete_checkpoint_marks_the_heads_before_it_as_safe(tmp_path: Path) -> None:
+    # Only what is still in the WAL can be lost: a complete checkpoint lets the
+    # store mark the heads before it, and runs/show check only those after.
+    from graphrun.eventstore import reported
+
+    record = reported.ReportedHeads(tmp_path / "events.db")
+    due = [record.record(f"r{i:04d}", 3, "h" * 64) for i in range(300)]
+    line = len("r0000 3 " + "h" * 64 + "\n")
+    assert sum(due) == 300 * line // reported.MARK_BYTES  # one try per 8 KB of record
+    assert len(record.unchecked()) == 300  # no mark yet: every head is checked
+    covered = record.size()
+    assert covered == 300 * line
+    for i in range(300, 305):
+        record.record(f"r{i:04d}", 3, "h" * 64)
+    record.mark(covered)
+    record.record("r0000", 9, "g" * 64)
+    assert sorted(record.unchecked()) == ["r0000"] + [f"r{i:04d}" for i in range(300, 305)]
+    assert record.unchecked()["r0000"] == (9, "g" * 64)
+    assert len(record.heads()) == 305 and record.heads()["r0000"] == (9, "g" * 64)
+    # Compacted, the record keeps every head and what the mark covered.
+    record._compact()
+    assert len(record.heads()) == 305 and record.heads()["r0000"] == (9, "g" * 64)
+    assert sorted(record.unchecked()) == ["r0000"] + [f"r{i:04d}" for i in range(300, 305)]
+    # A mark that claims past itself, or a damaged one, covers no more than it can.
+    record.path.write_bytes(b"a 1 x\n~ 9999\nb 2 y\n~ 1x\n")
+    assert sorted(record.unchecked()) == ["b"]
+    record.path.write_bytes(b"a 1 x\n~ 1x\nb 2 y\n")
+    assert sorted(record.unchecked()) == ["a", "b"]
+
+
+def test_the_tail_is_read_backwards_to_the_last_mark(tmp_path: Path) -> None:
+    from graphrun.eventstore import reported
+
+    record = reported.ReportedHeads(tmp_path / "events.db")
+    body = b"".join(f"r{i:06d} 1 {'h' * 64}\n".encode() for i in range(20_000))  # ~1.5 MB
+    tail = b"".join(f"t{i:03d} 2 {'g' * 64}\n".encode() for i in range(700))  # ~50 KB
+    record.path.write_bytes(body + reported.MARK + f"{len(body)}\n".encode() + tail)
+    reads: list[int] = []
+    real_open = open
+
+    class Counting:
+        def __init__(self, fh: Any) -> None:
+            self.fh = fh
+
+        def __enter__(self) -> Counting:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.fh.close()
+
+        def seek(self, *args: int) -> int:
+            return self.fh.seek(*args)  # type: ignore[no-any-return]
+
+        def read(self, n: int = -1) -> bytes:
+            data = self.fh.read(n)
+            reads.append(len(data))
+            return data  # type: ignore[no-any-return]
+
+    import builtins
+
+    try:
+        builtins.open = lambda *a, **k: Counting(real_open(*a, **k))  # type: ignore[assignment]
+        heads = record.unchecked()
+    finally:
+        builtins.open = real_open
+    assert sorted(heads) == [f"t{i:03d}" for i in range(700)]
+    assert sum(reads) < 4 * len(tail)  # the tail, a few times over: not the 1.5 MB before it
+
+
+def test_the_store_marks_after_a_complete_checkpoint_only(graphrun: Any, agent: Any) -> None:
+    from graphrun.eventstore import open_store, reported
+
+    root = agent(LOOP, {"scripts/step.py": STEP})
+    assert graphrun("run", str(root)).code == 0
+    store = open_store(graphrun.db)
+    try:
+        record = store.reported
+        assert reported.MARK not in record.path.read_bytes()
+        reader = sqlite3.connect(graphrun.db)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM events").fetchone()
+        try:
+            assert graphrun("run", str(root)).code == 0  # committed after the reader's snapshot
+            assert store.checkpoint_heads() is False  # the reader holds it back: no mark
+            assert reported.MARK not in record.path.read_bytes()
+        finally:
+            reader.close()
+        assert store.checkpoint_heads() is True
+        assert record.unchecked() == {}
+        assert len(record.heads()) == 2
+        assert store.lost_heads() == {}
+    finally:
+        store.close()
