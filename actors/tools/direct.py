@@ -60,16 +60,19 @@ class ToolActor:
         mcp_servers: list[str],
         config_dir: Path | None,
         variables: dict[str, str] | None,
+        loop: Any = None,
     ) -> None:
         self.agent_dir = agent_dir
+        self.loop = loop  # the run's EffectLoop: an MCP tool's session lives there
         self.global_tools = global_tools
         self.mcp_servers = mcp_servers
         self.config_dir = config_dir
         self.variables = variables
 
     async def run(self, task: ToolTask, ctx: Any) -> None:
-        """Load the tool (on the run's executor: it reads files, may start an MCP
-        server) and call it, its process awaited on the run's loop."""
+        """Load the tool (on the run's executor: it reads files, may wait for an MCP
+        server to start) and call it on the run's loop: its process watched from
+        there, or its MCP call awaited there."""
         from graphrun.actors.loop import blocking
         from graphrun.actors.tools.toolbox import ToolError, load_toolbox
 
@@ -88,6 +91,7 @@ class ToolActor:
                     config_dir=self.config_dir,
                     variables=self.variables,
                     timeout=task.timeout,
+                    loop=self.loop,
                 ),
             )
             result = await box.call_async(

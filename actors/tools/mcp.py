@@ -20,11 +20,20 @@ or ``$NAME``), plus its ``env``.
 
 Servers a toolbox needs are started in parallel.
 
-The official ``mcp`` SDK is asyncio-based. An :class:`McpHub` owns one event-loop
-thread and one session per server: a server starts on first use, its session is
-reused by every call in the process, and :meth:`McpHub.close` (also run at exit)
-ends the sessions and their processes. Synchronous callers (``Toolbox.call`` in
-a node actor) submit coroutines to that loop and wait.
+The official ``mcp`` SDK is asyncio-based. An :class:`McpHub` holds one session
+per server, each owned by one task on one event loop (anyio's scopes must be
+entered and left in the same task): a server starts on first use, and its session
+is reused by every call made through the hub. A run's hub is bound to the run's
+:class:`~graphrun.actors.loop.EffectLoop` (``default_hub(config_dir, loop=...)``:
+one hub per configuration directory and loop, so a worker starts each server once
+for every run it drives): its sessions live on that loop, an llm node's tool loop
+or a ``tool`` node awaits a call there (``call_async``: no thread, no other loop),
+and the hub ends its sessions and their processes when that loop stops. A hub made
+outside any run (checking a graph, tests) runs a loop thread of its own.
+Synchronous callers off the loop (building a toolbox on the run's executor) submit
+to the hub's loop and wait; on the loop's own thread they are refused (they would
+wait for themselves). :meth:`McpHub.close` (also run at exit) ends the sessions
+and their processes.
 
 Loki offers each server to the model as three meta-functions instead of its
 tools: ``mcp_search_<server>`` (find tools by keywords), ``mcp_describe_<server>``
@@ -54,12 +63,15 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from graphrun.actors import process
 from graphrun.actors.base import CancelToken
 from graphrun.actors.llm.providers.base import ToolResult, ToolSpec
 from graphrun.actors.tools.base import DEFAULT_TIMEOUT, ToolError
+
+if TYPE_CHECKING:
+    from graphrun.actors.loop import EffectLoop
 
 __all__ = [
     "META_PREFIXES",
@@ -290,22 +302,42 @@ class McpTool:
     server: str
     hub: McpHub = field(repr=False, compare=False)
 
-    def call(self, arguments: str, *, cancel: CancelToken | None, timeout: float) -> ToolResult:
-        """Call the tool with ``arguments`` (a JSON object as text)."""
-        started = time.monotonic()
+    def _arguments(self, arguments: str, started: float) -> dict[str, Any] | ToolResult:
+        """The parsed arguments, or the error result the model gets for them."""
         try:
             parsed = json.loads(arguments) if arguments.strip() else {}
         except ValueError as exc:
             parsed = f"the arguments are not valid JSON ({exc})"
-        if not isinstance(parsed, dict):
-            message = parsed if isinstance(parsed, str) else "the arguments must be a JSON object"
-            return ToolResult(
-                f"tool '{self.spec.name}': {message}",
-                True,
-                (time.monotonic() - started) * 1000,
-                self.spec.source,
-            )
+        if isinstance(parsed, dict):
+            return parsed
+        message = parsed if isinstance(parsed, str) else "the arguments must be a JSON object"
+        return ToolResult(
+            f"tool '{self.spec.name}': {message}",
+            True,
+            (time.monotonic() - started) * 1000,
+            self.spec.source,
+        )
+
+    def call(self, arguments: str, *, cancel: CancelToken | None, timeout: float) -> ToolResult:
+        """Call the tool with ``arguments`` (a JSON object as text)."""
+        started = time.monotonic()
+        parsed = self._arguments(arguments, started)
+        if isinstance(parsed, ToolResult):
+            return parsed
         text, is_error = self.hub.call_tool(
+            self.server, self.remote_name, parsed, cancel=cancel, timeout=timeout
+        )
+        return ToolResult(text, is_error, (time.monotonic() - started) * 1000, self.spec.source)
+
+    async def call_async(
+        self, arguments: str, *, cancel: CancelToken | None, timeout: float
+    ) -> ToolResult:
+        """:meth:`call` awaited on the running loop (the run's: no thread, no hop)."""
+        started = time.monotonic()
+        parsed = self._arguments(arguments, started)
+        if isinstance(parsed, ToolResult):
+            return parsed
+        text, is_error = await self.hub.call_tool_async(
             self.server, self.remote_name, parsed, cancel=cancel, timeout=timeout
         )
         return ToolResult(text, is_error, (time.monotonic() - started) * 1000, self.spec.source)
@@ -322,7 +354,8 @@ class _Server:
 
 
 class McpHub:
-    """The MCP sessions of one process, owned by a dedicated event-loop thread."""
+    """The MCP sessions of a run's event loop (``loop``), or of a loop thread of the
+    hub's own (no ``loop``: a hub made outside any run)."""
 
     def __init__(
         self,
@@ -330,28 +363,34 @@ class McpHub:
         *,
         environ: Mapping[str, str] | None = None,
         start_timeout: float = START_TIMEOUT,
+        loop: EffectLoop | None = None,
     ):
         self.servers: Mapping[str, McpServerConfig] = dict(servers)
         self._environ = environ
         self._start_timeout = start_timeout
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._effects = loop  # the run's loop the sessions live on, if bound to one
+        self._loop: asyncio.AbstractEventLoop | None = None if loop is None else loop.loop
         self._thread: threading.Thread | None = None
-        self._running: dict[str, _Server] = {}  # touched only on the loop thread
+        self._running: dict[str, _Server] = {}  # touched only on the loop's thread
         self._tools: dict[str, list[McpTool]] = {}
         self._closed = False
+        self._at_exit = False
 
     @classmethod
     def from_config_dir(cls, config_dir: Path | None, **kwargs: Any) -> McpHub:
         """A hub for the servers of ``<config_dir>/functions/mcp.json``."""
         return cls(load_mcp_config(config_dir), **kwargs)
 
-    # -- the loop thread -------------------------------------------------- #
+    # -- the loop --------------------------------------------------------- #
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the sessions live on (the hub's own thread starts on first use)."""
         with self._lock:
             if self._closed:
                 raise McpError("the MCP hub is closed")
+            if self._effects is not None and self._effects.stopped:
+                raise McpError("the MCP hub's event loop has stopped")
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(
@@ -359,12 +398,27 @@ class McpHub:
                 )
                 thread.start()
                 self._loop, self._thread = loop, thread
+            if not self._at_exit:  # no server process outlives graphrun
                 atexit.register(self.close)
+                self._at_exit = True
             return self._loop
 
+    def _on_own_loop(self) -> bool:
+        """Whether the caller runs on the thread of the loop the sessions live on."""
+        if self._effects is not None:
+            return self._effects.on_loop()
+        return self._thread is not None and threading.get_ident() == self._thread.ident
+
     def _run(self, coro: Any, *, timeout: float | None, cancel: CancelToken | None = None) -> Any:
+        """``coro`` run on the hub's loop from another thread, waited for."""
         try:
             loop = self._ensure_loop()
+            if self._on_own_loop():
+                raise McpError(
+                    "an MCP server was waited for on the event loop its session lives on "
+                    "(it would wait for itself)",
+                    hint="await the tool's call_async there",
+                )
         except McpError:
             coro.close()  # never started: say so, rather than warn it was never awaited
             raise
@@ -377,6 +431,18 @@ class McpHub:
             raise
         finally:
             remove()
+
+    async def _await(self, coro: Any) -> Any:
+        """``coro`` awaited on the hub's loop: in place when that is the running loop
+        (a run's hub on its run's loop), else submitted there (a hub of its own)."""
+        try:
+            loop = self._ensure_loop()
+        except McpError:
+            coro.close()
+            raise
+        if loop is asyncio.get_running_loop():
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
     # -- sessions --------------------------------------------------------- #
 
@@ -449,7 +515,15 @@ class McpHub:
                 session = await stack.enter_async_context(mcp.ClientSession(streams[0], streams[1]))
                 await session.initialize()
                 entry.ready.set_result(session)
-                await entry.stop.wait()
+                try:
+                    await entry.stop.wait()
+                except asyncio.CancelledError:
+                    # Cancelled with the tasks of its loop (a run's loop stopping):
+                    # the session still ends the ordinary way, which stops the
+                    # server's process instead of abandoning it.
+                    task = asyncio.current_task()
+                    if task is not None:
+                        task.uncancel()
         except BaseException as exc:
             if not entry.ready.done():
                 error = McpError(
@@ -508,46 +582,8 @@ class McpHub:
             *(self._list_tools(server) for server in servers), return_exceptions=True
         )
 
-    # -- the synchronous API ---------------------------------------------- #
-
-    def start(self, servers: list[str]) -> None:
-        """Start ``servers`` (those not listed yet) in parallel and list their tools.
-
-        Never raises: a server that fails is reported again by :meth:`tools`.
-        """
-        todo = [s for s in dict.fromkeys(servers) if s not in self._tools and s in self.servers]
-        if len(todo) < 2:
-            return  # nothing to overlap
-        try:
-            self._ensure_loop()
-            self._run(self._list_many(todo), timeout=self._start_timeout + 30)
-        except Exception:
-            return
-        for server in todo:  # build the tool objects from the sessions now open
-            with contextlib.suppress(McpError):
-                self.tools(server)
-
-    def tools(self, server: str) -> list[McpTool]:
-        """The server's tools (starting it if needed; listed once per session).
-
-        Raises:
-            McpError: the server is not configured, its config names an unset
-                variable, or it fails to start.
-        """
-        cached = self._tools.get(server)
-        if cached is not None:
-            return cached
-        self._config(server)  # fail fast, before starting a thread
-        self._ensure_loop()
-        try:
-            listed = self._run(self._list_tools(server), timeout=self._start_timeout + 30)
-        except TimeoutError:
-            raise McpError(f"MCP server '{server}' did not list its tools in time") from None
-        except McpError:
-            raise
-        except Exception as exc:
-            message = f"MCP server '{server}' failed to list its tools: {_leaf(exc)}"
-            raise McpError(message) from None
+    def _tool_objects(self, server: str, listed: list[Any]) -> list[McpTool]:
+        """The tools a server listed, as offered (kept for the session's life)."""
         tools: list[McpTool] = []
         seen: set[str] = set()
         for tool in listed:
@@ -568,6 +604,49 @@ class McpHub:
         self._tools[server] = tools
         return tools
 
+    @staticmethod
+    def _list_error(server: str, exc: BaseException) -> McpError:
+        if isinstance(exc, McpError):
+            return exc
+        if isinstance(exc, TimeoutError):
+            return McpError(f"MCP server '{server}' did not list its tools in time")
+        return McpError(f"MCP server '{server}' failed to list its tools: {_leaf(exc)}")
+
+    # -- the synchronous API (off the hub's loop) -------------------------- #
+
+    def start(self, servers: list[str]) -> None:
+        """Start ``servers`` (those not listed yet) in parallel and list their tools.
+
+        Never raises: a server that fails is reported again by :meth:`tools`.
+        """
+        todo = [s for s in dict.fromkeys(servers) if s not in self._tools and s in self.servers]
+        if len(todo) < 2:
+            return  # nothing to overlap
+        try:
+            self._run(self._list_many(todo), timeout=self._start_timeout + 30)
+        except Exception:
+            return
+        for server in todo:  # build the tool objects from the sessions now open
+            with contextlib.suppress(McpError):
+                self.tools(server)
+
+    def tools(self, server: str) -> list[McpTool]:
+        """The server's tools (starting it if needed; listed once per session).
+
+        Raises:
+            McpError: the server is not configured, its config names an unset
+                variable, or it fails to start.
+        """
+        cached = self._tools.get(server)
+        if cached is not None:
+            return cached
+        self._config(server)  # fail fast, before starting a thread
+        try:
+            listed = self._run(self._list_tools(server), timeout=self._start_timeout + 30)
+        except Exception as exc:
+            raise self._list_error(server, exc) from None
+        return self._tool_objects(server, listed)
+
     def call_tool(
         self,
         server: str,
@@ -579,40 +658,133 @@ class McpHub:
     ) -> tuple[str, bool]:
         """Call ``name`` on ``server``; returns (text, is_error), never raises for the call."""
         if cancel is not None and cancel.cancelled:
-            return f"tool '{name}' was cancelled ({cancel.reason})", True
+            return self._cancelled_before(name, cancel)
         try:
             return self._run(self._call(server, name, arguments), timeout=timeout, cancel=cancel)
         except concurrent.futures.CancelledError:
-            reason = cancel.reason if cancel is not None else "cancelled"
-            return f"tool '{name}' on MCP server '{server}' was cancelled ({reason})", True
+            return self._cancelled(server, name, cancel)
         except TimeoutError:
-            return f"tool '{name}' on MCP server '{server}' timed out after {timeout:g} s", True
+            return self._timed_out(server, name, timeout)
         except Exception as exc:
-            return f"tool '{name}' on MCP server '{server}' failed: {_leaf(exc)}", True
+            return self._failed(server, name, exc)
 
-    def close(self) -> None:
-        """End every session and server process, then the loop thread. Idempotent."""
+    @staticmethod
+    def _cancelled_before(name: str, cancel: CancelToken) -> tuple[str, bool]:
+        return f"tool '{name}' was cancelled ({cancel.reason})", True
+
+    @staticmethod
+    def _cancelled(server: str, name: str, cancel: CancelToken | None) -> tuple[str, bool]:
+        reason = cancel.reason if cancel is not None else "cancelled"
+        return f"tool '{name}' on MCP server '{server}' was cancelled ({reason})", True
+
+    @staticmethod
+    def _timed_out(server: str, name: str, timeout: float) -> tuple[str, bool]:
+        return f"tool '{name}' on MCP server '{server}' timed out after {timeout:g} s", True
+
+    @staticmethod
+    def _failed(server: str, name: str, exc: BaseException) -> tuple[str, bool]:
+        return f"tool '{name}' on MCP server '{server}' failed: {_leaf(exc)}", True
+
+    # -- the asynchronous API (awaited on a loop) --------------------------- #
+
+    async def tools_async(self, server: str) -> list[McpTool]:
+        """:meth:`tools`, awaited (on the hub's own loop: in place).
+
+        Raises:
+            McpError: as :meth:`tools`.
+        """
+        cached = self._tools.get(server)
+        if cached is not None:
+            return cached
+        self._config(server)
+        try:
+            async with asyncio.timeout(self._start_timeout + 30):
+                listed = await self._await(self._list_tools(server))
+        except Exception as exc:
+            raise self._list_error(server, exc) from None
+        return self._tool_objects(server, listed)
+
+    async def call_tool_async(
+        self,
+        server: str,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        cancel: CancelToken | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> tuple[str, bool]:
+        """:meth:`call_tool`, awaited: on the hub's own loop the call is a task of
+        that loop (no thread waits for it). ``timeout`` and ``cancel`` end the call,
+        not the session; the results are :meth:`call_tool`'s."""
+        if cancel is not None and cancel.cancelled:
+            return self._cancelled_before(name, cancel)
+        loop = asyncio.get_running_loop()
+        call = loop.create_task(self._await(self._call(server, name, arguments)))
+
+        def cancelled() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing runs
+                loop.call_soon_threadsafe(call.cancel)
+
+        remove = cancel.on_cancel(cancelled) if cancel is not None else (lambda: None)
+        try:
+            async with asyncio.timeout(timeout):
+                result: tuple[str, bool] = await call
+                return result
+        except TimeoutError:
+            return self._timed_out(server, name, timeout)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the awaiting effect itself is cancelled: so is the call
+            return self._cancelled(server, name, cancel)
+        except Exception as exc:
+            return self._failed(server, name, exc)
+        finally:
+            remove()
+            call.cancel()  # (a no-op once it has ended)
+
+    # -- closing ------------------------------------------------------------ #
+
+    async def _shutdown(self) -> None:
+        """End every session (on the hub's loop): each task stops its server."""
+        entries = list(self._running.values())
+        for entry in entries:
+            entry.stop.set()
+        tasks = [e.task for e in entries if e.task is not None]
+        if tasks:
+            # The SDK closes stdin, then terminates, then kills: bounded.
+            await asyncio.wait(tasks, timeout=8)
+
+    def _mark_closed(self) -> bool:
+        """Close the hub to new calls; whether it was open."""
         with self._lock:
             if self._closed:
-                return
+                return False
             self._closed = True
             self._tools.clear()
-            loop, thread = self._loop, self._thread
         atexit.unregister(self.close)
-        if loop is None or thread is None:
+        return True
+
+    async def aclose(self) -> None:
+        """:meth:`close`, awaited on the hub's loop (a run's loop stopping)."""
+        if self._mark_closed():
+            await self._shutdown()
+
+    def close(self) -> None:
+        """End every session and server process (and the hub's own loop thread, if
+        it has one). Idempotent."""
+        if not self._mark_closed():
             return
-
-        async def shutdown() -> None:
-            entries = list(self._running.values())
-            for entry in entries:
-                entry.stop.set()
-            tasks = [e.task for e in entries if e.task is not None]
-            if tasks:
-                # The SDK closes stdin, then terminates, then kills: bounded.
-                await asyncio.wait(tasks, timeout=15)
-
+        loop, thread = self._loop, self._thread
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return  # nothing was started, or the loop is gone with its sessions
+        if self._on_own_loop():
+            loop.create_task(self._shutdown())  # cannot wait for itself: under way
+            return
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(20)
+            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(20)
+        if thread is None:
+            return  # the run's loop: it goes on serving the run
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         if not thread.is_alive():
@@ -727,52 +899,94 @@ class McpMetaTool:
     server: str
     hub: McpHub = field(repr=False, compare=False)
 
-    def call(self, arguments: str, *, cancel: CancelToken | None, timeout: float) -> ToolResult:
-        """Run the meta-function with ``arguments`` (a JSON object as text)."""
-        started = time.monotonic()
+    def _done(self, started: float, text: str, is_error: bool = False) -> ToolResult:
+        return ToolResult(text, is_error, (time.monotonic() - started) * 1000, self.spec.source)
 
-        def done(text: str, is_error: bool = False) -> ToolResult:
-            return ToolResult(text, is_error, (time.monotonic() - started) * 1000, self.spec.source)
-
+    def _request(
+        self, arguments: str, started: float
+    ) -> tuple[dict[str, Any], dict[str, Any]] | ToolResult:
+        """The parsed arguments and, for ``invoke``, the tool's own; or the error
+        result the model gets for them."""
         try:
             parsed = json.loads(arguments) if arguments.strip() else {}
         except ValueError as exc:
-            return done(f"tool '{self.spec.name}': the arguments are not valid JSON ({exc})", True)
+            text = f"tool '{self.spec.name}': the arguments are not valid JSON ({exc})"
+            return self._done(started, text, True)
         if not isinstance(parsed, dict):
-            return done(f"tool '{self.spec.name}': the arguments must be a JSON object", True)
+            text = f"tool '{self.spec.name}': the arguments must be a JSON object"
+            return self._done(started, text, True)
         name = parsed.get("tool")
         if self.kind != "search" and not isinstance(name, str):
-            return done(f"tool '{self.spec.name}': 'tool' (a tool name) is required", True)
-        if self.kind == "invoke":
-            arguments_value = parsed.get("arguments") or {}
-            if isinstance(arguments_value, str):  # some models send the object as text
-                try:
-                    arguments_value = json.loads(arguments_value)
-                except ValueError:
-                    pass
-            if not isinstance(arguments_value, dict):
-                return done(f"tool '{self.spec.name}': 'arguments' must be an object", True)
-            text, is_error = self.hub.call_tool(
-                self.server, str(name), arguments_value, cancel=cancel, timeout=timeout
+            text = f"tool '{self.spec.name}': 'tool' (a tool name) is required"
+            return self._done(started, text, True)
+        if self.kind != "invoke":
+            return parsed, {}
+        arguments_value = parsed.get("arguments") or {}
+        if isinstance(arguments_value, str):  # some models send the object as text
+            try:
+                arguments_value = json.loads(arguments_value)
+            except ValueError:
+                pass
+        if not isinstance(arguments_value, dict):
+            return self._done(
+                started, f"tool '{self.spec.name}': 'arguments' must be an object", True
             )
-            return done(text, is_error)
-        try:
-            tools = self.hub.tools(self.server)
-        except McpError as exc:
-            return done(f"tool '{self.spec.name}': {exc}", True)
+        return parsed, arguments_value
+
+    def _answer(self, started: float, tools: list[McpTool], parsed: dict[str, Any]) -> ToolResult:
+        """What ``search`` or ``describe`` answers from the server's tools."""
+        name = parsed.get("tool")
         if self.kind == "describe":
             found = next((t for t in tools if name in (t.remote_name, t.spec.name)), None)
             if found is None:
                 known = ", ".join(t.remote_name for t in tools)
-                return done(
-                    f"{name} not found in {self.server} MCP server catalog (tools: {known})", True
-                )
+                text = f"{name} not found in {self.server} MCP server catalog (tools: {known})"
+                return self._done(started, text, True)
             schema = {
                 "type": "object",
                 "properties": {"tool": {"type": "string"}, "arguments": found.spec.parameters},
             }
-            return done(json.dumps(schema, ensure_ascii=False))
-        return done(json.dumps(_search(tools, str(parsed.get("query") or ""), parsed.get("top_k"))))
+            return self._done(started, json.dumps(schema, ensure_ascii=False))
+        found_tools = _search(tools, str(parsed.get("query") or ""), parsed.get("top_k"))
+        return self._done(started, json.dumps(found_tools))
+
+    def call(self, arguments: str, *, cancel: CancelToken | None, timeout: float) -> ToolResult:
+        """Run the meta-function with ``arguments`` (a JSON object as text)."""
+        started = time.monotonic()
+        request = self._request(arguments, started)
+        if isinstance(request, ToolResult):
+            return request
+        parsed, invoke_arguments = request
+        if self.kind == "invoke":
+            text, is_error = self.hub.call_tool(
+                self.server, str(parsed["tool"]), invoke_arguments, cancel=cancel, timeout=timeout
+            )
+            return self._done(started, text, is_error)
+        try:
+            tools = self.hub.tools(self.server)
+        except McpError as exc:
+            return self._done(started, f"tool '{self.spec.name}': {exc}", True)
+        return self._answer(started, tools, parsed)
+
+    async def call_async(
+        self, arguments: str, *, cancel: CancelToken | None, timeout: float
+    ) -> ToolResult:
+        """:meth:`call` awaited on the running loop (the run's: no thread, no hop)."""
+        started = time.monotonic()
+        request = self._request(arguments, started)
+        if isinstance(request, ToolResult):
+            return request
+        parsed, invoke_arguments = request
+        if self.kind == "invoke":
+            text, is_error = await self.hub.call_tool_async(
+                self.server, str(parsed["tool"]), invoke_arguments, cancel=cancel, timeout=timeout
+            )
+            return self._done(started, text, is_error)
+        try:
+            tools = await self.hub.tools_async(self.server)
+        except McpError as exc:
+            return self._done(started, f"tool '{self.spec.name}': {exc}", True)
+        return self._answer(started, tools, parsed)
 
 
 def _search(tools: list[McpTool], query: str, top_k: object) -> list[dict[str, str]]:
@@ -817,18 +1031,51 @@ _HUBS: dict[Path | None, McpHub] = {}
 _HUBS_LOCK = threading.Lock()
 
 
-def default_hub(config_dir: Path | None) -> McpHub:
-    """The process-wide hub for ``config_dir``'s mcp.json (closed at exit).
+class _LoopHubs:
+    """The hubs kept for one run's loop, by configuration directory: made on first
+    use, closed (their servers stopped) when the loop stops."""
+
+    def __init__(self, loop: EffectLoop) -> None:
+        self.loop = loop
+        self.hubs: dict[Path | None, McpHub] = {}
+        self.lock = threading.Lock()
+
+    def get(self, key: Path | None, config_dir: Path | None) -> McpHub:
+        with self.lock:
+            hub = self.hubs.get(key)
+            if hub is None or hub._closed:
+                hub = self.hubs[key] = McpHub.from_config_dir(config_dir, loop=self.loop)
+            return hub
+
+    async def close(self) -> None:
+        """Close every hub on the loop (:meth:`EffectLoop.stop` awaits it)."""
+        with self.lock:
+            hubs = list(self.hubs.values())
+        await asyncio.gather(*(hub.aclose() for hub in hubs), return_exceptions=True)
+
+
+def default_hub(config_dir: Path | None, *, loop: EffectLoop | None = None) -> McpHub:
+    """The hub for ``config_dir``'s mcp.json: with ``loop`` (a run's
+    :class:`~graphrun.actors.loop.EffectLoop`), the one kept on that loop, whose
+    sessions live there and end when it stops; without, the process-wide one, with
+    a loop thread of its own (closed at exit).
 
     Raises:
-        McpError: mcp.json cannot be read.
+        McpError: mcp.json cannot be read, or ``loop`` has stopped.
     """
     key = None if config_dir is None else config_dir.resolve()
+    if loop is not None:
+        if loop.stopped:
+            raise McpError("the run's event loop has stopped: no MCP server can start on it")
+        return loop.keep(_LOOP_HUBS, lambda: _LoopHubs(loop)).get(key, config_dir)
     with _HUBS_LOCK:
         hub = _HUBS.get(key)
         if hub is None or hub._closed:
             hub = _HUBS[key] = McpHub.from_config_dir(config_dir)
         return hub
+
+
+_LOOP_HUBS = "graphrun.mcp.hubs"  # the key of a loop's hubs in EffectLoop.keep
 
 
 def _run_unpinned(loop: Any) -> None:

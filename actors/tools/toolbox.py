@@ -53,6 +53,7 @@ from graphrun.eventstore import redaction
 from graphrun.eventstore.errors import GraphrunError
 
 if TYPE_CHECKING:
+    from graphrun.actors.loop import EffectLoop
     from graphrun.actors.tools.mcp import McpHub
 
 __all__ = [
@@ -76,7 +77,9 @@ EMPTY_OUTPUT = "DONE"
 
 
 class Tool(Protocol):
-    """One callable tool: its declaration and how to run it."""
+    """One callable tool: its declaration and how to run it (a tool may also have
+    ``async def call_async(arguments, *, cancel, timeout)``, which
+    :meth:`Toolbox.call_async` awaits on the run's loop instead)."""
 
     @property
     def spec(self) -> ToolSpec: ...
@@ -1019,12 +1022,19 @@ class Toolbox:
         timeout: float | None = None,
         executor: Any = None,
     ) -> ToolResult:
-        """:meth:`call` awaited on the run's loop: a tool that runs a process has it
-        watched from the loop (what it reads and writes around it goes to
-        ``executor``); any other tool (an MCP server's) is called on ``executor``."""
+        """:meth:`call` awaited on the run's loop: a tool that can be awaited (an MCP
+        server's, ``call_async``) is awaited there; a tool that runs a process has
+        it watched from the loop (what it reads and writes around it goes to
+        ``executor``); any other is called on ``executor``."""
         import asyncio
 
         tool = self._tools.get(name)
+        awaitable = getattr(tool, "call_async", None)
+        if awaitable is not None:
+            result: ToolResult = await awaitable(
+                arguments, cancel=cancel, timeout=timeout or self.timeout
+            )
+            return _redacted(result)
         loop = asyncio.get_running_loop()
         plan = getattr(tool, "plan", None)
         if tool is None or plan is None:
@@ -1174,6 +1184,7 @@ def _resolve(
     config_dir: Path | None,
     hub: McpHub | None,
     start_mcp: bool,
+    loop: EffectLoop | None = None,
 ) -> tuple[list[Tool], list[str]]:
     """The tools a whitelist selects, and an error message per bad entry.
 
@@ -1206,7 +1217,7 @@ def _resolve(
         if hub is None:
             from graphrun.actors.tools.mcp import default_hub
 
-            hub = default_hub(config_dir)
+            hub = default_hub(config_dir, loop=loop)
         return hub
 
     def server_tools(server: str) -> list[Tool]:
@@ -1361,13 +1372,16 @@ def load_toolbox(
     hub: McpHub | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     variables: Mapping[str, str] | None = None,
+    loop: EffectLoop | None = None,
 ) -> Toolbox:
     """The :class:`Toolbox` for an ``llm`` node's ``tools:`` whitelist.
 
     Entries are exact tool names (global, agent, or MCP functions, either as
     exposed, ``<server>_<tool>``, or as the server names them) or
     ``mcp:<server>`` for all of a server's tools. MCP servers start on first use
-    through ``hub`` (default: the process-wide hub for ``config_dir``).
+    through ``hub`` (default: the hub kept on ``loop``, the run's event loop, where
+    their calls are then awaited; without a loop, the process-wide hub for
+    ``config_dir``). Call it off that loop's thread (it waits for the servers).
 
     Raises:
         ToolError: an entry names no known tool (with the closest name), a name
@@ -1383,6 +1397,7 @@ def load_toolbox(
         config_dir=config_dir,
         hub=hub,
         start_mcp=True,
+        loop=loop,
     )
     if errors:
         raise ToolError("; ".join(dict.fromkeys(errors)))

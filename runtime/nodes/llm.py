@@ -292,6 +292,7 @@ class LlmActor:
                 mcp_servers=list(self.graph.mcp_servers),
                 config_dir=self.config_dir,
                 variables=self.variables,
+                loop=self.ports.loop,  # MCP sessions live on the run's loop
             )
         return box
 
@@ -327,6 +328,7 @@ class LlmActor:
             mcp_servers=servers,
             config_dir=self.config_dir,
             variables=self.variables,
+            loop=self.ports.loop,
         )
 
     def close(self) -> None:

@@ -142,7 +142,7 @@ def primary(node: ToolNode, effects: tuple[Any, ...], done: Any) -> Any:
 def effect(ports: RunPorts) -> tuple[type, tuple[Any, ...]]:
     graph, options = ports.graph, ports.options
     tools = (list(graph.global_tools), list(graph.mcp_servers))
-    return ToolActor, (ports.agent_dir, *tools, options.config_dir, options.variables)
+    return ToolActor, (ports.agent_dir, *tools, options.config_dir, options.variables, ports.loop)
 
 
 KIND = NodeKind(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Sequence
@@ -83,6 +84,17 @@ class BuiltinToolbox:
                 self.continued = event.count
             elif isinstance(event, ToolCalled) and event.name == "todo__clear":
                 self.continued = 0
+        self._prepare_granted()
+
+    def _prepare_granted(self) -> None:
+        """Load the toolbox the loaded skills grant now, off the run's loop (the box is
+        made on its executor; loading may wait for an MCP server), so that
+        :attr:`specs`, read on the loop, finds it made. A failure is raised again
+        where the box is used."""
+        from graphrun.actors.tools.base import ToolError
+
+        with contextlib.suppress(ToolError):
+            self._granted_box()
 
     @property
     def specs(self) -> list[ToolSpec]:
@@ -150,6 +162,8 @@ class BuiltinToolbox:
             problem = self._offer(str(args.get("name") or ""), tools)
             if problem is not None:
                 return self._notify(result({"error": problem}, started=started, error=True))
+        if group == "skill":
+            self._prepare_granted()  # what the skills loaded now grant (made, or cached)
         done = result(value, started=started, error=failed)
         if isinstance(loaded, str):
             done = replace(done, instructions=loaded, tools=tools)
