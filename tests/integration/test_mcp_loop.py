@@ -164,10 +164,11 @@ def ask_for_process_info(delay: float) -> Any:
     return answer
 
 
-def map_agent(tmp_path: Path, items: int, cap: int) -> Path:
+def map_agent(tmp_path: Path, items: int, cap: int, tools: str = "[mcp:calc]") -> Path:
     root = tmp_path / "agent"
     root.mkdir(exist_ok=True)
-    (root / "graph.yaml").write_text(MAP.format(items=json.dumps(list(range(items))), cap=cap))
+    graph = MAP.format(items=json.dumps(list(range(items))), cap=cap)
+    (root / "graph.yaml").write_text(graph.replace("[mcp:calc]", tools))
     return root
 
 
@@ -210,6 +211,27 @@ def test_an_llm_tool_loop_awaits_its_mcp_call_on_the_runs_loop(
     [pid] = server_pids(store, run_id)
     assert wait_gone(pid)
     assert f"graphrun-loop-{run_id[:8]}" not in {t.name for t in threading.enumerate()}
+
+
+def test_with_lokis_built_ins_the_mcp_call_is_still_awaited_on_the_loop(
+    store: SqliteStore, llm: FakeLlm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node naming Loki's built-ins has them in its toolbox: its MCP tools are
+    still awaited on the run's loop, not waited for on the executor."""
+    config_dir = write_config(tmp_path / "_config")
+    calls = Calls(monkeypatch)
+    llm.default = ask_for_process_info(0)
+    root = map_agent(tmp_path, 1, 1, tools="[mcp:calc, todo__list]")
+    run_id = start_run(store, load_graph(root), prompt="go")
+
+    outcome, seen = drive_watching(store, run_id, RunOptions(config_dir=config_dir))
+
+    assert outcome.status == "completed", outcome
+    offered = [t["function"]["name"] for t in llm.requests[0].body["tools"]]
+    assert "todo__list" in offered and "calc_process_info" in offered
+    assert (calls.threads, calls.blocking) == ([f"graphrun-loop-{run_id[:8]}"], 0)
+    assert "graphrun-mcp" not in seen
+    assert wait_gone(next(iter(server_pids(store, run_id))))
 
 
 def test_branches_calling_mcp_tools_at_once_overlap_on_one_loop(

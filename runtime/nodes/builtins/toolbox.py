@@ -117,6 +117,51 @@ class BuiltinToolbox:
     def _dispatch(self, args: dict[str, Any]) -> dict[str, Any]:
         return self.agents.call("spawn", args, CancelToken())
 
+    def _box_of(self, name: str) -> Any:
+        """The toolbox of the node's own or a loaded skill's tool ``name``, if the
+        tools the skills grant are made already (else None: :meth:`call` makes them)."""
+        if name in self.names:
+            return None
+        names = tuple(n for n in self.skills.granted() if n not in {s.name for s in self.own})
+        granted = None
+        if names and self.grant is not None:
+            if self._granted is None or self._granted[0] != names:
+                return None
+            granted = self._granted[1]
+        if granted is not None and name in {spec.name for spec in granted.specs}:
+            return granted
+        return self.inner
+
+    async def call_async(
+        self,
+        name: str,
+        arguments: str,
+        *,
+        cancel: CancelToken,
+        timeout: float | None = None,
+        executor: Any = None,
+    ) -> ToolResult:
+        """:meth:`call` on the run's loop: a tool of the node's own or a skill's grant
+        is awaited as its toolbox awaits it (an MCP call on the loop, a process
+        watched from it); Loki's built-ins, which block (they record, drive child
+        runs, ask a person), run on ``executor``."""
+        import asyncio
+        import functools
+
+        loop = asyncio.get_running_loop()
+        box = self._box_of(name)
+        if getattr(box, "call_async", None) is None:
+            whole = functools.partial(self.call, name, arguments, cancel=cancel)
+            done: ToolResult = await loop.run_in_executor(executor, whole)
+            return done
+        done = await box.call_async(
+            name, arguments, cancel=cancel, timeout=timeout, executor=executor
+        )
+        if not self.agents.children:
+            return done
+        notified: ToolResult = await loop.run_in_executor(executor, self._notify, done)
+        return notified
+
     def call(self, name: str, arguments: str, *, cancel: CancelToken) -> ToolResult:
         if name not in self.names:
             granted = self._granted_box()
