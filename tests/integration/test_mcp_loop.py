@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from graphrun.actors.base import CancelToken
@@ -305,6 +306,41 @@ def test_a_tool_node_awaits_its_mcp_call_on_the_runs_loop(
     assert (finished.output, finished.error, finished.source) == (42, None, "mcp:calc")
     assert (calls.threads, calls.blocking) == ([f"graphrun-loop-{run_id[:8]}"], 0)
     assert "graphrun-mcp" not in seen
+
+
+def test_an_interrupted_run_cancels_its_awaited_mcp_call_and_stops_the_server(
+    store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_dir = write_config(tmp_path / "_config")
+    calls = Calls(monkeypatch)
+    root = tmp_path / "agent"
+    root.mkdir()
+    slow = TOOL_NODE.replace("tool: mcp:calc/add", "tool: mcp:calc/process_info").replace(
+        "params: {a: 40, b: 2}", "params: {delay: 30}"
+    )
+    (root / "graph.yaml").write_text(slow)
+    run_id = start_run(store, load_graph(root), prompt="go")
+    driver = Driver(store, run_id, RunOptions(config_dir=config_dir))
+    outcome: list[RunOutcome] = []
+    runner = threading.Thread(target=lambda: outcome.append(drive(driver)))
+    runner.start()
+    deadline = time.monotonic() + 20
+    while calls.in_flight == 0:
+        assert time.monotonic() < deadline, "the MCP call never started"
+        time.sleep(0.02)
+    servers = [
+        p for p in psutil.Process().children(recursive=True) if SERVER in " ".join(p.cmdline())
+    ]
+    assert len(servers) == 1
+    started = time.monotonic()
+    driver.interrupt("SIGINT", "interrupted")
+    runner.join(20)
+
+    assert not runner.is_alive()
+    assert time.monotonic() - started < 10  # not the 30 s the tool would take
+    assert outcome[0].status == "interrupted", outcome[0]
+    assert not [e for e in store.read(run_id) if isinstance(e, ToolFinished)]
+    assert wait_gone(servers[0].pid)
 
 
 def test_a_tool_node_with_an_mcp_tool_replays_without_the_server(
