@@ -2,11 +2,13 @@
 
 Every effect is a coroutine (``async def run(task, ctx)``) started on an
 :class:`EffectLoop`: an asyncio loop on a daemon thread of its own. An LLM request
-is awaited on it (aiohttp), a script's process is watched from it (its pipes and
-its pidfd), and a wait between attempts is an asyncio wait: none of them holds a
-thread. Work that can only block (a store commit, a tool's process, loading a
-vector index, asking a person, driving a child run) is handed to the run's bounded
-executor with :func:`blocking`, never done on the loop itself.
+is awaited on it (aiohttp), a script's or a tool's process is watched from it (its
+pipes and its pidfd), an MCP call is awaited on it (the run's MCP sessions live
+there, kept with :meth:`EffectLoop.keep`), and a wait between attempts is an
+asyncio wait: none of them holds a thread. Work that can only block (a store
+commit, loading a toolbox, loading a vector index, asking a person, driving a
+child run) is handed to the run's bounded executor with :func:`blocking`, never
+done on the loop itself.
 
 One loop serves a run and its child runs; a worker keeps one for every run it
 drives (and its connection pool with it). Nothing here touches the process's
