@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from graphrun.actors.rag.http import describe
 from graphrun.actors.rag.http import tls as _tls
 from graphrun.actors.rag.loaders import RagError
 
@@ -434,7 +435,7 @@ class OpenAIEmbedder:
 
     def _unreachable(self, exc: Exception) -> RagError:
         return RagError(
-            f"embedding endpoint {self.url} could not be reached: {exc}",
+            f"embedding endpoint {self.url} could not be reached: {describe(exc)}",
             node_id=self.node_id,
             hint="check the base URL (…_BASE_URL, ending in /v1) and that the server runs",
         )

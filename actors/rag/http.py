@@ -11,6 +11,7 @@ read the answers through the same code, so they fail alike.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -41,6 +42,38 @@ def loop_client(loop: EffectLoop) -> httpx.AsyncClient:
     return kept.client
 
 
+def describe(exc: Exception) -> str:
+    """What an httpx failure says, the same whether the request blocked or was
+    awaited: a connection that failed is named by the system's error
+    (``[Errno 111] Connection refused``), as a blocking connect names it, where the
+    async transport says only ``All connection attempts failed``."""
+    import httpx
+
+    if isinstance(exc, httpx.ConnectError):
+        found = _os_error(exc)
+        if found is not None and found.errno is not None:
+            code = found.errno
+            return f"[Errno {code}] {os.strerror(code) if code > 0 else found.strerror}"
+    return str(exc)
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The first system error with an errno among ``exc``'s causes, if any."""
+    todo: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return None
+
+
 def tls() -> Any:
     """The process's one TLS context (loading the CA bundle again per client is slow)."""
     from graphrun.actors.llm.client import shared_ssl_context
@@ -48,4 +81,4 @@ def tls() -> Any:
     return shared_ssl_context()
 
 
-__all__ = ["loop_client", "tls"]
+__all__ = ["describe", "loop_client", "tls"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graphrun.actors.rag.http import tls
+from graphrun.actors.rag.http import describe, tls
 from graphrun.actors.rag.loaders import RagError
 
 if TYPE_CHECKING:
@@ -355,7 +355,8 @@ class Reranker:
 
     def _unreachable(self, exc: Exception) -> RagError:
         return RagError(
-            f"rerank endpoint {self.url} could not be reached: {exc}", node_id=self.node_id
+            f"rerank endpoint {self.url} could not be reached: {describe(exc)}",
+            node_id=self.node_id,
         )
 
     def _ranked(self, response: httpx.Response, documents: list[str]) -> list[tuple[int, float]]:
