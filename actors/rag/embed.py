@@ -22,7 +22,6 @@ to the run's executor.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re
@@ -30,7 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from graphrun.actors.rag.http import describe
+from graphrun.actors.rag.http import describe, json_post
 from graphrun.actors.rag.http import tls as _tls
 from graphrun.actors.rag.loaders import RagError
 
@@ -421,17 +420,10 @@ class OpenAIEmbedder:
         ]
 
     def _request(self, batch: list[str]) -> dict[str, Any]:
-        """The keyword arguments of the POST for one batch (its body as JSON bytes)."""
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        """The keyword arguments of the POST for one batch."""
         payload = {"model": self.model, "input": batch, "encoding_format": "float"}
         self.requests += 1
-        return {
-            "content": json.dumps(payload, ensure_ascii=False).encode("utf-8"),
-            "headers": headers,
-            "timeout": _HTTP_TIMEOUT_S,
-        }
+        return json_post(payload, self.api_key, _HTTP_TIMEOUT_S)
 
     def _unreachable(self, exc: Exception) -> RagError:
         return RagError(

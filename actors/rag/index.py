@@ -18,7 +18,6 @@ numpy, hnswlib and rank_bm25 are imported when an index is built or loaded.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graphrun.actors.rag.http import describe, tls
+from graphrun.actors.rag.http import describe, json_post, tls
 from graphrun.actors.rag.loaders import RagError
 
 if TYPE_CHECKING:
@@ -335,10 +334,7 @@ class Reranker:
         return self._ranked(response, documents)
 
     def _request(self, query: str, documents: list[str], top_n: int) -> dict[str, Any]:
-        """The keyword arguments of the POST (its body as JSON bytes)."""
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        """The keyword arguments of the POST."""
         payload: dict[str, Any] = {
             "model": self.model,
             "query": query,
@@ -347,11 +343,7 @@ class Reranker:
         }
         if "voyage" in self.model_id.split(":")[0]:
             payload["top_k"] = payload.pop("top_n")
-        return {
-            "content": json.dumps(payload, ensure_ascii=False).encode("utf-8"),
-            "headers": headers,
-            "timeout": _HTTP_TIMEOUT_S,
-        }
+        return json_post(payload, self.api_key, _HTTP_TIMEOUT_S)
 
     def _unreachable(self, exc: Exception) -> RagError:
         return RagError(

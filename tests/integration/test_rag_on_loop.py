@@ -130,12 +130,14 @@ def test_the_query_embedding_is_requested_from_the_runs_loop_thread(
         sent.append((threading.current_thread().name, request.url.path))
 
     # The client the run's rag requests share, kept with the loop the run is given.
-    loop_client(loop).event_hooks = {"request": [on_request], "response": []}
+    client = loop_client(loop)
+    client.event_hooks = {"request": [on_request], "response": []}
     try:
         outcome = _run(store, root, effect_loop=loop)
-        assert loop_client(loop) is loop_client(loop)
+        assert loop_client(loop) is client
     finally:
         loop.stop()
+    assert client.is_closed  # closed with the loop
     assert outcome.status == "completed", outcome.error
     assert outcome.output is not None and outcome.output.startswith("./knowledge/bees/")
     # The knowledge base was built during the run: its chunks and then the query were
