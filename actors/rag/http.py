@@ -69,19 +69,18 @@ def describe(exc: Exception) -> str:
 
 
 def _os_error(exc: BaseException) -> OSError | None:
-    """The first system error with an errno among ``exc``'s causes, if any."""
-    todo: list[BaseException] = [exc]
-    seen: set[int] = set()
-    while todo:
-        current = todo.pop(0)
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
+    """The system error with an errno that ``exc`` comes from, if any: down its
+    causes (the first of a group's), a bounded number of steps."""
+    current: BaseException | None = exc
+    for _ in range(16):
+        if current is None:
+            return None
         if isinstance(current, OSError) and current.errno is not None:
             return current
         if isinstance(current, BaseExceptionGroup):
-            todo.extend(current.exceptions)
-        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+            current = current.exceptions[0]
+        else:
+            current = current.__cause__ or current.__context__
     return None
 
 

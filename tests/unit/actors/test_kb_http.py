@@ -343,7 +343,8 @@ def test_awaited_embeddings_are_the_blocking_ones(server: Server) -> None:
         "{url}/short/v1",
         "{url}/ragged/v1",
         "{url}/notjson/v1",
-        "http://127.0.0.1:9/v1",
+        "http://127.0.0.1:9/v1",  # nothing listens: [Errno 111] Connection refused
+        "http://no-such-host.invalid/v1",  # a name that never resolves
     ],
 )
 def test_awaited_embedding_failures_are_the_blocking_ones(server: Server, base: str) -> None:
