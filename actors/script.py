@@ -85,30 +85,13 @@ def _config_dir(ctx: EffectContext) -> Path | None:
     return Path(value) if value is not None else None
 
 
-def run_script(task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = None) -> None:
-    """Run the script and record one :class:`ScriptFinished` (blocking)."""
-    run = _ScriptRun(task, ctx, tmp_dir)
-    argv = run.prepare()
-    if argv is None:
-        return
-    try:
-        ended = process.run(
-            argv, env=run.env, cwd=work_dir(ctx.agent_dir), timeout=task.timeout, cancel=ctx.cancel
-        )
-    except FileNotFoundError:
-        run.not_found()
-        return
-    finally:
-        run.cleanup()
-    run.conclude(ended)
-
-
 async def run_script_async(
     task: ScriptTask, ctx: EffectContext, *, tmp_dir: Path | None = None
 ) -> None:
-    """:func:`run_script` awaited on the run's loop: the process is watched from
-    the loop. A state too large for the environment is written to its file on the
-    run's executor; the script itself (a small file) is read in place."""
+    """Run the script and record one :class:`ScriptFinished`, awaited on the run's
+    loop: the process is watched from the loop. A state too large for the
+    environment is written to its file on the run's executor; the script itself (a
+    small file) is read in place."""
     from graphrun.actors.loop import blocking
 
     run = _ScriptRun(task, ctx, tmp_dir)
@@ -256,9 +239,6 @@ class ScriptActor:
 
     def __init__(self, tmp_dir: Path | None = None) -> None:
         self.tmp_dir = tmp_dir
-
-    def perform(self, task: ScriptTask, ctx: EffectContext) -> None:
-        run_script(task, ctx, tmp_dir=self.tmp_dir)
 
     async def run(self, task: ScriptTask, ctx: EffectContext) -> None:
         await run_script_async(task, ctx, tmp_dir=self.tmp_dir)

@@ -225,6 +225,26 @@ class Store(Protocol):
     def cancel_requested(self, run_id: str) -> tuple[str, str] | None: ...
 
 
+#: Events per query of :func:`read_in_pages`.
+PAGE_EVENTS = 1024
+
+
+def read_in_pages(store: Store, run_id: str, *, upto: int | None = None) -> Iterator[Event]:
+    """The run's events in seq order (up to ``upto``), read a page at a time: a
+    command that looks at each event once (``show``) keeps one page decoded, not
+    the whole log, so its memory, and its time per event, do not grow with the run.
+    Unlike one :meth:`Store.read`, the pages are separate reads: a run that grows
+    meanwhile is read up to its head when the first page is."""
+    last = store.run(run_id).last_seq if upto is None else upto
+    after = 0
+    while after < last:
+        page = store.read(run_id, after=after, upto=min(after + PAGE_EVENTS, last))
+        if not page:
+            return
+        yield from page
+        after = page[-1].seq
+
+
 def broken_log(run_id: str, problem: codec.ChainProblem) -> BrokenLogError:
     """The error for a run whose log does not verify (shared by every store)."""
     return BrokenLogError(

@@ -30,9 +30,9 @@ from graphrun.eventstore.events import (
     StepStarted,
     ToolCalled,
 )
-from graphrun.eventstore.fold import fold
+from graphrun.eventstore.fold import RunState, apply, fold
 from graphrun.eventstore.projections import decisions, graph_version
-from graphrun.eventstore.store import SqliteStore
+from graphrun.eventstore.store import SqliteStore, read_in_pages
 from graphrun.runtime.errors import UsageError
 
 
@@ -197,18 +197,26 @@ def describe_run(
     The keys of :func:`run_summary` (as of ``at_seq``), plus ``at_seq``, ``visits``,
     ``path``, ``state``, ``node_usage`` and ``children`` (each described alike).
     """
-    from graphrun.runtime.engine.usage import Usage, load_prices, run_usage
+    from graphrun.runtime.engine.usage import Usage, UsageTally, load_prices
 
     if prices is None:
         prices = load_prices(_config_dir())
     row = store.run(run_id)
     if at_seq is not None and not 1 <= at_seq <= row.last_seq:
         raise UsageError(f"--at {at_seq} is outside run {run_id} (it has events 1..{row.last_seq})")
-    events = store.read(run_id, upto=at_seq)
-    state = fold(events)
+    # One pass over the log, a page at a time: the fold, the path, the usage and
+    # the todo list are each built as the events go by (a run of 100,000 events is
+    # never held decoded at once).
+    state = RunState()
     path: list[dict[str, Any]] = []
     state_step = 0
-    for event in events:
+    first: Event | None = None
+    usage = UsageTally(prices)
+    todo_calls: list[ToolCalled] = []
+    for event in read_in_pages(store, run_id, upto=at_seq):
+        if first is None:
+            first = event
+        state = apply(state, event)
         if isinstance(event, NodeEntered):
             path.append(
                 {
@@ -231,11 +239,14 @@ def describe_run(
                 entry["fan_out"] = list(fan_out)
             if isinstance(event, NodeFailed) or getattr(event, "failed", False):
                 entry["error"] = event.error
+        elif isinstance(event, LlmCalled):
+            usage.add(event)
+        elif isinstance(event, ToolCalled) and event.name.startswith("todo__"):
+            todo_calls.append(event)
     children = []
     for child in store.runs(parent=run_id):
         children.append(describe_run(store, child.run_id, prices=prices))
-    first = events[0] if events else None
-    own, per_node = run_usage(events, prices)
+    own, per_node = usage.total, usage.per_node
     tree = Usage()
     tree.add(own)
     for described in children:
@@ -275,7 +286,7 @@ def describe_run(
         "tree_usage": tree.as_dict(),
         "node_usage": {node: u.as_dict() for node, u in per_node.items()},
         "children": children,
-        "todos": _todos(events),
+        "todos": _todos(todo_calls),
     }
 
 

@@ -113,19 +113,29 @@ def call_usage(event: LlmCalled, prices: Mapping[str, tuple[float, float]]) -> U
     return u
 
 
+class UsageTally:
+    """A run's own usage, added up one recorded call at a time: the total and per node."""
+
+    def __init__(self, prices: Mapping[str, tuple[float, float]] | None = None) -> None:
+        self.prices = BUILTIN_PRICES if prices is None else prices
+        self.total = Usage()
+        self.per_node: dict[str, Usage] = {}
+
+    def add(self, event: LlmCalled) -> None:
+        u = call_usage(event, self.prices)
+        self.total.add(u)
+        self.per_node.setdefault(event.node_id, Usage()).add(u)
+
+
 def run_usage(
     events: Iterable[Event], prices: Mapping[str, tuple[float, float]] | None = None
 ) -> tuple[Usage, dict[str, Usage]]:
     """A run's own usage (not its children's): the total and per node."""
-    table = BUILTIN_PRICES if prices is None else prices
-    total = Usage()
-    per_node: dict[str, Usage] = {}
+    tally = UsageTally(prices)
     for event in events:
         if isinstance(event, LlmCalled):
-            u = call_usage(event, table)
-            total.add(u)
-            per_node.setdefault(event.node_id, Usage()).add(u)
-    return total, per_node
+            tally.add(event)
+    return tally.total, tally.per_node
 
 
 def tree_usage(
@@ -292,6 +302,7 @@ def format_usage(u: Usage) -> str:
 __all__ = [
     "BUILTIN_PRICES",
     "Usage",
+    "UsageTally",
     "budget_breach",
     "call_tokens",
     "call_usage",

@@ -107,6 +107,32 @@ class StoreContract:
         assert [e.seq for e in store.read("r1", upto=3)] == [1, 2, 3]
         assert [e.seq for e in store.read("r1", after=2, upto=4)] == [3, 4]
 
+    def test_read_in_pages_gives_the_same_events_a_page_at_a_time(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from graphrun.eventstore import store as store_module
+
+        store = self.open_store()
+        store.append("r1", [started(), *(e for v in range(1, 5) for e in step("a", v, v, "a"))])
+        whole = store.read("r1")
+        assert len(whole) == 13
+        for page in (1, 3, 5, 13, 100):
+            monkeypatch.setattr(store_module, "PAGE_EVENTS", page)
+            assert list(store_module.read_in_pages(store, "r1")) == whole
+            assert list(store_module.read_in_pages(store, "r1", upto=7)) == whole[:7]
+        reads = 0
+        real = store.read
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(store, "read", counted)
+        monkeypatch.setattr(store_module, "PAGE_EVENTS", 5)
+        assert len(list(store_module.read_in_pages(store, "r1"))) == 13
+        assert reads == 3  # 5 + 5 + 3: a page per read, never the whole log at once
+
     def test_runs_are_independent(self) -> None:
         store = self.open_store()
         store.append("r1", [started("one")])

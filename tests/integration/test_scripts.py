@@ -271,11 +271,12 @@ def test_scoped_lenient_and_strict_fields(store: SqliteStore, agent: Any) -> Non
 def test_output_timeout_and_leftovers(tmp_path: Path) -> None:
     """The runner reads the output, times out, and cleans up the group: a background
     job a script leaves holding its pipes is killed when the script exits."""
+    import asyncio
     import time
 
     from graphrun.actors.base import ListContext
     from graphrun.actors.messages import ScriptTask
-    from graphrun.actors.script import run_script
+    from graphrun.actors.script import run_script_async
 
     marker = tmp_path / "left-behind"
     (tmp_path / "ok.sh").write_text(
@@ -284,9 +285,9 @@ def test_output_timeout_and_leftovers(tmp_path: Path) -> None:
     (tmp_path / "slow.sh").write_text("echo started >&2\nsleep 10\n", encoding="utf-8")
     ctx = ListContext(agent_dir=tmp_path)
 
-    run_script(ScriptTask("ok", 1, "ok.sh", 30.0, "{}"), ctx)
+    asyncio.run(run_script_async(ScriptTask("ok", 1, "ok.sh", 30.0, "{}"), ctx))
     started = time.monotonic()
-    run_script(ScriptTask("slow", 1, "slow.sh", 0.5, "{}"), ctx)
+    asyncio.run(run_script_async(ScriptTask("slow", 1, "slow.sh", 0.5, "{}"), ctx))
     elapsed = time.monotonic() - started
 
     ok, slow = ctx.events
@@ -302,9 +303,11 @@ def test_output_timeout_and_leftovers(tmp_path: Path) -> None:
 def test_a_script_that_cannot_run_is_a_recorded_failure(tmp_path: Path) -> None:
     """Without validation before the run, the runner itself words why a script
     cannot run: outside the agent folder, an unknown extension, unreadable."""
+    import asyncio
+
     from graphrun.actors.base import ListContext
     from graphrun.actors.messages import ScriptTask
-    from graphrun.actors.script import run_script
+    from graphrun.actors.script import run_script_async
 
     agent = tmp_path / "agent"
     agent.mkdir()
@@ -313,7 +316,7 @@ def test_a_script_that_cannot_run_is_a_recorded_failure(tmp_path: Path) -> None:
     (agent / "folder.sh").mkdir()
     ctx = ListContext(agent_dir=agent)
     for script in ("../outside.sh", "notes.txt", "folder.sh"):
-        run_script(ScriptTask("s", 1, script, 30.0, "{}"), ctx)
+        asyncio.run(run_script_async(ScriptTask("s", 1, script, 30.0, "{}"), ctx))
     assert [e.error for e in ctx.events] == [
         f"script '../outside.sh' is outside the agent folder ({tmp_path.resolve()}/outside.sh)",
         "unsupported script extension '.txt' (use .sh, .py or .ts)",
