@@ -15,7 +15,6 @@ from typing import Any
 import click
 
 from graphrun.eventstore.errors import GraphrunError
-from graphrun.runtime.errors import UsageError
 
 # command name -> (module, function, one-line help shown in `graphrun --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -98,11 +97,19 @@ def _check_arguments(args: list[str]) -> None:
             except UnicodeEncodeError:
                 shown = arg.encode("utf-8", "backslashreplace").decode("utf-8")
             shown = shown if len(shown) <= 60 else shown[:60] + "…"
-            raise UsageError(
+            raise _usage_error(
                 f"argument {position} ({shown}) is not valid UTF-8 (at character {exc.start})"
             ) from None
         if "\x00" in arg:
-            raise UsageError(f"argument {position} holds a NUL character")
+            raise _usage_error(f"argument {position} holds a NUL character")
+
+
+def _usage_error(message: str) -> GraphrunError:
+    # Imported only when needed: importing graphrun.runtime registers every node
+    # kind, which `graphrun --help` has no use for.
+    from graphrun.runtime.errors import UsageError
+
+    return UsageError(message)
 
 
 def main(argv: list[str] | None = None) -> Any:

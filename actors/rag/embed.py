@@ -14,7 +14,9 @@ Model ids are ``<client>:<model>``:
   offline runs, tests and benchmarks possible.
 
 Every embedder returns a ``(len(texts), dim)`` float32 array with unit rows, so
-cosine similarity is a dot product.
+cosine similarity is a dot product. On a run's event loop, :func:`embed_async`
+awaits an HTTP embedder's requests there and hands a local one's hashing (CPU)
+to the run's executor.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ import hashlib
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from graphrun.actors.rag.http import describe, json_post
+from graphrun.actors.rag.http import tls as _tls
 from graphrun.actors.rag.loaders import RagError
 
 if TYPE_CHECKING:
+    import httpx
     import numpy as np
 
 DEFAULT_BATCH_SIZE = 64
@@ -172,6 +177,11 @@ _STOPWORDS = frozenset(
 )
 
 
+#: ``offload(fn, *args)``: ``fn(*args)`` awaited on the run's bounded executor
+#: (:func:`graphrun.actors.loop.blocking` bound to the effect's context).
+Offload = Callable[..., Awaitable[Any]]
+
+
 class Embedder(Protocol):
     """Turns texts into unit-length vectors."""
 
@@ -180,6 +190,21 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Return a ``(len(texts), dim)`` float32 array of L2-normalised rows."""
         ...
+
+
+async def embed_async(
+    embedder: Embedder,
+    texts: Sequence[str],
+    *,
+    client: httpx.AsyncClient,
+    offload: Offload,
+) -> np.ndarray:
+    """``embedder.embed(texts)`` from a coroutine on a run's event loop: an HTTP
+    embedder's requests awaited there with ``client``, anything else (the local
+    hash embedder: CPU) through ``offload`` (the run's executor)."""
+    if isinstance(embedder, OpenAIEmbedder):
+        return await embedder.embed_async(texts, client)
+    return await offload(embedder.embed, texts)
 
 
 def make_embedder(
@@ -327,7 +352,14 @@ class HashEmbedder:
 
 
 class OpenAIEmbedder:
-    """Embeddings over the OpenAI ``/embeddings`` wire protocol (httpx)."""
+    """Embeddings over the OpenAI ``/embeddings`` wire protocol (httpx).
+
+    :meth:`embed` blocks (a client of its own per call: callers off any event
+    loop, such as ``graphrun rag rebuild``); :meth:`embed_async` is awaited on a
+    run's event loop with that loop's client (:func:`loop_client`). Both send
+    the same bytes and read the answer through the same code, so they fail
+    with the same errors.
+    """
 
     def __init__(
         self,
@@ -355,47 +387,53 @@ class OpenAIEmbedder:
                 or vectors of inconsistent size.
         """
         import httpx
-        import numpy as np
 
-        if not texts:
-            return np.zeros((0, 0), dtype=np.float32)
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        rows: list[list[float]] = []
-        dim: int | None = None
-        with httpx.Client(timeout=_HTTP_TIMEOUT_S) as client:
-            for start in range(0, len(texts), self.batch_size):
-                batch = list(texts[start : start + self.batch_size])
-                vectors = self._post(client, headers, batch)
-                for vec in vectors:
-                    if dim is None:
-                        dim = len(vec)
-                    if len(vec) != dim or dim == 0:
-                        raise RagError(
-                            f"embedding endpoint {self.url} returned vectors of inconsistent "
-                            f"size ({len(vec)} and {dim}) for model '{self.model}'",
-                            node_id=self.node_id,
-                        )
-                rows.extend(vectors)
-        array = np.asarray(rows, dtype=np.float32)
-        norms = np.linalg.norm(array, axis=1, keepdims=True)
-        norms[norms == 0] = 1.0
-        return array / norms
+        rows = _Rows(self)
+        if texts:
+            with httpx.Client(timeout=_HTTP_TIMEOUT_S, verify=_tls()) as client:
+                for batch in self._batches(texts):
+                    try:
+                        response = client.post(self.url, **self._request(batch))
+                    except httpx.HTTPError as exc:
+                        raise self._unreachable(exc) from None
+                    rows.add(self._vectors(response, batch))
+        return rows.array()
 
-    def _post(self, client: Any, headers: dict[str, str], batch: list[str]) -> list[list[float]]:
+    async def embed_async(self, texts: Sequence[str], client: httpx.AsyncClient) -> np.ndarray:
+        """:meth:`embed`, each batch an awaited request on ``client``'s event loop
+        (cancelling the awaiting task cancels the request in flight)."""
         import httpx
 
+        rows = _Rows(self)
+        for batch in self._batches(texts):
+            try:
+                response = await client.post(self.url, **self._request(batch))
+            except httpx.HTTPError as exc:
+                raise self._unreachable(exc) from None
+            rows.add(self._vectors(response, batch))
+        return rows.array()
+
+    def _batches(self, texts: Sequence[str]) -> list[list[str]]:
+        return [
+            list(texts[start : start + self.batch_size])
+            for start in range(0, len(texts), self.batch_size)
+        ]
+
+    def _request(self, batch: list[str]) -> dict[str, Any]:
+        """The keyword arguments of the POST for one batch."""
         payload = {"model": self.model, "input": batch, "encoding_format": "float"}
         self.requests += 1
-        try:
-            response = client.post(self.url, json=payload, headers=headers)
-        except httpx.HTTPError as exc:
-            raise RagError(
-                f"embedding endpoint {self.url} could not be reached: {exc}",
-                node_id=self.node_id,
-                hint="check the base URL (…_BASE_URL, ending in /v1) and that the server runs",
-            ) from None
+        return json_post(payload, self.api_key, _HTTP_TIMEOUT_S)
+
+    def _unreachable(self, exc: Exception) -> RagError:
+        return RagError(
+            f"embedding endpoint {self.url} could not be reached: {describe(exc)}",
+            node_id=self.node_id,
+            hint="check the base URL (…_BASE_URL, ending in /v1) and that the server runs",
+        )
+
+    def _vectors(self, response: httpx.Response, batch: list[str]) -> list[list[float]]:
+        """One batch's vectors from the endpoint's answer, in input order."""
         if response.status_code >= 400:
             raise RagError(
                 f"embedding endpoint {self.url} returned HTTP {response.status_code}: "
@@ -420,6 +458,38 @@ class OpenAIEmbedder:
                 node_id=self.node_id,
             )
         return vectors
+
+
+class _Rows:
+    """The vectors of an embedding call's batches, checked as they come, then
+    L2-normalised into one float32 array."""
+
+    def __init__(self, embedder: OpenAIEmbedder) -> None:
+        self.embedder = embedder
+        self.rows: list[list[float]] = []
+        self.dim: int | None = None
+
+    def add(self, vectors: list[list[float]]) -> None:
+        for vec in vectors:
+            if self.dim is None:
+                self.dim = len(vec)
+            if len(vec) != self.dim or self.dim == 0:
+                raise RagError(
+                    f"embedding endpoint {self.embedder.url} returned vectors of inconsistent "
+                    f"size ({len(vec)} and {self.dim}) for model '{self.embedder.model}'",
+                    node_id=self.embedder.node_id,
+                )
+        self.rows.extend(vectors)
+
+    def array(self) -> np.ndarray:
+        import numpy as np
+
+        if not self.rows:
+            return np.zeros((0, 0), dtype=np.float32)
+        array = np.asarray(self.rows, dtype=np.float32)
+        norms = np.linalg.norm(array, axis=1, keepdims=True)
+        norms[norms == 0] = 1.0
+        return array / norms
 
 
 def _has_index(data: list[Any]) -> bool:

@@ -10,7 +10,8 @@
   constant gives the head of each list more say, which suits short lists).
 - Reranking (optional, replaces fusion as in Loki): the union of both candidate
   lists goes to a Jina/Cohere/Voyage-style ``POST /rerank`` endpoint and its
-  order is kept.
+  order is kept (:meth:`Reranker.rerank` blocks; :meth:`Reranker.rerank_async`
+  is awaited on a run's event loop).
 
 numpy, hnswlib and rank_bm25 are imported when an index is built or loaded.
 """
@@ -24,9 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from graphrun.actors.rag.http import describe, json_post, tls
 from graphrun.actors.rag.loaders import RagError
 
 if TYPE_CHECKING:
+    import httpx
     import numpy as np
 
 VECTOR_WEIGHT = 1.125
@@ -151,17 +154,40 @@ class HybridIndex:
         reranker: Reranker | None = None,
     ) -> list[tuple[int, float]]:
         """Loki's hybrid search: RRF of vector and keyword results, or a rerank of both."""
-        vector_ids = [i for i, _ in self.vector_search(query_vector, top_k)]
-        keyword_ids = [i for i, _ in self.keyword_search(query, top_k)]
         if reranker is None:
-            return reciprocal_rank_fusion(
-                [vector_ids, keyword_ids], [VECTOR_WEIGHT, KEYWORD_WEIGHT], top_k
-            )
-        candidates = list(dict.fromkeys(vector_ids + keyword_ids))
+            return self.fused_search(query, query_vector, top_k)
+        candidates = self.candidates(query, query_vector, top_k)
         if not candidates:
             return []
         ranked = reranker.rerank(query, [self.texts[i] for i in candidates], top_k)
-        return [(candidates[index], score) for index, score in ranked[:top_k]]
+        return reranked(candidates, ranked, top_k)
+
+    def fused_search(
+        self, query: str, query_vector: np.ndarray, top_k: int
+    ) -> list[tuple[int, float]]:
+        """The hybrid search without a reranker: RRF of vector and keyword results."""
+        rankings = self._rankings(query, query_vector, top_k)
+        return reciprocal_rank_fusion(rankings, [VECTOR_WEIGHT, KEYWORD_WEIGHT], top_k)
+
+    def candidates(self, query: str, query_vector: np.ndarray, top_k: int) -> list[int]:
+        """What a reranker orders: the union of both retrievers' ``top_k``, vector first."""
+        vector_ids, keyword_ids = self._rankings(query, query_vector, top_k)
+        return list(dict.fromkeys(vector_ids + keyword_ids))
+
+    def _rankings(
+        self, query: str, query_vector: np.ndarray, top_k: int
+    ) -> tuple[list[int], list[int]]:
+        """The vector and the keyword retriever's ``top_k`` chunk numbers, best first."""
+        vector_ids = [i for i, _ in self.vector_search(query_vector, top_k)]
+        keyword_ids = [i for i, _ in self.keyword_search(query, top_k)]
+        return vector_ids, keyword_ids
+
+
+def reranked(
+    candidates: list[int], ranked: list[tuple[int, float]], top_k: int
+) -> list[tuple[int, float]]:
+    """A reranker's answer (indices into ``candidates``) as chunk numbers, best first."""
+    return [(candidates[index], score) for index, score in ranked[:top_k]]
 
 
 def build_hnsw(
@@ -288,9 +314,27 @@ class Reranker:
         """
         import httpx
 
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        try:
+            response = httpx.post(self.url, **self._request(query, documents, top_n), verify=tls())
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+        return self._ranked(response, documents)
+
+    async def rerank_async(
+        self, client: httpx.AsyncClient, query: str, documents: list[str], top_n: int
+    ) -> list[tuple[int, float]]:
+        """:meth:`rerank`, awaited on ``client``'s event loop (cancelling the awaiting
+        task cancels the request)."""
+        import httpx
+
+        try:
+            response = await client.post(self.url, **self._request(query, documents, top_n))
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+        return self._ranked(response, documents)
+
+    def _request(self, query: str, documents: list[str], top_n: int) -> dict[str, Any]:
+        """The keyword arguments of the POST."""
         payload: dict[str, Any] = {
             "model": self.model,
             "query": query,
@@ -299,13 +343,16 @@ class Reranker:
         }
         if "voyage" in self.model_id.split(":")[0]:
             payload["top_k"] = payload.pop("top_n")
-        try:
-            response = httpx.post(self.url, json=payload, headers=headers, timeout=_HTTP_TIMEOUT_S)
-        except httpx.HTTPError as exc:
-            raise RagError(
-                f"rerank endpoint {self.url} could not be reached: {exc}",
-                node_id=self.node_id,
-            ) from None
+        return json_post(payload, self.api_key, _HTTP_TIMEOUT_S)
+
+    def _unreachable(self, exc: Exception) -> RagError:
+        return RagError(
+            f"rerank endpoint {self.url} could not be reached: {describe(exc)}",
+            node_id=self.node_id,
+        )
+
+    def _ranked(self, response: httpx.Response, documents: list[str]) -> list[tuple[int, float]]:
+        """The endpoint's answer as ``(index, score)`` pairs, best first."""
         if response.status_code >= 400:
             raise RagError(
                 f"rerank endpoint {self.url} returned HTTP {response.status_code}: "

@@ -23,17 +23,24 @@ unique list of sources.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graphrun.actors.rag.chunk import split_text
-from graphrun.actors.rag.embed import Embedder, client_embedder, make_embedder
-from graphrun.actors.rag.index import HybridIndex, Reranker, make_reranker
+from graphrun.actors.rag.embed import (
+    Embedder,
+    Offload,
+    client_embedder,
+    embed_async,
+    make_embedder,
+)
+from graphrun.actors.rag.index import HybridIndex, Reranker, make_reranker, reranked
 from graphrun.actors.rag.loaders import (
     LoadedDocument,
     RagError,
@@ -44,6 +51,7 @@ from graphrun.actors.rag.loaders import (
 )
 
 if TYPE_CHECKING:
+    import httpx
     import numpy as np
 
 __all__ = [
@@ -57,6 +65,7 @@ __all__ = [
     "kb_file",
     "load_knowledge_base",
     "load_or_build",
+    "load_or_build_async",
     "rebuild",
     "sources_changed",
 ]
@@ -255,11 +264,58 @@ class KnowledgeBase:
             raise ValueError(f"unknown search mode {mode!r}")
         return self.index.hybrid_search(query, query_vector, k, reranker=self.reranker)
 
+    async def search_async(
+        self,
+        query: str,
+        top_k: int | None = None,
+        *,
+        client: httpx.AsyncClient,
+        offload: Offload,
+    ) -> list[tuple[int, float]]:
+        """:meth:`search` (hybrid) from a coroutine on a run's event loop: the query's
+        embedding request and a reranker's are awaited there with ``client``; the
+        vector and keyword search (hnswlib, BM25: CPU), a local embedder's hashing
+        and resolving the clients (``config.yaml``) go through ``offload``."""
+        k = top_k or self.config.top_k or DEFAULT_TOP_K
+        if not query.strip() or not self.chunk_texts:
+            return []
+        resolved = self._embedder is not None and (
+            self._reranker is not None or not self.config.reranker_model
+        )
+        embedder, reranker = (
+            (self.embedder, self.reranker) if resolved else await offload(self._clients)
+        )
+        vectors = await embed_async(embedder, [query], client=client, offload=offload)
+        if reranker is None:
+            return await offload(self.index.fused_search, query, vectors[0], k)
+        candidates = await offload(self.index.candidates, query, vectors[0], k)
+        if not candidates:
+            return []
+        texts = [self.index.texts[i] for i in candidates]
+        return reranked(candidates, await reranker.rerank_async(client, query, texts, k), k)
+
+    def _clients(self) -> tuple[Embedder, Reranker | None]:
+        return self.embedder, self.reranker
+
     def query(self, query: str, top_k: int | None = None) -> RetrievalResult:
         """Retrieve the chunks for ``query`` and format them for a prompt."""
+        return self._result(self.search(query, top_k))
+
+    async def query_async(
+        self,
+        query: str,
+        top_k: int | None = None,
+        *,
+        client: httpx.AsyncClient,
+        offload: Offload,
+    ) -> RetrievalResult:
+        """:meth:`query` from a coroutine on a run's event loop (see :meth:`search_async`)."""
+        return self._result(await self.search_async(query, top_k, client=client, offload=offload))
+
+    def _result(self, found: list[tuple[int, float]]) -> RetrievalResult:
         hits = [
             {"source": self.chunk_sources[i], "chunk": self.chunk_texts[i], "score": score}
-            for i, score in self.search(query, top_k)
+            for i, score in found
         ]
         context = "\n\n".join(f"[Source: {h['source']}]\n{h['chunk']}" for h in hits)
         sources = list(dict.fromkeys(str(h["source"]) for h in hits))
@@ -501,6 +557,20 @@ def _save(
 # --- building ----------------------------------------------------------------------
 
 
+@dataclass
+class _BuildPlan:
+    """A build up to its embedding: the files, the vectors reused, the chunks to embed."""
+
+    agent_dir: Path
+    node_id: str
+    cfg: KbConfig
+    embedder: Embedder
+    report: RebuildReport
+    files: list[_FileEntry]
+    pieces: list[np.ndarray | None]  # a file's reused vectors, or None: embedded now
+    to_embed: list[str]
+
+
 def _build(
     agent_dir: Path,
     node_id: str,
@@ -511,7 +581,62 @@ def _build(
     embedder: Embedder | None,
     config_dir: Path | None = None,
 ) -> tuple[KnowledgeBase, RebuildReport]:
-    import numpy as np
+    plan = _plan_build(
+        agent_dir,
+        node_id,
+        cfg,
+        previous=previous,
+        loaders=loaders,
+        embedder=embedder,
+        config_dir=config_dir,
+    )
+    parts = [plan.embedder.embed(part) for part in _slices(plan.to_embed, node_id)]
+    return _finish_build(plan, parts)
+
+
+async def _build_async(
+    agent_dir: Path,
+    node_id: str,
+    cfg: KbConfig,
+    *,
+    config_dir: Path | None,
+    client: httpx.AsyncClient,
+    offload: Offload,
+) -> tuple[KnowledgeBase, RebuildReport]:
+    """:func:`_build` from a coroutine on a run's event loop: documents are loaded and
+    chunked, and the index built and saved, through ``offload``; the embedding
+    requests are awaited on the loop with ``client``."""
+    plan = await offload(
+        functools.partial(
+            _plan_build,
+            agent_dir,
+            node_id,
+            cfg,
+            previous=None,
+            loaders=None,
+            embedder=None,
+            config_dir=config_dir,
+        )
+    )
+    parts = [
+        await embed_async(plan.embedder, part, client=client, offload=offload)
+        for part in _slices(plan.to_embed, node_id)
+    ]
+    result: tuple[KnowledgeBase, RebuildReport] = await offload(_finish_build, plan, parts)
+    return result
+
+
+def _plan_build(
+    agent_dir: Path,
+    node_id: str,
+    cfg: KbConfig,
+    *,
+    previous: KnowledgeBase | None,
+    loaders: Mapping[str, str] | None,
+    embedder: Embedder | None,
+    config_dir: Path | None,
+) -> _BuildPlan:
+    """Load and chunk the documents; keep the vectors of files that did not change."""
 
     assert cfg.embedding_model and cfg.chunk_size is not None and cfg.chunk_overlap is not None
     cfg.check(node_id)
@@ -564,16 +689,24 @@ def _build(
         pieces.append(None)
         to_embed.extend(chunks)
 
-    total = sum(len(f.chunks) for f in files)
-    if total == 0:
+    if not any(f.chunks for f in files):
         raise RagError(
             "the documents contain no text to index",
             node_id=node_id,
             hint="check that documents points at text, markdown, HTML or PDF files",
         )
-    fresh = _embed_with_progress(embedder, to_embed, node_id) if to_embed else None
     report.chunks_embedded = len(to_embed)
-    dims = {p.shape[1] for p in pieces if p is not None and len(p)}
+    return _BuildPlan(agent_dir, node_id, cfg, embedder, report, files, pieces, to_embed)
+
+
+def _finish_build(plan: _BuildPlan, parts: list[np.ndarray]) -> tuple[KnowledgeBase, RebuildReport]:
+    """Put reused and fresh vectors (``parts``: the slices embedded, in order) in
+    place, index them and save the knowledge base."""
+    import numpy as np
+
+    agent_dir, node_id, files = plan.agent_dir, plan.node_id, plan.files
+    fresh = None if not parts else parts[0] if len(parts) == 1 else np.vstack(parts)
+    dims = {p.shape[1] for p in plan.pieces if p is not None and len(p)}
     if fresh is not None:
         dims.add(fresh.shape[1])
     if len(dims) > 1:
@@ -583,9 +716,10 @@ def _build(
             hint=f"delete {kb_file(agent_dir, node_id).name} to rebuild from scratch",
         )
     dim = dims.pop()
+    total = sum(len(f.chunks) for f in files)
     vectors = np.zeros((total, dim), dtype=np.float32)
     row = fresh_row = 0
-    for f, piece in zip(files, pieces, strict=True):
+    for f, piece in zip(files, plan.pieces, strict=True):
         n = len(f.chunks)
         if piece is not None:
             vectors[row : row + n] = piece
@@ -598,14 +732,14 @@ def _build(
     kb = KnowledgeBase(
         node_id=node_id,
         path=kb_file(agent_dir, node_id),
-        config=cfg,
+        config=plan.cfg,
         files=files,
         vectors=vectors,
         index=HybridIndex.build(texts, vectors),
     )
-    kb._embedder = embedder
-    _save(agent_dir, node_id, kb, dim, report.skipped)
-    return kb, report
+    kb._embedder = plan.embedder
+    _save(agent_dir, node_id, kb, dim, plan.report.skipped)
+    return kb, plan.report
 
 
 def _entry(doc: LoadedDocument, chunks: list[str]) -> _FileEntry:
@@ -690,20 +824,19 @@ def _complete_interactively(cfg: KbConfig, node_id: str, path: Path, ask: AskFn)
     return replace(cfg, embedding_model=model, chunk_size=size, chunk_overlap=overlap)
 
 
-def _embed_with_progress(embedder: Any, texts: list[str], node_id: str) -> Any:
-    """Embed ``texts`` in slices, with a transient progress bar on a terminal."""
-    import numpy as np
-
+def _slices(texts: list[str], node_id: str) -> Iterator[list[str]]:
+    """``texts`` in slices to embed one after the other, with a transient progress
+    bar on a terminal (advanced as the next slice is asked for)."""
     from graphrun.actors.progress import progress_bar
 
+    if not texts:
+        return
     step = 256
-    parts = []
     with progress_bar(f"indexing {node_id}", len(texts)) as advance:
         for start in range(0, len(texts), step):
             part = texts[start : start + step]
-            parts.append(embedder.embed(part))
+            yield part
             advance(len(part))
-    return parts[0] if len(parts) == 1 else np.vstack(parts)
 
 
 def load_or_build(
@@ -737,7 +870,65 @@ def load_or_build(
             (not fully specified and non-interactive, initialization declined,
             bad documents, a failing embedding endpoint).
     """
+    found = _loaded_or_settings(
+        Path(agent_dir), node_id, cfg, interactive, ask, rag_defaults, config_dir
+    )
+    if isinstance(found, KnowledgeBase):
+        return found
+    kb, _ = _build(
+        Path(agent_dir),
+        node_id,
+        found,
+        previous=None,
+        loaders=loaders,
+        embedder=embedder,
+        config_dir=config_dir,
+    )
+    kb.config_dir = config_dir
+    return kb
+
+
+async def load_or_build_async(
+    agent_dir: Path,
+    node_id: str,
+    cfg: KbConfig,
+    *,
+    rag_defaults: Mapping[str, Any] | None,
+    config_dir: Path | None,
+    client: httpx.AsyncClient,
+    offload: Offload,
+) -> KnowledgeBase:
+    """:func:`load_or_build` (non-interactive) from a coroutine on a run's event
+    loop: reading and building go through ``offload`` (the run's executor), a
+    build's embedding requests are awaited on the loop with ``client``.
+
+    Raises:
+        RagError: as :func:`load_or_build`.
+    """
     agent_dir = Path(agent_dir)
+    found = await offload(
+        _loaded_or_settings, agent_dir, node_id, cfg, False, None, rag_defaults, config_dir
+    )
+    if isinstance(found, KnowledgeBase):
+        return found
+    kb, _ = await _build_async(
+        agent_dir, node_id, found, config_dir=config_dir, client=client, offload=offload
+    )
+    kb.config_dir = config_dir
+    return kb
+
+
+def _loaded_or_settings(
+    agent_dir: Path,
+    node_id: str,
+    cfg: KbConfig,
+    interactive: bool,
+    ask: AskFn | None,
+    rag_defaults: Mapping[str, Any] | None,
+    config_dir: Path | None,
+) -> KnowledgeBase | KbConfig:
+    """The knowledge base when its file exists; else the settings to build it with
+    (completed by asking, when interactive)."""
     path = kb_file(agent_dir, node_id)
     if path.exists():
         loaded = load_knowledge_base(agent_dir, node_id)
@@ -757,17 +948,7 @@ def load_or_build(
         full = _complete_interactively(full, node_id, path, ask)
     if full.top_k is None:
         full = replace(full, top_k=DEFAULT_TOP_K)
-    kb, _ = _build(
-        agent_dir,
-        node_id,
-        full,
-        previous=None,
-        loaders=loaders,
-        embedder=embedder,
-        config_dir=config_dir,
-    )
-    kb.config_dir = config_dir
-    return kb
+    return full
 
 
 def rebuild(

@@ -3,8 +3,10 @@
 Knowledge bases are prepared when an agent is loaded (:func:`prepare_knowledge_bases`,
 following the spec's four load rules: an existing ``<node-id>.yaml`` is loaded; a
 fully specified node builds without prompts; otherwise a terminal asks, and a
-non-interactive run fails with a hint). At run time :class:`RagActor` queries and
-records ``RetrievalDone``, so replay never needs the index.
+non-interactive run fails with a hint). At run time :class:`RagActor` queries on
+the run's event loop (the query's embedding request awaited there, the index
+searched on the run's executor) and records ``RetrievalDone``, so replay never
+needs the index.
 """
 
 from __future__ import annotations
@@ -248,31 +250,43 @@ class RagActor:
     def __init__(self, ports: RunPorts) -> None:
         self.agent_dir = ports.agent_dir
         self.config_dir = ports.options.config_dir
+        self.loop = ports.loop
         self.cache: dict[str, Any] = dict(ports.options.extra.get("knowledge_bases", {}))
+        # One load or build of a node's knowledge base at a time (parallel branches).
+        self._loading: dict[str, Any] = {}
 
-    def _kb(self, node_id: str, config: dict[str, Any]) -> Any:
-        kb = self.cache.get(node_id)
-        if kb is None:
-            from graphrun.actors.rag.retrieval import load_or_build
+    async def _kb(self, node_id: str, config: dict[str, Any], client: Any, offload: Any) -> Any:
+        import asyncio
 
-            kb = self.cache[node_id] = load_or_build(
-                self.agent_dir,
-                node_id,
-                kb_config(config),
-                interactive=False,
-                ask=None,
-                rag_defaults=rag_defaults(self.config_dir),
-                config_dir=self.config_dir,
-            )
+        lock = self._loading.setdefault(node_id, asyncio.Lock())
+        async with lock:
+            kb = self.cache.get(node_id)
+            if kb is None:
+                from graphrun.actors.rag.retrieval import load_or_build_async
+
+                kb = self.cache[node_id] = await load_or_build_async(
+                    self.agent_dir,
+                    node_id,
+                    kb_config(config),
+                    rag_defaults=await offload(rag_defaults, self.config_dir),
+                    config_dir=self.config_dir,
+                    client=client,
+                    offload=offload,
+                )
         return kb
 
     async def run(self, task: Any, ctx: Any) -> None:
         """Query the knowledge base (loading it first, the first time) on the run's
-        executor: the index and the query's embedding block. The node's timeout
-        bounds the query (a loop timer): past it, its outcome is not waited for."""
+        event loop: the query's embedding (and rerank) request is awaited there with
+        the loop's HTTP client; the index search, a local embedder and reading or
+        building the knowledge base go to the run's executor. The node's timeout
+        bounds the query (a loop timer): past it, the request is cancelled and the
+        visit fails."""
         import asyncio
+        import functools
 
         from graphrun.actors.loop import blocking
+        from graphrun.actors.rag.http import loop_client
 
         started = time.monotonic()
 
@@ -288,15 +302,16 @@ class RagActor:
                 )
             )
 
+        offload = functools.partial(blocking, ctx)
+        client = loop_client(self.loop)
         try:
-            kb = await blocking(ctx, self._kb, task.node_id, task.config)
+            kb = await self._kb(task.node_id, task.config, client, offload)
         except GraphrunError as exc:
             done(error=str(exc))
             return
+        query = kb.query_async(task.query, task.top_k, client=client, offload=offload)
         try:
-            result = await asyncio.wait_for(
-                blocking(ctx, kb.query, task.query, task.top_k), task.timeout
-            )
+            result = await asyncio.wait_for(query, task.timeout)
         except TimeoutError:
             done(error=f"retrieval timed out after {task.timeout:g}s")
             return

@@ -117,3 +117,27 @@ def test_rerun_retrieval_fails_a_recording_when_the_knowledge_base_changed(
     assert "node 'retrieve'" in changed.stdout and "RetrievalDone" in changed.stdout
     replayed = graphrun("replay", run_id, "--graph", str(root), "--rerun-retrieval")
     assert replayed.code == 1 and "RetrievalDone" in replayed.stdout
+
+
+def test_a_run_embedding_over_http_replays_with_the_server_gone(
+    graphrun, tmp_path: Path, fake_llm
+) -> None:
+    root = _agent(tmp_path, GRAPH.replace("local:hash-384", "emb:fake-embed"))
+    url = fake_llm.url_openai
+    result = graphrun("run", str(root), "How do bees turn nectar into honey?", EMB_BASE_URL=url)
+    assert result.code == 0, result.stderr
+    assert result.stdout.startswith("./knowledge/bees/")
+    embedded = [r.body["input"] for r in fake_llm.requests if r.path == "/v1/embeddings"]
+    assert embedded[-1] == ["How do bees turn nectar into honey?"]  # the query, last
+    run_id = graphrun.last_run()
+    fake_llm.stop()
+    # Nothing answers at that URL now: replay serves the recorded retrieval.
+    replay = graphrun("replay", run_id, EMB_BASE_URL=url)
+    assert replay.code == 0, replay.stdout + replay.stderr
+    # A run that must embed its query now fails the node with the endpoint named.
+    failed = graphrun("run", str(root), "bees", EMB_BASE_URL=url)
+    assert failed.code != 0
+    assert f"embedding endpoint {url}/embeddings could not be reached: [Errno 111]" in (
+        failed.stdout + failed.stderr
+    )
+    assert "Traceback" not in failed.stderr

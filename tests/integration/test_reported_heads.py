@@ -231,3 +231,36 @@ def test_the_store_marks_after_a_complete_checkpoint_only(graphrun: Any, agent: 
         assert store.lost_heads() == {}
     finally:
         store.close()
+
+
+def test_ending_runs_mark_the_record_as_it_grows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Runs that end one after another: each time the record grows past a multiple
+    # of MARK_BYTES the store checkpoints and marks, so the heads left to check stay
+    # a few, whatever the number of runs; a run cut back after its mark is still named.
+    from graphrun.eventstore import reported
+    from graphrun.eventstore.events import RunCompleted
+    from graphrun.eventstore.store import SqliteStore
+    from tests.conformance.store_contract import started, step
+
+    monkeypatch.setattr(reported, "MARK_BYTES", 1024)
+    db = tmp_path / "events.db"
+    with SqliteStore(db) as store:
+        for i in range(120):
+            store.append(f"run{i:03d}", [started(), *step("a", 1, 1, None)])
+            store.append(f"run{i:03d}", [RunCompleted(node_id="a", output="done")])
+        data = store.reported.path.read_bytes()
+        assert data.count(b"\n~ ") >= 8  # ~10 KB of heads: a mark per KB
+        unchecked = store.reported.unchecked()
+        assert 0 < len(unchecked) <= 1024 // 70 + 1  # one KB of lines at most
+        assert len(store.reported.heads()) == 120
+        assert store.lost_heads() == {}
+        last = max(unchecked)
+    with sqlite3.connect(db) as conn:  # the newest run loses its end
+        conn.execute(
+            "DELETE FROM events WHERE id = (SELECT max(id) FROM events)",
+        )
+    with SqliteStore(db) as store:
+        assert list(store.lost_heads()) == [last]
+        assert store.lost_head(last) is not None and store.lost_head("run000") is None

@@ -1,7 +1,10 @@
 """A real HTTP server on 127.0.0.1 that speaks the OpenAI and Anthropic chat APIs.
 
-It answers ``POST /v1/chat/completions`` (OpenAI Chat Completions) and
-``POST /v1/messages`` (Anthropic Messages), records every request (path,
+It answers ``POST /v1/chat/completions`` (OpenAI Chat Completions),
+``POST /v1/messages`` (Anthropic Messages) and ``POST /v1/embeddings`` (OpenAI
+embeddings: :attr:`FakeLlm.embedding_dim`-sized vectors of the offline hash
+embedder, after :attr:`FakeLlm.embedding_delay`, or :attr:`FakeLlm.embedding_reply`
+instead), records every request (path,
 headers, JSON body) and replies from a script the test sets, in order, whatever
 the protocol; with the script empty it echoes the last user message
 (``"echo: <text>"``), or calls :attr:`FakeLlm.default` if set::
@@ -21,8 +24,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import select
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -128,6 +133,18 @@ class FakeLlm:
         self._ids = itertools.count(1)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        #: ``/embeddings``: the vectors' size (``local:hash-<dim>``'s vectors, so
+        #: retrieval through the server ranks as the offline embedder does).
+        self.embedding_dim = 64
+        #: ``/embeddings``: seconds before each answer.
+        self.embedding_delay = 0.0
+        #: ``/embeddings``: a reply (:func:`http_error`, :func:`raw`) sent instead of vectors.
+        self.embedding_reply: Reply | None = None
+        #: ``/embeddings`` requests being answered now, and the most there were at once.
+        self.embeddings_in_flight = 0
+        self.embeddings_in_flight_max = 0
+        #: ``/embeddings`` requests whose client closed the connection during the delay.
+        self.embeddings_abandoned = 0
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -373,6 +390,9 @@ class _Handler(BaseHTTPRequestHandler):
             render = _openai_body
         elif self.path.endswith("/v1/messages"):
             render = _anthropic_body
+        elif self.path.endswith("/embeddings"):
+            self._embeddings(request)
+            return
         else:
             with self.fake._lock:
                 self.fake.requests.append(request)
@@ -384,6 +404,59 @@ class _Handler(BaseHTTPRequestHandler):
             return
         content = reply.raw if reply.raw is not None else json.dumps(render(self.fake, reply, body))
         self._send(reply.status, content, reply.headers)
+
+    def _embeddings(self, request: RecordedRequest) -> None:
+        fake = self.fake
+        with fake._lock:
+            fake.requests.append(request)
+            fake.embeddings_in_flight += 1
+            fake.embeddings_in_flight_max = max(
+                fake.embeddings_in_flight_max, fake.embeddings_in_flight
+            )
+        try:
+            if fake.embedding_delay and not self._wait_watching(fake.embedding_delay):
+                self.close_connection = True  # stopping, or the client left: answer nothing
+                return
+            reply = fake.embedding_reply
+            if reply is not None:
+                content = reply.raw
+                if content is None:
+                    content = json.dumps(_openai_body(fake, reply, request.body))
+                self._send(reply.status, content, reply.headers)
+                return
+            from graphrun.actors.rag.embed import HashEmbedder
+
+            inputs = request.body["input"]
+            vectors = HashEmbedder(fake.embedding_dim).embed(inputs).tolist()
+            data = [
+                {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)
+            ]
+            model = request.body["model"]
+            self._send(200, json.dumps({"object": "list", "data": data, "model": model}), {})
+        finally:
+            with fake._lock:
+                fake.embeddings_in_flight -= 1
+
+    def _wait_watching(self, seconds: float) -> bool:
+        """Sleep ``seconds`` watching the connection; False if the server is stopping
+        or the client closed the connection meanwhile (counted as abandoned)."""
+        fake = self.fake
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if fake._stopping.is_set():
+                return False
+            readable, _, _ = select.select([self.connection], [], [], min(left, 0.05))
+            if readable:
+                try:
+                    gone = not self.connection.recv(1, socket.MSG_PEEK)
+                except OSError:
+                    gone = True
+                if gone:
+                    with fake._lock:
+                        fake.embeddings_abandoned += 1
+                    return False
+                fake._wait(min(left, 0.05))  # more bytes, not a hang-up: keep waiting
+        return True
 
     def _send(self, status: int, content: str, headers: dict[str, str]) -> None:
         data = content.encode("utf-8")

@@ -93,6 +93,9 @@ def server() -> Iterator[Server]:
             if self.path.startswith("/fail/"):
                 self._send(500, b'{"error": "model overloaded"}', "application/json")
                 return
+            if self.path.startswith("/notjson/"):
+                self._send(200, b"<html>a proxy's\n  login page</html>", "text/html")
+                return
             vectors = embedder.embed(body["input"]).tolist()
             if self.path.startswith("/short/"):
                 vectors = vectors[:-1]
@@ -294,3 +297,158 @@ def test_an_embedding_client_of_config_yaml_is_reached_at_its_api_base_with_its_
     # Without the config directory only the environment names a client.
     with pytest.raises(RagError, match="no base URL for client 'embedder'"):
         client_embedder("embedder:nomic", config_dir=None)
+
+
+# --- the same requests awaited on an event loop ---------------------------------------
+
+
+def _awaited(coro_fn: Any) -> Any:
+    """Run ``coro_fn(client)`` on a fresh event loop with a client of its own."""
+    import asyncio
+
+    import httpx
+
+    async def main() -> Any:
+        async with httpx.AsyncClient() as client:
+            return await coro_fn(client)
+
+    return asyncio.run(main())
+
+
+def _offload() -> Any:
+    import functools
+
+    from graphrun.actors.loop import blocking
+
+    return functools.partial(blocking, None)  # the loop's default executor
+
+
+def test_awaited_embeddings_are_the_blocking_ones(server: Server) -> None:
+    emb = make_embedder("openai:te-small", base_url=f"{server.url}/v1", api_key="k", batch_size=3)
+    texts = [f"text number {i} about kettles" for i in range(7)]
+    blocking = emb.embed(texts)
+    sent = list(server.requests)
+    server.requests.clear()
+    awaited = _awaited(lambda client: emb.embed_async(texts, client))
+    assert server.requests == sent  # the same three batches, the same bodies
+    assert awaited.dtype == np.float32 and np.array_equal(awaited, blocking)
+    assert emb.requests == 6
+    assert _awaited(lambda client: emb.embed_async([], client)).shape == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "base",
+    [
+        "{url}/fail/v1",
+        "{url}/short/v1",
+        "{url}/ragged/v1",
+        "{url}/notjson/v1",
+        "http://127.0.0.1:9/v1",  # nothing listens: [Errno 111] Connection refused
+        "http://no-such-host.invalid/v1",  # a name that never resolves
+    ],
+)
+def test_awaited_embedding_failures_are_the_blocking_ones(server: Server, base: str) -> None:
+    emb = make_embedder("openai:m", base_url=base.format(url=server.url), node_id="kb")
+    with pytest.raises(RagError) as blocking:
+        emb.embed(["a", "b", "c"])
+    with pytest.raises(RagError) as awaited:
+        _awaited(lambda client: emb.embed_async(["a", "b", "c"], client))
+    assert str(awaited.value) == str(blocking.value)
+    assert awaited.value.hint == blocking.value.hint
+
+
+def test_awaited_rerank_is_the_blocking_one(server: Server) -> None:
+    reranker = make_reranker("acme:r", base_url=f"{server.url}/v1", node_id="sky")
+    docs = ["no match here", "mirror mirror", "one mirror"]
+    blocking = reranker.rerank("mirror care", docs, 2)
+    assert _awaited(lambda client: reranker.rerank_async(client, "mirror care", docs, 2)) == (
+        blocking
+    )
+    for base in (f"{server.url}/badindex", f"{server.url}/nowhere", "http://127.0.0.1:9"):
+        failing = make_reranker("acme:r", base_url=base, node_id="sky")
+        with pytest.raises(RagError) as sync_error:
+            failing.rerank("q", ["a", "b"], 1)
+        with pytest.raises(RagError) as async_error:
+            _awaited(lambda client, r=failing: r.rerank_async(client, "q", ["a", "b"], 1))
+        assert str(async_error.value) == str(sync_error.value)
+
+
+def test_a_query_awaited_on_a_loop_retrieves_what_the_blocking_query_does(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from graphrun.actors.loop import EffectLoop
+    from graphrun.actors.rag.http import loop_client
+
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{server.url}/v1")
+    monkeypatch.setenv("ACME_BASE_URL", f"{server.url}/v1")
+    shutil.copytree(DATA / "corpus" / "sky", tmp_path / "knowledge")
+    cfg = KbConfig(
+        documents=["./knowledge/"],
+        embedding_model="openai:m",
+        chunk_size=500,
+        chunk_overlap=50,
+        reranker_model="acme:rerank-1",
+    )
+    kb = load_or_build(tmp_path, "sky", cfg, interactive=False, ask=None, rag_defaults={})
+    query = "mirror collimation of a Newtonian"
+    server.requests.clear()
+    blocking = kb.query(query, top_k=3)
+    sent = list(server.requests)
+    server.requests.clear()
+    loop = EffectLoop("kb-test-loop")
+    try:
+        client = loop.submit(_on_loop(loop_client, loop)).result(timeout=10)
+        awaited = loop.submit(kb.query_async(query, 3, client=client, offload=_offload())).result(
+            timeout=30
+        )
+    finally:
+        loop.stop()
+    assert [path for path, _ in sent] == ["/v1/embeddings", "/v1/rerank"]
+    assert server.requests == sent
+    assert awaited == blocking and len(awaited.hits) == 3
+
+
+async def _on_loop(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
+
+def test_cancelling_an_awaited_embedding_closes_its_connection() -> None:
+    """The endpoint accepts and never answers; cancelling the awaiting task hangs up."""
+    import asyncio
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    emb = make_embedder("openai:m", base_url=f"http://127.0.0.1:{port}/v1")
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        conn, _ = listener.accept()
+        accepted.append(conn)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+
+    async def main() -> None:
+        import httpx
+
+        async with httpx.AsyncClient() as client:
+            task = asyncio.ensure_future(emb.embed_async(["a"], client))
+            await asyncio.sleep(0.5)
+            assert not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    try:
+        asyncio.run(main())
+        acceptor.join(timeout=5)
+        (conn,) = accepted
+        conn.settimeout(5)
+        received = b""
+        while chunk := conn.recv(65536):  # the request, then EOF: the client hung up
+            received += chunk
+        assert received.startswith(b"POST /v1/embeddings ")
+        conn.close()
+    finally:
+        listener.close()
