@@ -688,19 +688,27 @@ class SqliteStore:
 
         ``body`` is the exact stored bytes; ``prev_hash`` is the previous row's
         hash, as the chain defines it."""
-        rows, failure = self._stored_rows(run_id)
+        rows, failure, _head = self._stored_rows(run_id)
         if failure is not None:
             raise storage_error(self.path, failure, f"reading run {run_id}")
         yield from self._chained(rows)
 
     @_guarded("reading a run's events")
-    def _stored_rows(self, run_id: str) -> tuple[list[_Stored], sqlite3.Error | None]:
-        """The run's stored rows up to the first one SQLite cannot read, and the
-        error that stopped the reading (``None`` when every row was read)."""
+    def _stored_rows(
+        self, run_id: str
+    ) -> tuple[list[_Stored], sqlite3.Error | None, tuple[Any, ...] | None]:
+        """The run's stored rows up to the first one SQLite cannot read, the error
+        that stopped the reading (``None`` when every row was read), and its
+        ``run_heads`` row: read in one transaction, so that a writer committing
+        meanwhile (another process continuing the run) cannot make them disagree."""
         rows: list[_Stored] = []
+        head: tuple[Any, ...] | None = None
         with self._lock:
             lo, hi = self._range(run_id)
+            began = not self.conn.in_transaction
             try:
+                if began:
+                    self.conn.execute("BEGIN")
                 cursor = self.conn.execute(
                     "SELECT id, CAST(body AS BLOB), hash FROM events "
                     "WHERE id > ? AND id <= ? ORDER BY id",
@@ -708,9 +716,16 @@ class SqliteStore:
                 )
                 for key, body, digest in cursor:
                     rows.append((key & _SEQ_MASK, body, digest))
+                found = self.conn.execute(
+                    f"SELECT {', '.join(HEAD_COLUMNS)} FROM run_heads WHERE run_id = ?", (run_id,)
+                ).fetchone()
+                head = None if found is None else tuple(found)
             except sqlite3.DatabaseError as exc:
-                return rows, exc
-        return rows, None
+                return rows, exc, None
+            finally:
+                if began:
+                    self.rollback()  # a read: nothing to keep
+        return rows, None, head
 
     @staticmethod
     def _chained(rows: list[_Stored]) -> Iterator[tuple[int, bytes, str, str]]:
@@ -733,7 +748,7 @@ class SqliteStore:
         problem. ``hashes``, if given, gets each verified event's chain hash by seq."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
-        rows, failure = self._stored_rows(run_id)
+        rows, failure, head = self._stored_rows(run_id)
         events: list[Event] = []
         problem = codec.verify_chain(self._chained(rows), run_id, into=events, hashes=hashes)
         if problem is not None:
@@ -744,7 +759,7 @@ class SqliteStore:
             return events, codec.ChainProblem(seq, f"its database page cannot be read ({detail})")
         if not rows:
             return events, codec.ChainProblem(1, "the run has no events")
-        problem = self._head_problem(run_id, events)
+        problem = self._head_problem(run_id, events, head)
         if problem is None:  # a chain that verifies may still have lost its end
             reported = self.reported.unchecked().get(run_id)
             lost = self._behind(run_id, *reported) if reported is not None else None
@@ -800,17 +815,15 @@ class SqliteStore:
             return False
         return True
 
-    @_guarded("reading the runs")
-    def _head_problem(self, run_id: str, events: list[Event]) -> codec.ChainProblem | None:
-        """Whether the run's ``run_heads`` row is what its (verified) events say."""
+    def _head_problem(
+        self, run_id: str, events: list[Event], found: tuple[Any, ...] | None
+    ) -> codec.ChainProblem | None:
+        """Whether the run's ``run_heads`` row ``found`` (read with its events) is
+        what its (verified) events say."""
         try:
             expected = rebuild_rows((e, "") for e in events)[run_id]
         except ValueError as exc:  # a chain that verifies, of a log no run could write
             return codec.ChainProblem(1, str(exc))
-        with self._lock:
-            found = self.conn.execute(
-                f"SELECT {', '.join(HEAD_COLUMNS)} FROM run_heads WHERE run_id = ?", (run_id,)
-            ).fetchone()
         if found is None or tuple(found) == self._head(expected):
             return None
         differ = [
