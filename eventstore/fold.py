@@ -46,52 +46,78 @@ from graphrun.eventstore.events import (
 
 _replace = msgspec.structs.replace
 
-#: Buckets of a :class:`BranchEffects` map.
-_BUCKETS = 64
+#: Buckets of each of the two levels of a :class:`BranchEffects` map.
+_BUCKETS = 32
+_EMPTY: dict[str, tuple[Any, ...]] = {}  # shared by every empty leaf (never changed)
+_EMPTY_ROW = (_EMPTY,) * _BUCKETS
 
 
 class BranchEffects(Mapping[str, tuple[Any, ...]]):
     """An immutable map of branch id -> effect events whose :meth:`set` shares all but
-    one bucket with the map it came from.
+    one leaf (and the two rows of leaves above it) with the map it came from.
 
-    A 1,000-item map records two events per item: copying a plain dict of every item
-    on each would make the fold quadratic in the number of items. Here an event copies
-    a tuple of 64 buckets and one bucket (~n/64 items). Buckets are chosen by CRC-32
-    of the branch id, so iteration order is the same in every process (``hash`` of
-    a string is not)."""
+    A 10,000-item map records two events per item, and keeps every item until it is
+    collected: copying a plain dict of every item on each would make the fold
+    quadratic in the number of items, and so would one level of 64 buckets (~n/64
+    items copied an event: 156 at 10,000). Here an event copies two tuples of 32 and
+    one leaf of ~n/1,024 items. Leaves are chosen by CRC-32 of the branch id, so
+    iteration order is the same in every process (``hash`` of a string is not).
+    Leaves are never changed once made: an empty one is shared."""
 
     __slots__ = ("_buckets", "_len")
 
     def __init__(self, items: Mapping[str, tuple[Any, ...]] | None = None) -> None:
-        buckets: list[dict[str, tuple[Any, ...]]] = [{} for _ in range(_BUCKETS)]
+        rows: dict[int, dict[int, dict[str, tuple[Any, ...]]]] = {}
+        count = 0
         for key, value in (items or {}).items():
-            buckets[_bucket(key)][key] = value
-        self._buckets = tuple(buckets)
-        self._len = sum(len(b) for b in buckets)
+            i, j = _slot(key)
+            leaf = rows.setdefault(i, {}).setdefault(j, {})
+            count += key not in leaf
+            leaf[key] = value
+        self._buckets = tuple(
+            _EMPTY_ROW if i not in rows else tuple(rows[i].get(j, _EMPTY) for j in range(_BUCKETS))
+            for i in range(_BUCKETS)
+        )
+        self._len = count
 
     def set(self, key: str, value: tuple[Any, ...]) -> BranchEffects:
         """A new map with ``key`` set to ``value`` (this one is unchanged)."""
-        i = _bucket(key)
-        old = self._buckets[i]
-        bucket = dict(old)
-        bucket[key] = value
+        i, j = _slot(key)
+        top = self._buckets
+        row = top[i]
+        old = row[j]
+        leaf = dict(old)
+        leaf[key] = value
+        # (A list copied and made a tuple again: the quickest copy of 32 items.)
+        leaves = list(row)
+        leaves[j] = leaf
+        rows = list(top)
+        rows[i] = tuple(leaves)
         new = BranchEffects.__new__(BranchEffects)
-        new._buckets = (*self._buckets[:i], bucket, *self._buckets[i + 1 :])
+        new._buckets = tuple(rows)
         new._len = self._len + (key not in old)
         return new
 
     def __getitem__(self, key: str) -> tuple[Any, ...]:
-        return self._buckets[_bucket(key)][key]
+        i, j = _slot(key)
+        return self._buckets[i][j][key]
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self._buckets[_bucket(key)].get(key, default)
+        i, j = _slot(key)
+        return self._buckets[i][j].get(key, default)
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in self._buckets[_bucket(key)]
+        if not isinstance(key, str):
+            return False
+        i, j = _slot(key)
+        return key in self._buckets[i][j]
 
     def __iter__(self) -> Iterator[str]:
-        for bucket in self._buckets:
-            yield from bucket
+        for row in self._buckets:
+            if row is _EMPTY_ROW:
+                continue
+            for leaf in row:
+                yield from leaf
 
     def __len__(self) -> int:
         return self._len
@@ -100,8 +126,11 @@ class BranchEffects(Mapping[str, tuple[Any, ...]]):
         return f"BranchEffects({dict(self)!r})"
 
 
-def _bucket(key: str) -> int:
-    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % _BUCKETS
+def _slot(key: str) -> tuple[int, int]:
+    """The row and the leaf of ``key``."""
+    return divmod(
+        zlib.crc32(key.encode("utf-8", "surrogatepass")) % (_BUCKETS * _BUCKETS), _BUCKETS
+    )
 
 
 _NO_BRANCH_EFFECTS = BranchEffects()

@@ -59,3 +59,20 @@ def test_a_thousand_item_map_folds_every_effect_under_its_branch() -> None:
     # Folding in two halves gives the same state.
     half = fold(events[1000:], fold(events[:1000], RunState(status="running")))
     assert half == state
+
+
+def test_a_set_copies_one_leaf_whatever_the_size_of_the_map() -> None:
+    # Two levels of 32: an event copies two rows and one leaf of ~n/1,024 items, so
+    # a 10,000-item map's fold stays linear (one level of 64 copied ~156 items).
+    big = BranchEffects({f"m[{i}]": (i,) for i in range(10_000)})
+    after = big.set("m[77]", (77, 78))
+    old_leaves = [leaf for row in big._buckets for leaf in row]
+    new_leaves = [leaf for row in after._buckets for leaf in row]
+    shared = sum(a is b for a, b in zip(old_leaves, new_leaves, strict=True))
+    assert len(old_leaves) == 1024 and shared == 1023
+    changed = next(b for a, b in zip(old_leaves, new_leaves, strict=True) if a is not b)
+    assert len(changed) <= 30  # ~10 items a leaf
+    assert big["m[77]"] == (77,) and after["m[77]"] == (77, 78) and len(after) == 10_000
+    # Empty leaves are one shared, never changed dict.
+    empty = BranchEffects()
+    assert empty.set("x", ()).get("y") is None and dict(empty) == {} and len(empty) == 0
