@@ -68,17 +68,14 @@ class BranchEffects(Mapping[str, tuple[Any, ...]]):
 
     def __init__(self, items: Mapping[str, tuple[Any, ...]] | None = None) -> None:
         rows: dict[int, dict[int, dict[str, tuple[Any, ...]]]] = {}
-        count = 0
         for key, value in (items or {}).items():
             i, j = _slot(key)
-            leaf = rows.setdefault(i, {}).setdefault(j, {})
-            count += key not in leaf
-            leaf[key] = value
+            rows.setdefault(i, {}).setdefault(j, {})[key] = value
         self._buckets = tuple(
             _EMPTY_ROW if i not in rows else tuple(rows[i].get(j, _EMPTY) for j in range(_BUCKETS))
             for i in range(_BUCKETS)
         )
-        self._len = count
+        self._len = len(items) if items else 0
 
     def set(self, key: str, value: tuple[Any, ...]) -> BranchEffects:
         """A new map with ``key`` set to ``value`` (this one is unchanged)."""

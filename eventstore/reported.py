@@ -66,18 +66,12 @@ class ReportedHeads:
         Best effort: a record that cannot be written (a read-only folder, a full
         disk) never fails the run; it only leaves that head unchecked."""
         line = f"{run_id} {seq} {digest}\n".encode()
-        with contextlib.suppress(OSError):
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                os.write(fd, line)
-                os.fsync(fd)
-                size = os.fstat(fd).st_size
-            finally:
-                os.close(fd)
-            if size > self._compact_at:
-                self._compact_at = max(COMPACT_BYTES, 2 * self._compact())
-            return size // MARK_BYTES != (size - len(line)) // MARK_BYTES
-        return False
+        size = self._append(line)
+        if size is None:
+            return False
+        if size > self._compact_at:
+            self._compact_at = max(COMPACT_BYTES, 2 * self._compact())
+        return size // MARK_BYTES != (size - len(line)) // MARK_BYTES
 
     def size(self) -> int | None:
         """The record's size in bytes now (0 if there is none), or ``None`` if it
@@ -92,13 +86,21 @@ class ReportedHeads:
     def mark(self, covered: int) -> None:
         """Append (and fsync) that every line before byte ``covered`` was
         checkpointed into the database file. Best effort, like :meth:`record`."""
-        with contextlib.suppress(OSError):
+        self._append(MARK + f"{covered}\n".encode())
+
+    def _append(self, data: bytes) -> int | None:
+        """Append ``data`` and fsync it; the record's size then, or ``None`` when it
+        could not be written."""
+        try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                os.write(fd, MARK + f"{covered}\n".encode())
+                os.write(fd, data)
                 os.fsync(fd)
+                return os.fstat(fd).st_size
             finally:
                 os.close(fd)
+        except OSError:
+            return None
 
     def heads(self) -> dict[str, tuple[int, str]]:
         """The last reported head of each run: ``run_id -> (seq, hash)`` (a head

@@ -213,7 +213,7 @@ def describe_run(
     first: Event | None = None
     usage = UsageTally(prices)
     todo_calls: list[ToolCalled] = []
-    for event in read_in_pages(store, run_id, upto=at_seq):
+    for event in read_in_pages(store, run_id, upto=row.last_seq if at_seq is None else at_seq):
         if first is None:
             first = event
         state = apply(state, event)

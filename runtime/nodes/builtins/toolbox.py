@@ -106,9 +106,16 @@ class BuiltinToolbox:
         have = {spec.name for spec in self.own}
         return self.own + [spec for spec in granted.specs if spec.name not in have]
 
+    def _granted_names(self) -> tuple[str, ...]:
+        """The tools the loaded skills grant beyond the node's own (none when no
+        grant can be made)."""
+        if self.grant is None:
+            return ()
+        return tuple(n for n in self.skills.granted() if n not in {s.name for s in self.own})
+
     def _granted_box(self) -> Any:
-        names = tuple(n for n in self.skills.granted() if n not in {s.name for s in self.own})
-        if not names or self.grant is None:
+        names = self._granted_names()
+        if not names:
             return None
         if self._granted is None or self._granted[0] != names:
             self._granted = (names, self.grant(names))
@@ -122,9 +129,9 @@ class BuiltinToolbox:
         tools the skills grant are made already (else None: :meth:`call` makes them)."""
         if name in self.names:
             return None
-        names = tuple(n for n in self.skills.granted() if n not in {s.name for s in self.own})
+        names = self._granted_names()
         granted = None
-        if names and self.grant is not None:
+        if names:
             if self._granted is None or self._granted[0] != names:
                 return None
             granted = self._granted[1]
