@@ -249,6 +249,9 @@ def test_three_workers_sixty_runs_and_a_kill_9(setup: dict[str, Any], fake_llm: 
     while not in_flight:
         wait_for(lambda: len(markers(ctx)) >= 6 and bool(victim_busy()), 120, "progress")
         os.kill(victim.pid, signal.SIGSTOP)
+        # A statement the worker sent just before it stopped still commits (a run it
+        # hands back as done): let it land before reading what the worker holds.
+        time.sleep(0.5)
         in_flight = victim_busy()
         if not in_flight:  # it had just finished one: let it claim the next
             os.kill(victim.pid, signal.SIGCONT)
