@@ -12,8 +12,12 @@ process; the least CPU time of 5 calls, the sizes interleaved, with the wall tim
 alongside: each does its work here, and a busy machine blurs wall time far more):
 the 10,000-item run's <= 10.5x the 1,000-item one's (linear).
 
-Usage: ``python bench/map_bench.py [--quick | --smoke] [--json]``; exits 1 when a
-target is missed.
+``--per-item 1000,3000,5000,10000`` also maps those sizes (a run each) and prints
+what each command costs per item at each: where the cost per item steps up, the
+command's working set has outgrown the processor's caches (context, not a target).
+
+Usage: ``python bench/map_bench.py [--quick | --smoke] [--per-item N,N,...] [--json]``;
+exits 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -106,7 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         url, where, items = sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
         one_run(url, where, items)
         return 0
-    args = parse_args(__doc__, argv)
+    args = parse_args(
+        __doc__,
+        argv,
+        lambda p: p.add_argument(
+            "--per-item", metavar="N,N,...", help="item counts to cost each command at, per item"
+        ),
+    )
     mode = mode_of(args)
     report = Report("map_bench", mode=mode, as_json=args.json)
     small, large, runs = SIZES[mode]
@@ -173,7 +183,26 @@ def main(argv: list[str] | None = None) -> int:
                     f"load {os.getloadavg()[0]:.2f}",
                 )
             )
+        if args.per_item:
+            per_item(report, url, tmp, [int(n) for n in args.per_item.split(",")])
     return report.exit_code()
+
+
+def per_item(report: Report, url: str, tmp: Path, sizes: list[int]) -> None:
+    """Each command's least CPU time of 5, per item, on a map of each size."""
+    where = tmp / "per-item"
+    where.mkdir()
+    runs = {items: measure(url, where, items, 0) for items in sizes}
+    for command, fn in COMMANDS.items():
+        costs = []
+        for items, run in runs.items():
+            fn(run["db"], run["run_id"])  # warm
+            cpu = min(timed_with_cpu(lambda: fn(run["db"], run["run_id"]))[1] for _ in range(5))  # noqa: B023
+            costs.append(f"{items:,}: {cpu / items * 1e6:.1f}")
+        report.note(
+            f"`graphrun {command}`, µs of CPU per item: {'; '.join(costs)} "
+            f"(load {os.getloadavg()[0]:.2f})"
+        )
 
 
 if __name__ == "__main__":
