@@ -131,10 +131,12 @@ def view_run(
     prices: Mapping[str, tuple[float, float]],
     depth: int = 0,
     agent: str = "",
+    md: Any = None,
 ) -> RunView:
     """The visits, waits and usage of one run's events, read once, in order (an
-    iterator of pages keeps one page decoded at a time)."""
-    md = _md()
+    iterator of pages keeps one page decoded at a time); ``md``: the Markdown
+    renderer (one per report, not one per run of its tree)."""
+    md = md if md is not None else _md()
     state = RunState()
     first: RunStarted | None = None
     run_id = ""
@@ -288,9 +290,10 @@ def collect_tree(
     """The run and every child run it started, depth first, in start order."""
     table = BUILTIN_PRICES if prices is None else prices
     out: list[RunView] = []
+    md = _md()
 
     def walk(rid: str, depth: int, agent: str) -> None:
-        view = view_run(read_in_pages(store, rid), table, depth, agent)
+        view = view_run(read_in_pages(store, rid), table, depth, agent, md)
         out.append(view)
         for e in view.children:
             if store.has_run(e.child_run_id):
