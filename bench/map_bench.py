@@ -80,10 +80,11 @@ def _show(db: str, run_id: str) -> None:
 
 def _report(db: str, run_id: str) -> None:
     from graphrun.eventstore.store import SqliteStore
-    from graphrun.runtime.observe.report import build_report
+    from graphrun.runtime.observe.report import write_report
 
+    # As `graphrun report RUN -o FILE`: the page written to a file beside the store.
     with SqliteStore(db) as store:
-        build_report(store, run_id)
+        write_report(store, run_id, Path(db).with_name("report.html"))
 
 
 def _replay(db: str, run_id: str) -> None:

@@ -110,7 +110,7 @@ def report_cmd(
     """
     from graphrun.runtime.engine.usage import load_prices
     from graphrun.runtime.graph.config import config_dir as resolve_config
-    from graphrun.runtime.observe.report import build_report
+    from graphrun.runtime.observe.report import write_report
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
@@ -127,11 +127,16 @@ def report_cmd(
         raise UsageError(f"--watch {watch:g}: the interval must be more than 0 seconds")
     from graphrun.eventstore.fold import TERMINAL
 
+    path = Path(target)
+    if not path.parent.is_dir():
+        from graphrun.runtime.errors import UsageError
+
+        raise UsageError(f"-o {target}: folder {path.parent} does not exist")
     while True:
-        text = build_report(
-            store, run_id, prices=prices, divergences=divergences, reload_every=watch
+        write_report(
+            store, run_id, path, prices=prices, divergences=divergences, reload_every=watch
         )
-        _write(text, target)
+        click.echo(f"wrote {path}", err=True)
         if watch is None or store.run(run_id).status in TERMINAL:
             return
         import time

@@ -17,10 +17,12 @@ from __future__ import annotations
 import difflib
 import html
 import json
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 from graphrun.eventstore.events import (
     BranchesJoined,
@@ -48,6 +50,7 @@ from graphrun.eventstore.events import (
 )
 from graphrun.eventstore.fold import RunState, apply
 from graphrun.eventstore.projections import graph_version
+from graphrun.eventstore.store import read_in_pages
 from graphrun.runtime.engine.usage import (
     BUILTIN_PRICES,
     Usage,
@@ -76,7 +79,9 @@ class Visit:
     note: str = ""
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] | None = None
-    effects: list[Event] = field(default_factory=list)
+    #: Each effect's event type and its details as HTML, in log order: rendered as it
+    #: is read, so a long run's report keeps its page, not every decoded event.
+    effects: list[tuple[str, str]] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
 
     @property
@@ -101,7 +106,6 @@ class Wait:
 class RunView:
     run_id: str
     depth: int
-    events: list[Event]
     started: RunStarted | None
     status: str
     visits: list[Visit]
@@ -109,6 +113,13 @@ class RunView:
     usage: Usage
     agent: str = ""
     parent_node: str | None = None
+    #: The earliest and the latest time stamp in the log (0.0: none).
+    first_ts: float = 0.0
+    last_ts: float = 0.0
+    #: How the run ended, when it has.
+    end: RunCompleted | RunFailed | RunCancelled | None = None
+    #: The child runs it started, in log order.
+    children: list[ChildRunStarted] = field(default_factory=list)
 
 
 def _branch(event: Event) -> str:
@@ -116,13 +127,20 @@ def _branch(event: Event) -> str:
 
 
 def view_run(
-    events: list[Event],
+    events: Iterable[Event],
     prices: Mapping[str, tuple[float, float]],
     depth: int = 0,
     agent: str = "",
 ) -> RunView:
-    """The visits, waits and usage of one run's events."""
+    """The visits, waits and usage of one run's events, read once, in order (an
+    iterator of pages keeps one page decoded at a time)."""
+    md = _md()
     state = RunState()
+    first: RunStarted | None = None
+    run_id = ""
+    first_ts = last_ts = 0.0
+    end: RunCompleted | RunFailed | RunCancelled | None = None
+    children: list[ChildRunStarted] = []
     visits: list[Visit] = []
     waits: list[Wait] = []
     open_visits: dict[tuple[str, int, str], Visit] = {}
@@ -135,6 +153,19 @@ def view_run(
         before = state
         state = apply(state, event)
         branch = _branch(event)
+        if not run_id:
+            run_id = event.run_id
+            first = event if isinstance(event, RunStarted) else None
+        if event.ts:
+            first_ts = min(first_ts, event.ts) if first_ts else event.ts
+            last_ts = max(last_ts, event.ts)
+        match event:
+            case RunCompleted() | RunFailed() | RunCancelled():
+                end = event
+            case ChildRunStarted():
+                children.append(event)
+            case _:
+                pass
         match event:
             case NodeEntered():
                 v = Visit(
@@ -210,14 +241,14 @@ def view_run(
                 failed = getattr(event, "error", None) or getattr(event, "timed_out", False)
                 v.status = "failed" if failed else "completed"
             if v is not None:
-                v.effects.append(event)
+                v.effects.append((type(event).__name__, _effect(md, event, prices)))
                 if isinstance(event, LlmCalled):
                     u = call_usage(event, prices)
                     v.usage.add(u)
                     usage.add(u)
     for v in open_visits.values():
         if state.terminal:  # ended with the run (an end node, a cancellation, a timeout)
-            v.end = events[-1].ts
+            v.end = last_ts
             v.after = dict(state.state)
             v.status = {
                 "completed": "completed",
@@ -226,11 +257,9 @@ def view_run(
             }.get(state.status, "failed")
         else:
             v.status = "waiting" if state.status == "waiting" else "running"
-    first = events[0] if events and isinstance(events[0], RunStarted) else None
     return RunView(
-        run_id=events[0].run_id if events else "",
+        run_id=run_id,
         depth=depth,
-        events=events,
         started=first,
         status=state.status,
         visits=visits,
@@ -238,6 +267,10 @@ def view_run(
         usage=usage,
         agent=agent,
         parent_node=first.parent_node_id if first else None,
+        first_ts=first_ts,
+        last_ts=last_ts,
+        end=end,
+        children=children,
     )
 
 
@@ -257,10 +290,10 @@ def collect_tree(
     out: list[RunView] = []
 
     def walk(rid: str, depth: int, agent: str) -> None:
-        events = store.read(rid)
-        out.append(view_run(events, table, depth, agent))
-        for e in events:
-            if isinstance(e, ChildRunStarted) and store.has_run(e.child_run_id):
+        view = view_run(read_in_pages(store, rid), table, depth, agent)
+        out.append(view)
+        for e in view.children:
+            if store.has_run(e.child_run_id):
                 walk(e.child_run_id, depth + 1, e.agent)
 
     walk(run_id, 0, "")
@@ -549,9 +582,9 @@ def identity_label(answer: HumanInputReceived | None) -> str:
 
 def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
     """``(lane title, run id, bars html)`` per run and branch, from absolute times."""
-    stamps = [e.ts for r in runs for e in r.events if e.ts]
-    t0 = min(stamps) if stamps else 0.0
-    t1 = max(stamps) if stamps else 1.0
+    firsts = [r.first_ts for r in runs if r.first_ts]
+    t0 = min(firsts) if firsts else 0.0
+    t1 = max((r.last_ts for r in runs if r.last_ts), default=1.0)
     now_open = any(v.end is None for r in runs for v in r.visits)
     if now_open:
         t1 = max(t1, time.time()) if runs and runs[0].status in ("running",) else t1
@@ -619,29 +652,65 @@ def build_report(
     return render_report(runs, table, divergences, reload_every)
 
 
-def render_report(
+def _write_in_chunks(f: TextIO, parts: Iterable[str], size: int = 1 << 16) -> None:
+    """The parts written ~``size`` characters at a time (one write per small part
+    costs more than the page)."""
+    chunk: list[str] = []
+    held = 0
+    for part in parts:
+        chunk.append(part)
+        held += len(part)
+        if held >= size:
+            f.write("".join(chunk))
+            chunk.clear()
+            held = 0
+    f.write("".join(chunk))
+
+
+def write_report(
+    store: Any,
+    run_id: str,
+    path: Path,
+    *,
+    prices: Mapping[str, tuple[float, float]] | None = None,
+    divergences: list[dict[str, Any]] | None = None,
+    reload_every: float | None = None,
+) -> None:
+    """Write the report of ``run_id`` to ``path`` a piece at a time (a 10,000-item
+    map's page is never one string), then put it in place in one step: a browser
+    reloading it (``report --watch``) never reads half a page."""
+    table = BUILTIN_PRICES if prices is None else prices
+    runs = collect_tree(store, run_id, table)
+    parts = report_parts(runs, table, divergences, reload_every)
+    if path.exists() and not path.is_file():  # a device or a pipe: written as it is
+        with path.open("w", encoding="utf-8") as f:
+            _write_in_chunks(f, parts)
+        return
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        with partial.open("w", encoding="utf-8") as f:
+            _write_in_chunks(f, parts)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def report_parts(
     runs: list[RunView],
     prices: Mapping[str, tuple[float, float]],
     divergences: list[dict[str, Any]] | None = None,
     reload_every: float | None = None,
-) -> str:
+) -> Iterator[str]:
     md = _md()
     root = runs[0]
     started = root.started
     total = Usage()
     for r in runs:
         total.add(r.usage)
-    last_ts = max((e.ts for r in runs for e in r.events), default=0.0)
+    last_ts = max((r.last_ts for r in runs), default=0.0)
     title = f"{started.graph_name if started else '?'} · run {root.run_id}"
-    end_event = next(
-        (
-            e
-            for e in reversed(root.events)
-            if isinstance(e, RunCompleted | RunFailed | RunCancelled)
-        ),
-        None,
-    )
-    out = [
+    end_event = root.end
+    yield from [
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>",
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f'<meta http-equiv="refresh" content="{reload_every:g}">'
@@ -652,53 +721,53 @@ def render_report(
         f'<div>status <b class="st-{_e(root.status)}">{_e(root.status)}</b>',
     ]
     if started:
-        out.append(
+        yield (
             f" · started {_when(started.ts)} UTC by {_e(started.started_by)}"
             f" · {_ms(started.ts, last_ts)}"
         )
     if started and started.graph_hash:
-        out.append(f" · graph version <code>{_e(graph_version(started.graph_hash))}</code>")
-    out.append(f" · {_e(format_usage(total))}")
+        yield (f" · graph version <code>{_e(graph_version(started.graph_hash))}</code>")
+    yield (f" · {_e(format_usage(total))}")
     if len(runs) > 1:
-        out.append(f" (with {len(runs) - 1} child run{'s' if len(runs) > 2 else ''})")
-    out.append("</div>")
+        yield (f" (with {len(runs) - 1} child run{'s' if len(runs) > 2 else ''})")
+    yield ("</div>")
     if not end_event:
-        out.append(
+        yield (
             f'<div class="muted">in progress as of {_when(last_ts)} UTC — run '
             f"<code>graphrun report {_e(root.run_id)}</code> again to refresh</div>"
         )
-    out.append("</header><main>")
+    yield ("</header><main>")
     if started and started.initial_prompt:
-        out.append(f"<h2>Prompt</h2>{_markdown(md, started.initial_prompt)}")
+        yield (f"<h2>Prompt</h2>{_markdown(md, started.initial_prompt)}")
     if isinstance(end_event, RunCompleted) and end_event.unhandled_failures:
-        out.append('<h2 class="st-failed">Unhandled failures</h2><ul>')
+        yield ('<h2 class="st-failed">Unhandled failures</h2><ul>')
         for f in end_event.unhandled_failures:
-            out.append(
+            yield (
                 f"<li>node <code>{_e(f.get('node'))}</code> (visit {_e(f.get('visit'))}): "
                 f"{_e(f.get('error'))}</li>"
             )
-        out.append(
+        yield (
             "</ul><p>No <code>fallback</code> took these failures: they routed on to "
             "<code>next</code>, so the output below may hold a failure's text, "
             "not a result.</p>"
         )
     if isinstance(end_event, RunCompleted):
-        out.append(f"<h2>Output</h2>{_markdown(md, end_event.output)}")
+        yield (f"<h2>Output</h2>{_markdown(md, end_event.output)}")
     elif isinstance(end_event, RunFailed):
-        out.append(f'<h2>Error</h2><p class="st-failed">{_e(end_event.error)}</p>')
+        yield (f'<h2>Error</h2><p class="st-failed">{_e(end_event.error)}</p>')
     elif isinstance(end_event, RunCancelled):
-        out.append(f'<h2>Cancelled</h2><p class="st-cancelled">{_e(end_event.reason)}</p>')
+        yield (f'<h2>Cancelled</h2><p class="st-cancelled">{_e(end_event.reason)}</p>')
 
-    out.append('<h2>Timeline</h2><div class="timeline" id="timeline">')
+    yield ('<h2>Timeline</h2><div class="timeline" id="timeline">')
     for lane_title, rid, bars in _lanes(runs):
-        out.append(
+        yield (
             f'<div class="lane" data-run="{_e(rid)}"><div class="lane-name" '
             f'title="{_e(lane_title)}">{_e(lane_title)}</div>'
             f'<div class="track">{"".join(bars)}</div></div>'
         )
-    out.append("</div>")
+    yield ("</div>")
 
-    out.append(
+    yield (
         '<h2>Node visits</h2><table id="visits"><tr><th>run</th><th>node</th><th>visit</th>'
         "<th>type</th><th>branch</th><th>started (UTC)</th><th>latency</th><th>status</th>"
         "<th>routed to</th><th>LLM calls</th><th>tokens in</th><th>tokens out</th>"
@@ -708,7 +777,7 @@ def render_report(
         for v in r.visits:
             u = v.usage
             cost = format_cost(u.cost) if u.calls and u.cost_known else ("?" if u.calls else "")
-            out.append(
+            yield (
                 f'<tr><td>{_e(r.run_id)}</td><td><a href="#v-{_e(v.key)}">{_e(v.node_id)}</a></td>'
                 f'<td class="num">{v.visit}</td><td>{_e(v.node_type)}</td><td>{_e(v.branch)}</td>'
                 f'<td>{_when(v.start)}</td><td class="num">{_ms(v.start, v.end)}</td>'
@@ -719,7 +788,7 @@ def render_report(
                 f'<td class="num">{cost}</td></tr>'
             )
     total_cost = format_cost(total.cost) if total.cost_known else "?"
-    out.append(
+    yield (
         f'<tr><th colspan=9>total</th><td class="num">{total.calls}</td>'
         f'<td class="num">{total.input_tokens}</td><td class="num">{total.output_tokens}</td>'
         f'<td class="num">{total_cost}</td></tr></table>'
@@ -727,7 +796,7 @@ def render_report(
 
     decisions = [w for r in runs for w in r.waits]
     if decisions:
-        out.append(
+        yield (
             '<h2>Human decisions</h2><table id="decisions"><tr><th>asked (UTC)</th>'
             "<th>run</th><th>node</th><th>shown</th><th>answer</th><th>by</th><th>identity</th>"
             "<th>via</th><th>answered (UTC)</th></tr>"
@@ -740,34 +809,34 @@ def render_report(
             who = ""
             if a is not None:
                 who = a.by + (f" ({a.os_user}@{a.host})" if a.os_user and a.os_user != a.by else "")
-            out.append(
+            yield (
                 f"<tr><td>{_when(w.start)}</td><td>{_e(w.run_id)}</td><td>{_e(w.node_id)}</td>"
                 f"<td><pre>{_e(shown)}</pre></td><td>{_e(a.answer if a else '(waiting)')}</td>"
                 f"<td>{_e(who)}</td><td>{_e(identity_label(a))}</td>"
                 f"<td>{_e(a.channel if a else '')}</td>"
                 f"<td>{_when(a.ts if a else None)}</td></tr>"
             )
-        out.append("</table>")
+        yield ("</table>")
 
     if divergences is not None:
-        out.append('<h2>Replay divergences</h2><div id="divergences">')
+        yield ('<h2>Replay divergences</h2><div id="divergences">')
         if not divergences:
-            out.append("<p>the replay decided the same at every step</p>")
+            yield ("<p>the replay decided the same at every step</p>")
         for d in divergences:
             where = f"seq {d.get('seq')} · node {d.get('node_id')} · {d.get('kind')}"
-            out.append(
+            yield (
                 f'<div class="visit"><p class="st-failed">{_e(where)}: {_e(d.get("message"))}</p>'
                 f"<pre>{_e(d.get('diff') or '')}</pre></div>"
             )
-        out.append("</div>")
+        yield ("</div>")
 
-    out.append(
+    yield (
         '<h2>Details <button id="expand-all" type="button">expand all</button></h2>'
         '<div id="details">'
     )
     for r in runs:
         if r.depth:
-            out.append(
+            yield (
                 f'<h2 id="run-{_e(r.run_id)}">child run {_e(r.run_id)} · agent {_e(r.agent)} · '
                 f'<span class="st-{_e(r.status)}">{_e(r.status)}</span> · '
                 f"{_e(format_usage(r.usage))}</h2>"
@@ -780,22 +849,30 @@ def render_report(
                 + (f" → {_e(v.routed_to)}" if v.routed_to else "")
                 + (f" · {_e(format_usage(v.usage))}" if v.usage.calls else "")
             )
-            out.append(
+            yield (
                 f'<details class="visit" id="v-{_e(v.key)}" data-node="{_e(v.node_id)}">'
                 f"<summary>{head}</summary>"
             )
             if v.note:
-                out.append(f'<p class="st-{v.status}">{_e(v.note)}</p>')
+                yield (f'<p class="st-{v.status}">{_e(v.note)}</p>')
             if v.error:
                 kind = f" ({_e(v.error_kind)})" if v.error_kind else ""
-                out.append(f'<p class="st-failed">error{kind}: {_e(v.error)}</p>')
-            for e in v.effects:
-                out.append(_effect(md, e, prices))
-            out.append("<h4>State</h4>" + _state_diff(v.before, v.after))
-            out.append("</details>")
-    out.append("</div></main>")
-    out.append(f"<script>{_JS}</script></body></html>\n")
-    return "".join(out)
+                yield (f'<p class="st-failed">error{kind}: {_e(v.error)}</p>')
+            yield from (shown for _, shown in v.effects)
+            yield ("<h4>State</h4>" + _state_diff(v.before, v.after))
+            yield ("</details>")
+    yield ("</div></main>")
+    yield (f"<script>{_JS}</script></body></html>\n")
+
+
+def render_report(
+    runs: list[RunView],
+    prices: Mapping[str, tuple[float, float]],
+    divergences: list[dict[str, Any]] | None = None,
+    reload_every: float | None = None,
+) -> str:
+    """The report's page, whole (:func:`report_parts` a piece at a time)."""
+    return "".join(report_parts(runs, prices, divergences, reload_every))
 
 
 def replay_divergences(store: Any, run_id: str, graph_path: str) -> list[dict[str, Any]]:
@@ -818,6 +895,8 @@ __all__ = [
     "collect_tree",
     "render_report",
     "replay_divergences",
+    "report_parts",
     "request_messages",
     "view_run",
+    "write_report",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from tests.conftest import ROOT, GraphrunCli
 
 
@@ -78,3 +80,35 @@ def test_graph_of_a_run_highlights_its_path(graphrun: GraphrunCli):
         "graph", str(ROOT / "examples" / "file-triage"), "--run", run_id, "--format", "dot"
     )
     assert f'label="inspect\\n(script)\\n×{inspected}"' in dot.stdout
+
+
+def test_the_written_report_is_the_page_and_replaces_the_old_one_whole(
+    graphrun: GraphrunCli, tmp_path, monkeypatch
+):
+    from graphrun.eventstore.store import SqliteStore
+    from graphrun.runtime.observe import report
+
+    graphrun("import", str(ROOT / "replays" / "file-triage.run.jsonl"))
+    run_id = graphrun.last_run()
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "r.html"
+    out.write_text("the old page")
+    res = graphrun("report", run_id, "-o", str(out))
+    assert res.code == 0, res.stderr
+    store = SqliteStore(graphrun.db)
+    try:
+        assert out.read_text() == report.build_report(store, run_id)
+        # A page that fails half way leaves the last whole one, and no partial file.
+        out.write_text("the old page")
+
+        def half(*args, **kwargs):
+            yield "<!DOCTYPE html>"
+            raise RuntimeError("the store went away")
+
+        monkeypatch.setattr(report, "report_parts", half)
+        with pytest.raises(RuntimeError, match="the store went away"):
+            report.write_report(store, run_id, out)
+    finally:
+        store.close()
+    assert out.read_text() == "the old page"
+    assert [p.name for p in out.parent.iterdir()] == ["r.html"]

@@ -78,7 +78,7 @@ def test_one_lane_per_branch():
         ("join", "", "completed"),
     ]
     left = view.visits[1]
-    assert [type(e).__name__ for e in left.effects] == ["BranchScript"]
+    assert [kind for kind, _ in left.effects] == ["BranchScript"]
     html = render_report([view], {})
     lanes = re.findall(r'<div class="lane-name" title="([^"]*)"', html)
     assert lanes == ["run", "run · branch left", "run · branch right"]
