@@ -140,3 +140,52 @@ def test_a_schema_5_database_gains_the_listing_indexes(tmp_path: Path) -> None:
                 )
             )
             assert "run_heads_" in plan and "TEMP B-TREE" not in plan, plan
+
+
+def _index_columns(db: Path) -> dict[str, list[tuple[str, int]]]:
+    """Each index of ``run_heads``: its columns and whether each is descending."""
+    with sqlite3.connect(db) as conn:
+        names = [
+            n
+            for (n,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'run_heads' "
+                "AND sql IS NOT NULL"
+            )
+        ]
+        return {
+            n: [(r[2], r[3]) for r in conn.execute(f"PRAGMA index_xinfo('{n}')") if r[5]]
+            for n in names
+        }
+
+
+def test_a_new_store_has_the_indexes_an_upgraded_one_gets_without_loading_sqlite_utils(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    from graphrun.eventstore.store import SqliteStore
+
+    fresh = tmp_path / "new.db"
+    # A new process: whether making a store loads sqlite-utils (and numpy with it).
+    code = (
+        "import sys; from graphrun.eventstore.store import SqliteStore; "
+        f"SqliteStore({str(fresh)!r}, create=True).close(); "
+        "print(sorted(m for m in ('sqlite_utils', 'numpy') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    upgraded = tmp_path / "five.db"
+    with SqliteStore(upgraded, create=True):
+        pass
+    with sqlite3.connect(upgraded) as conn:
+        conn.execute("DROP INDEX run_heads_started")
+        conn.execute("DROP INDEX run_heads_status_started")
+        conn.execute("PRAGMA user_version = 5")
+    with SqliteStore(upgraded):
+        pass
+    made = _index_columns(fresh)
+    assert made["run_heads_started"] == [("started_at", 1), ("run_id", 1)]
+    assert made["run_heads_status_started"] == [("status", 0), ("started_at", 1), ("run_id", 1)]
+    assert made == _index_columns(upgraded)
