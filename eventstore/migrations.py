@@ -36,8 +36,9 @@ the listing indexes of ``run_heads`` (newest first, and newest first by status):
 ``runs`` reads its first page through them, whatever the number of runs. An
 older file gets them from sqlite-utils, the library this module's first schemas
 were migrated with; a new file, from the same definitions in SQL (importing
-sqlite-utils costs ~70 ms, most of it numpy's, which no new store should pay). Schema 6 is schema 7 without ``snapshots`` (a file that has
-none folds every run from its first event, as before).
+sqlite-utils costs ~70 ms, most of it numpy's, which no new store should pay).
+Schema 6 is schema 7 without ``snapshots`` (a file that has none folds every run
+from its first event, as before).
 """
 
 from __future__ import annotations
