@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# A shell starts a background job (``make test &``, a CI runner without job control)
+# with Ctrl-C ignored, and every process the suite starts would inherit that: the
+# tests of Ctrl-C send it to `graphrun run`, which must get it as a terminal gives
+# it. Handlers are reset on exec, an ignored signal is not: so it is handled here.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 pytest_plugins = ["tests.support.fake_llm"]
 

@@ -25,7 +25,8 @@ CLASSIFY = """
           - {when: "category == 'refund'", to: refund}
           - {when: default, to: triage}
         on_error:
-          - {match: "HTTP 5..|status 5..|50[0-9]", to: retry_later}
+          # (Not a bare 50x: the fake server's port is in the message too.)
+          - {match: "HTTP 5[0-9][0-9] |status 5[0-9][0-9]", to: retry_later}
           - {default: true, to: log_it}
       refund: {type: end, output: "refund"}
       triage: {type: end, output: "triage {{category}}"}
