@@ -12,15 +12,21 @@ from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 from graphrun.cli.render import exit_code
 
 
-def _write(text: str, output: str | None) -> None:
-    if output is None:
-        click.echo(text, nl=False)
-        return
+def _output_path(output: str) -> Path:
+    """``-o``'s file, whose folder must exist (checked before any work is done)."""
     from graphrun.runtime.errors import UsageError
 
     path = Path(output)
     if not path.parent.is_dir():
         raise UsageError(f"-o {output}: folder {path.parent} does not exist")
+    return path
+
+
+def _write(text: str, output: str | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    path = _output_path(output)
     path.write_text(text, encoding="utf-8")
     click.echo(f"wrote {path}", err=True)
 
@@ -114,24 +120,19 @@ def report_cmd(
 
     store = open_store(db)
     run_id = resolve_run(store, run_id)
+    if watch is not None and watch <= 0:
+        from graphrun.runtime.errors import UsageError
+
+        raise UsageError(f"--watch {watch:g}: the interval must be more than 0 seconds")
+    path = _output_path(output or f"report-{run_id}.html")
     divergences = None
     if divergence_of is not None:
         from graphrun.runtime.observe.report import replay_divergences
 
         divergences = replay_divergences(store, run_id, divergence_of)
     prices = load_prices(resolve_config(config_dir))
-    target = output or f"report-{run_id}.html"
-    if watch is not None and watch <= 0:
-        from graphrun.runtime.errors import UsageError
-
-        raise UsageError(f"--watch {watch:g}: the interval must be more than 0 seconds")
     from graphrun.eventstore.fold import TERMINAL
 
-    path = Path(target)
-    if not path.parent.is_dir():
-        from graphrun.runtime.errors import UsageError
-
-        raise UsageError(f"-o {target}: folder {path.parent} does not exist")
     while True:
         write_report(
             store, run_id, path, prices=prices, divergences=divergences, reload_every=watch

@@ -166,9 +166,6 @@ def view_run(
                 end = event
             case ChildRunStarted():
                 children.append(event)
-            case _:
-                pass
-        match event:
             case NodeEntered():
                 v = Visit(
                     run_id=event.run_id,
@@ -729,21 +726,21 @@ def report_parts(
             f" · {_ms(started.ts, last_ts)}"
         )
     if started and started.graph_hash:
-        yield (f" · graph version <code>{_e(graph_version(started.graph_hash))}</code>")
-    yield (f" · {_e(format_usage(total))}")
+        yield f" · graph version <code>{_e(graph_version(started.graph_hash))}</code>"
+    yield f" · {_e(format_usage(total))}"
     if len(runs) > 1:
-        yield (f" (with {len(runs) - 1} child run{'s' if len(runs) > 2 else ''})")
-    yield ("</div>")
+        yield f" (with {len(runs) - 1} child run{'s' if len(runs) > 2 else ''})"
+    yield "</div>"
     if not end_event:
         yield (
             f'<div class="muted">in progress as of {_when(last_ts)} UTC — run '
             f"<code>graphrun report {_e(root.run_id)}</code> again to refresh</div>"
         )
-    yield ("</header><main>")
+    yield "</header><main>"
     if started and started.initial_prompt:
-        yield (f"<h2>Prompt</h2>{_markdown(md, started.initial_prompt)}")
+        yield f"<h2>Prompt</h2>{_markdown(md, started.initial_prompt)}"
     if isinstance(end_event, RunCompleted) and end_event.unhandled_failures:
-        yield ('<h2 class="st-failed">Unhandled failures</h2><ul>')
+        yield '<h2 class="st-failed">Unhandled failures</h2><ul>'
         for f in end_event.unhandled_failures:
             yield (
                 f"<li>node <code>{_e(f.get('node'))}</code> (visit {_e(f.get('visit'))}): "
@@ -755,20 +752,20 @@ def report_parts(
             "not a result.</p>"
         )
     if isinstance(end_event, RunCompleted):
-        yield (f"<h2>Output</h2>{_markdown(md, end_event.output)}")
+        yield f"<h2>Output</h2>{_markdown(md, end_event.output)}"
     elif isinstance(end_event, RunFailed):
-        yield (f'<h2>Error</h2><p class="st-failed">{_e(end_event.error)}</p>')
+        yield f'<h2>Error</h2><p class="st-failed">{_e(end_event.error)}</p>'
     elif isinstance(end_event, RunCancelled):
-        yield (f'<h2>Cancelled</h2><p class="st-cancelled">{_e(end_event.reason)}</p>')
+        yield f'<h2>Cancelled</h2><p class="st-cancelled">{_e(end_event.reason)}</p>'
 
-    yield ('<h2>Timeline</h2><div class="timeline" id="timeline">')
+    yield '<h2>Timeline</h2><div class="timeline" id="timeline">'
     for lane_title, rid, bars in _lanes(runs):
         yield (
             f'<div class="lane" data-run="{_e(rid)}"><div class="lane-name" '
             f'title="{_e(lane_title)}">{_e(lane_title)}</div>'
             f'<div class="track">{"".join(bars)}</div></div>'
         )
-    yield ("</div>")
+    yield "</div>"
 
     yield (
         '<h2>Node visits</h2><table id="visits"><tr><th>run</th><th>node</th><th>visit</th>'
@@ -819,19 +816,19 @@ def report_parts(
                 f"<td>{_e(a.channel if a else '')}</td>"
                 f"<td>{_when(a.ts if a else None)}</td></tr>"
             )
-        yield ("</table>")
+        yield "</table>"
 
     if divergences is not None:
-        yield ('<h2>Replay divergences</h2><div id="divergences">')
+        yield '<h2>Replay divergences</h2><div id="divergences">'
         if not divergences:
-            yield ("<p>the replay decided the same at every step</p>")
+            yield "<p>the replay decided the same at every step</p>"
         for d in divergences:
             where = f"seq {d.get('seq')} · node {d.get('node_id')} · {d.get('kind')}"
             yield (
                 f'<div class="visit"><p class="st-failed">{_e(where)}: {_e(d.get("message"))}</p>'
                 f"<pre>{_e(d.get('diff') or '')}</pre></div>"
             )
-        yield ("</div>")
+        yield "</div>"
 
     yield (
         '<h2>Details <button id="expand-all" type="button">expand all</button></h2>'
@@ -857,15 +854,15 @@ def report_parts(
                 f"<summary>{head}</summary>"
             )
             if v.note:
-                yield (f'<p class="st-{v.status}">{_e(v.note)}</p>')
+                yield f'<p class="st-{v.status}">{_e(v.note)}</p>'
             if v.error:
                 kind = f" ({_e(v.error_kind)})" if v.error_kind else ""
-                yield (f'<p class="st-failed">error{kind}: {_e(v.error)}</p>')
+                yield f'<p class="st-failed">error{kind}: {_e(v.error)}</p>'
             yield from (shown for _, shown in v.effects)
             yield ("<h4>State</h4>" + _state_diff(v.before, v.after))
-            yield ("</details>")
-    yield ("</div></main>")
-    yield (f"<script>{_JS}</script></body></html>\n")
+            yield "</details>"
+    yield "</div></main>"
+    yield f"<script>{_JS}</script></body></html>\n"
 
 
 def render_report(
