@@ -169,18 +169,19 @@ class MemoryStore:
         return self.read_verified(run_id)[1]
 
     def read_verified(
-        self, run_id: str, *, hashes: dict[int, str] | None = None
+        self, run_id: str, *, hashes: dict[int, str] | None = None, light: bool = False
     ) -> tuple[list[Event], codec.ChainProblem | None]:
         """The run's events and :meth:`verify`'s answer, in one pass over the log (the
         events are the run's only when there is no problem); ``hashes``, if given,
-        gets each verified event's chain hash by seq."""
+        gets each verified event's chain hash by seq. ``light``: LLM calls'
+        wire bodies are left undecoded (:data:`graphrun.eventstore.codec.LightLlmCalled`)."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
         rows = list(self.raw_rows(run_id))
         if not rows:
             return [], codec.ChainProblem(1, "the run has no events")
         events: list[Event] = []
-        problem = codec.verify_chain(rows, run_id, into=events, hashes=hashes)
+        problem = codec.verify_chain(rows, run_id, into=events, hashes=hashes, light=light)
         return ([] if problem is not None else events), problem
 
     def lost_head(self, run_id: str) -> str | None:

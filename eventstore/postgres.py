@@ -1036,15 +1036,19 @@ class PostgresStore:
         return self.read_verified(run_id)[1]
 
     def read_verified(
-        self, run_id: str, *, hashes: dict[int, str] | None = None
+        self, run_id: str, *, hashes: dict[int, str] | None = None, light: bool = False
     ) -> tuple[list[Event], codec.ChainProblem | None]:
         """The run's events and :meth:`verify`'s answer, in one reading of the log
         (each event decoded once); the events are the run's only when there is no
-        problem. ``hashes``, if given, gets each verified event's chain hash by seq."""
+        problem. ``hashes``, if given, gets each verified event's chain hash by seq.
+        ``light``: LLM calls' wire bodies are left undecoded
+        (:data:`graphrun.eventstore.codec.LightLlmCalled`)."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
         events: list[Event] = []
-        return events, codec.verify_chain(self.raw_rows(run_id), into=events, hashes=hashes)
+        return events, codec.verify_chain(
+            self.raw_rows(run_id), into=events, hashes=hashes, light=light
+        )
 
     # -- snapshots (see graphrun.eventstore.snapshots) -------------------------------
 

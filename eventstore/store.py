@@ -179,7 +179,7 @@ class Store(Protocol):
     def verify(self, run_id: str) -> codec.ChainProblem | None: ...
 
     def read_verified(
-        self, run_id: str, *, hashes: dict[int, str] | None = None
+        self, run_id: str, *, hashes: dict[int, str] | None = None, light: bool = False
     ) -> tuple[list[Event], codec.ChainProblem | None]: ...
 
     def lost_head(self, run_id: str) -> str | None: ...
@@ -741,16 +741,20 @@ class SqliteStore:
         return self.read_verified(run_id)[1]
 
     def read_verified(
-        self, run_id: str, *, hashes: dict[int, str] | None = None
+        self, run_id: str, *, hashes: dict[int, str] | None = None, light: bool = False
     ) -> tuple[list[Event], codec.ChainProblem | None]:
         """The run's events and :meth:`verify`'s answer, in one reading of the log
         (each event decoded once). The events are the run's only when there is no
-        problem. ``hashes``, if given, gets each verified event's chain hash by seq."""
+        problem. ``hashes``, if given, gets each verified event's chain hash by seq.
+        ``light``: LLM calls' wire bodies are left undecoded
+        (:data:`graphrun.eventstore.codec.LightLlmCalled`)."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
         rows, failure, head = self._stored_rows(run_id)
         events: list[Event] = []
-        problem = codec.verify_chain(self._chained(rows), run_id, into=events, hashes=hashes)
+        problem = codec.verify_chain(
+            self._chained(rows), run_id, into=events, hashes=hashes, light=light
+        )
         if problem is not None:
             return events, problem
         if failure is not None:
