@@ -76,9 +76,10 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
-def decode(data: bytes | str) -> Event:
-    """Decode one event; raises one of :data:`DECODE_ERRORS`."""
-    return _decoder.decode(data)
+def decode(data: bytes | str, *, light: bool = False) -> Event:
+    """Decode one event; raises one of :data:`DECODE_ERRORS`. ``light``: an LLM call's
+    wire bodies are left undecoded (:data:`LightLlmCalled`)."""
+    return (_light_decoder if light else _decoder).decode(data)
 
 
 def encode_any(value: Any) -> bytes:

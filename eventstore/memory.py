@@ -141,8 +141,11 @@ class MemoryStore:
     def has_run(self, run_id: str) -> bool:
         return run_id in self.backend.runs
 
-    def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
-        """The events of a run in seq order (``after < seq <= upto``)."""
+    def read(
+        self, run_id: str, *, after: int = 0, upto: int | None = None, light: bool = False
+    ) -> list[Event]:
+        """The events of a run in seq order (``after < seq <= upto``); ``light``: LLM
+        calls' wire bodies left undecoded (:data:`graphrun.eventstore.codec.LightLlmCalled`)."""
         with self.backend.lock:
             rows = list(self.backend.events.get(run_id, ()))
         if not rows and not self.has_run(run_id):
@@ -152,7 +155,7 @@ class MemoryStore:
             if seq <= after or (upto is not None and seq > upto):
                 continue
             try:
-                out.append(codec.decode(body))
+                out.append(codec.decode(body, light=light))
             except codec.DECODE_ERRORS as exc:
                 raise damaged_run(
                     run_id, seq, f"event seq {seq} in {self.path} does not decode ({exc})"

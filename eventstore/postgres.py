@@ -994,8 +994,11 @@ class PostgresStore:
                 is not None
             )
 
-    def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
-        """The events of a run in seq order (``after < seq <= upto``)."""
+    def read(
+        self, run_id: str, *, after: int = 0, upto: int | None = None, light: bool = False
+    ) -> list[Event]:
+        """The events of a run in seq order (``after < seq <= upto``); ``light``: LLM
+        calls' wire bodies left undecoded (:data:`graphrun.eventstore.codec.LightLlmCalled`)."""
         sql = "SELECT seq, body FROM events WHERE run_id = %s AND seq > %s"
         args: list[Any] = [run_id, after]
         if upto is not None:
@@ -1009,7 +1012,7 @@ class PostgresStore:
         out: list[Event] = []
         for seq, body in rows:
             try:
-                out.append(decode(body))
+                out.append(decode(body, light=light))
             except codec.DECODE_ERRORS as exc:
                 raise damaged_run(
                     run_id, seq, f"event seq {seq} in the database does not decode ({exc})"
