@@ -36,8 +36,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from graphrun.actors.base import CancelToken, EffectContext
@@ -63,6 +64,10 @@ _NODE_TIMEOUT = "node timeout"
 
 def _nothing() -> None:
     """A callback that does nothing."""
+
+
+# A visit's recorded turns, tool results and continuations when it has none.
+_NONE_PRIOR: Mapping[Any, Any] = MappingProxyType({})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -281,16 +286,21 @@ class _LlmRun:
             self._unhook = ctx.cancel.on_cancel(self._cancelled)
         # What this visit already recorded before the process stopped (a resumed tool
         # loop): successful turns and tool results are served from it, never repeated.
+        # Mostly there is none: the empty lookups are shared, not built per visit.
         prior = getattr(ctx, "prior", ()) or ()
-        self.prior_calls = {
-            (e.purpose, e.iteration, e.attempt): e
-            for e in prior
-            if isinstance(e, LlmCalled) and e.error is None
-        }
-        self.prior_tools = {
-            (e.iteration, e.call_id, e.name): e for e in prior if isinstance(e, ToolCalled)
-        }
-        self.prior_continued = {e.iteration: e for e in prior if isinstance(e, LlmContinued)}
+        self.prior_calls: Mapping[tuple[str, int, int], LlmCalled] = _NONE_PRIOR
+        self.prior_tools: Mapping[tuple[int, str, str], ToolCalled] = _NONE_PRIOR
+        self.prior_continued: Mapping[int, LlmContinued] = _NONE_PRIOR
+        if prior:
+            self.prior_calls = {
+                (e.purpose, e.iteration, e.attempt): e
+                for e in prior
+                if isinstance(e, LlmCalled) and e.error is None
+            }
+            self.prior_tools = {
+                (e.iteration, e.call_id, e.name): e for e in prior if isinstance(e, ToolCalled)
+            }
+            self.prior_continued = {e.iteration: e for e in prior if isinstance(e, LlmContinued)}
         # Whether something was recorded since the last commit (``_checkpoint``).
         self._unsaved = False
         self.deadline: float | None = None
