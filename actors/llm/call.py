@@ -523,7 +523,8 @@ class _LlmRun:
                     )
                 else:
                     # The turn and earlier results are durable before the tool runs.
-                    yield from self._checkpoint()
+                    if self._unsaved:
+                        yield from self._checkpoint()
                     result = yield _RunTool(call.name, call.arguments)
                 if self.scope.cancelled:
                     # Stopped mid-call: not a result; a resumed run calls it again.
@@ -592,10 +593,10 @@ class _LlmRun:
         return event
 
     def _checkpoint(self) -> Steps:
-        """Commit what this visit recorded since the last commit, if anything."""
-        if self._unsaved:
-            yield _CHECKPOINT
-            self._unsaved = False
+        """Commit what this visit recorded since the last commit. Callers test
+        ``_unsaved`` first, so that no generator is made when nothing is unsaved."""
+        yield _CHECKPOINT
+        self._unsaved = False
 
     async def _run_tool_async(self, loop: Any, name: str, arguments: str) -> ToolResult:
         """:meth:`_run_tool` on the run's loop: a toolbox that can await its tools'
@@ -707,7 +708,8 @@ class _LlmRun:
                 )
             # What this node recorded so far is durable before the next call goes out
             # (a failed attempt before an interruption is simply made again).
-            yield from self._checkpoint()
+            if self._unsaved:
+                yield from self._checkpoint()
             request = ChatRequest(
                 model=task.model,
                 system=system,
