@@ -68,7 +68,7 @@ class CancelToken:
         with self._lock:
             if not self._cancelled:
                 self._callbacks.append(callback)
-                return functools.partial(self._remove, callback)
+                return _Unhook(self, callback)
         callback()
         return _nothing
 
@@ -86,6 +86,21 @@ class CancelToken:
                 self._event = threading.Event()
             event = self._event
         return event.wait(timeout)
+
+
+class _Unhook:
+    """What :meth:`CancelToken.on_cancel` returns: calling it unregisters the
+    callback (one small object; a ``functools.partial`` of a bound method is three,
+    and an llm request that outlives a collection keeps them all)."""
+
+    __slots__ = ("_callback", "_token")
+
+    def __init__(self, token: CancelToken, callback: Callable[[], object]) -> None:
+        self._token = token
+        self._callback = callback
+
+    def __call__(self) -> None:
+        self._token._remove(self._callback)
 
 
 class EffectContext(Protocol):

@@ -33,6 +33,7 @@ request, stop retries and tools, and fail the node.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -56,6 +57,7 @@ from graphrun.actors.llm.providers.base import (
     ToolSpec,
 )
 from graphrun.actors.llm.structured import extractor_system, parse_json_output
+from graphrun.actors.loop import blocking
 from graphrun.eventstore.events import LlmCalled, LlmContinued, LlmResult, ToolCalled
 
 # The scope token's reason when the node's own timeout fired.
@@ -210,17 +212,16 @@ def _advance(steps: Steps, value: Any, error: BaseException | None) -> tuple[boo
 
 
 class _Abort:
-    """Cancels the task awaiting a request when a token fires (any thread), if it is
-    still awaiting it: the cancellation is delivered between the task's steps."""
+    """Cancels the visit's task while it awaits a request, when the scope token fires
+    (any thread): the cancellation is delivered between the task's steps, and never
+    while the task does anything else. One per visit, hooked to the token once."""
 
     __slots__ = ("aborted", "loop", "posting", "task")
 
-    def __init__(self, loop: Any) -> None:
-        import asyncio
-
+    def __init__(self, loop: Any, task: Any) -> None:
         self.loop = loop
-        self.task = asyncio.current_task()
-        self.posting = True
+        self.task = task
+        self.posting = False
         self.aborted = False
 
     def __call__(self) -> None:
@@ -231,11 +232,20 @@ class _Abort:
             self.aborted = True
             self.task.cancel()
 
+    def posted(self, scope: CancelToken) -> None:
+        """A request is about to be awaited (on the loop's thread): a token that has
+        already fired cancels it, as one firing while it is awaited does."""
+        self.posting = True
+        if scope.cancelled:
+            self()
+
     def done(self) -> None:
         """The request is over: a token firing now cancels nothing."""
         self.posting = False
-        if self.aborted and self.task is not None:
-            self.task.uncancel()  # the cancellation was the abort's, and it is handled
+        if self.aborted:
+            self.aborted = False
+            if self.task is not None:
+                self.task.uncancel()  # the cancellation was the abort's, and it is handled
 
 
 _Op = Post | _Checkpoint | _RunTool | _Sleep
@@ -369,15 +379,15 @@ class _LlmRun:
         as a blocking request gets). Commits and tools block, so they run on the
         loop's executor, never on the loop itself; a wait between attempts is an
         asyncio wait the token cuts short."""
-        import asyncio
-
-        from graphrun.actors.loop import blocking
-
         loop = asyncio.get_running_loop()
         self._arm(loop)
         steps = self.execute()
         value: Any = None
         error: BaseException | None = None
+        # The token firing while a request is awaited cancels this task there
+        # (``post_async`` raises ``httpx.ReadError``), and only there.
+        abort = _Abort(loop, asyncio.current_task())
+        unhook = self.scope.on_cancel(abort)
         try:
             while True:
                 done, op = _advance(steps, value, error)
@@ -386,18 +396,13 @@ class _LlmRun:
                 value, error = None, None
                 try:
                     if isinstance(op, Post):
-                        # The token firing while the request is awaited cancels this
-                        # task there (``post_async`` raises ``httpx.ReadError``), and
-                        # only there.
-                        abort = _Abort(loop)
-                        unhook = self.scope.on_cancel(abort)
+                        abort.posted(self.scope)
                         try:
                             value = await self.client.post_async(
                                 op.url, content=op.content, headers=op.headers, timeout=op.timeout
                             )
                         finally:
                             abort.done()
-                            unhook()
                     elif isinstance(op, _Checkpoint):
                         await blocking(self.ctx, self._commit)
                     elif isinstance(op, _RunTool):
@@ -407,14 +412,13 @@ class _LlmRun:
                 except Exception as exc:  # the step that asked decides what it means
                     error = exc
         finally:
+            unhook()
             self.close()
         self.ctx.record(op)
         return op
 
     async def _sleep(self, loop: Any, seconds: float) -> bool:
         """Wait ``seconds`` or until the scope token fires; whether it fired."""
-        import asyncio
-
         woken = loop.create_future()
 
         def wake() -> None:
