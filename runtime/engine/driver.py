@@ -1439,6 +1439,8 @@ class _Slots:
         # on the thread that is starting it.
         self._lock = threading.RLock()
         self._filling = False  # a fill in progress on the thread holding the lock
+        # Made once: each effect's outcome is handed the same bound method.
+        self._on_finished = self._finished
 
     def _stopping(self) -> bool:
         driver = self.driver
@@ -1494,7 +1496,7 @@ class _Slots:
             future.set_exception(exc)
             ctx = _Context(driver, task.node_id, task.visit, branch=task.branch, cancel=token)
         self.running[future] = (task, token, ctx)
-        future.add_done_callback(self._finished)
+        future.add_done_callback(self._on_finished)
 
     def _finished(self, future: Any) -> None:
         """An effect ended (any thread): its slot starts the next of its group, then
