@@ -37,7 +37,8 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -70,6 +71,8 @@ def _nothing() -> None:
 
 # A visit's recorded turns, tool results and continuations when it has none.
 _NONE_PRIOR: Mapping[Any, Any] = MappingProxyType({})
+# The calls of a previous turn that asked for none.
+_NO_CALLS: AbstractSet[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +158,7 @@ def perform_side_call(
         run.provider = get_provider(resolved.provider)
         run.client = client_factory.client(resolved.base_url)
         messages = [{"role": "user", "content": task.prompt}]
-        return (yield from run._call(purpose, iteration, task.system, messages, [], sampling=True))
+        return (yield from run._call(purpose, iteration, task.system, messages, (), sampling=True))
 
     try:
         response = run.blocking(steps())
@@ -466,11 +469,13 @@ class _LlmRun:
         """The bounded tool-call loop; returns the last response, or why it failed."""
         task = self.task
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
-        previous: set[tuple[str, str]] = set()
-        said: list[str] = []  # the texts of turns the model was prompted again after
+        # The previous turn's calls, and the texts of turns the model was prompted
+        # again after (both mostly empty: shared empty ones until there are some).
+        previous: AbstractSet[tuple[str, str]] = _NO_CALLS
+        said: tuple[str, ...] = ()
         for iteration in range(1, task.max_iterations + 1):
             # A call may add tools for the turns that follow (Loki's skills).
-            specs = list(self.toolbox.specs) if self.toolbox is not None else []
+            specs: Sequence[ToolSpec] = list(self.toolbox.specs) if self.toolbox is not None else ()
             response = yield from self._call(
                 "main", iteration, self._system(), messages, specs, sampling=True
             )
@@ -485,10 +490,10 @@ class _LlmRun:
                         return replace(response, text=joined)
                     return response
                 if response.text:
-                    said.append(response.text)
+                    said = (*said, response.text)
                     messages.append({"role": "assistant", "content": response.text})
                 messages.append({"role": "user", "content": again.prompt})
-                previous = set()
+                previous = _NO_CALLS
                 continue
             if iteration == task.max_iterations:
                 break
@@ -651,7 +656,7 @@ class _LlmRun:
         """Structured output from ``text``: ``(json text, None)`` or ``(None, why not)``."""
         system = extractor_system(schema)
         messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
-        response = yield from self._call("extract", 1, system, messages, [], sampling=False)
+        response = yield from self._call("extract", 1, system, messages, (), sampling=False)
         problem: str | None
         if isinstance(response, str):
             problem = response
@@ -670,7 +675,7 @@ class _LlmRun:
             ]
         if self.scope.cancelled:
             return None, f"structured output extraction failed: {self._stop_message()}"
-        repaired = yield from self._call("repair", 1, system, messages, [], sampling=False)
+        repaired = yield from self._call("repair", 1, system, messages, (), sampling=False)
         if isinstance(repaired, str):
             return None, f"structured output extraction failed: {repaired}"
         value, problem = parse_json_output(repaired.text, schema)
@@ -686,7 +691,7 @@ class _LlmRun:
         iteration: int,
         system: str | None,
         messages: list[dict[str, Any]],
-        tools: list[ToolSpec],
+        tools: Sequence[ToolSpec],
         *,
         sampling: bool,
     ) -> Steps:

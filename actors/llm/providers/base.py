@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import Generator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -103,7 +103,7 @@ class ChatRequest:
     model: str  # provider:model id
     system: str | None = None
     messages: list[dict[str, Any]]
-    tools: list[ToolSpec] = field(default_factory=list)
+    tools: Sequence[ToolSpec] = ()
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
