@@ -722,7 +722,9 @@ class _LlmRun:
             request = ChatRequest(
                 model=task.model,
                 system=system,
-                messages=list(messages),
+                # Not a copy: the provider reads them as it builds the request's
+                # body, before this turn's answer is appended to them.
+                messages=messages,
                 tools=tools,
                 temperature=task.temperature if sampling else None,
                 top_p=task.top_p if sampling else None,
