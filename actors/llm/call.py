@@ -37,7 +37,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -169,19 +169,20 @@ def perform_side_call(
     return response.text, None
 
 
-async def perform_llm_async(
+def perform_llm_async(
     task: LlmTask,
     ctx: EffectContext,
     *,
     client_factory: ClientFactory,
     toolbox: ToolboxLike | None = None,
-) -> LlmResult:
+) -> Coroutine[Any, Any, LlmResult]:
     """:func:`perform_llm` as a task on ``client_factory``'s event loop
     (:meth:`ClientFactory.run_on_loop`): the same calls, records and result, with each
     request awaited instead of holding a thread. Tools and commits, which block, run
     on the loop's executor; a wait between attempts is an asyncio wait. The visit is
-    set up in the task (a task that never starts arms no timer)."""
-    return await _LlmRun(task, ctx, client_factory, toolbox).performed()
+    armed when the coroutine starts (one that is never awaited arms no timer and
+    hooks nothing); it is the visit's own, with no coroutine around it."""
+    return _LlmRun(task, ctx, client_factory, toolbox).performed()
 
 
 # What an llm node's steps yield to whoever drives them (blocking or on an event loop):
@@ -292,11 +293,8 @@ class _LlmRun:
         # ``resolved``, ``provider`` and ``client`` are set by execute() before any call.
         # One token for everything that stops this node: the run's cancel and the
         # timeout. Without a timeout, that is the run's own token.
-        self.scope = ctx.cancel
+        self.scope = ctx.cancel if task.timeout is None else CancelToken()
         self._unhook: Callable[[], None] = _nothing
-        if task.timeout is not None:
-            self.scope = CancelToken()
-            self._unhook = ctx.cancel.on_cancel(self._cancelled)
         # What this visit already recorded before the process stopped (a resumed tool
         # loop): successful turns and tool results are served from it, never repeated.
         # Mostly there is none: the empty lookups are shared, not built per visit.
@@ -320,14 +318,16 @@ class _LlmRun:
         # The node's timeout fires the scope token: a timer armed by whoever drives
         # the steps (a thread's timer, or the loop's own ``call_later``).
         self._timer: Any = None
-        if task.timeout is not None:
-            self.deadline = time.monotonic() + task.timeout
 
     def _arm(self, loop: Any = None) -> None:
-        """Start the node's timeout (on ``loop`` when the steps are awaited there)."""
+        """Start the node's timeout (on ``loop`` when the steps are awaited there):
+        its scope token fires with the run's, and when the timeout passes. A visit
+        that is never driven arms nothing."""
         timeout = self.task.timeout
         if timeout is None:
             return
+        self.deadline = time.monotonic() + timeout
+        self._unhook = self.ctx.cancel.on_cancel(self._cancelled)
         if loop is not None:
             self._timer = loop.call_later(timeout, self.scope.cancel, _NODE_TIMEOUT)
             return
