@@ -363,6 +363,8 @@ class Driver:
         self.refused: GraphrunError | None = None
         self._pending_lock = threading.Lock()
         self._effects_by_type: dict[str, Any] = {}
+        # What awaits a visit of each node type's effect (made with the effect).
+        self._runners_by_type: dict[str, Any] = {}
         self._tmp_dir: Path | None = None
         # Child runs started by this run's agent nodes (their tokens and drivers).
         self.children = ChildRuns(interrupted=lambda: self.interrupted)
@@ -1033,7 +1035,9 @@ class Driver:
         ctx = _Context(
             self, task.node_id, task.visit, branch=task.branch, cancel=token, prior=prior
         )
-        run = runner(self._effect(task.node_type))
+        run = self._runners_by_type.get(task.node_type)
+        if run is None:
+            run = self._runners_by_type[task.node_type] = runner(self._effect(task.node_type))
         retry = pending_retry(effects) if self.options.effect_source is None else None
         if retry is not None:
             return self.effect_loop.start(self._after_delay(retry, token, run, task.task, ctx)), ctx
