@@ -7,14 +7,19 @@ each run in a fresh process after a one-item warm-up run, so that its peak RSS
 (``ru_maxrss``) is its own. Targets: the 10,000-item map takes <= 10.5x the time
 and <= 1.3x the peak RSS of the 1,000-item one (the ideal is 10x the time and the
 same memory beyond the results themselves). Then ``show``, ``report`` and
-``replay`` of the two runs (what each command does after start-up, in this
-process; the least CPU time of 5 calls, the sizes interleaved, with the wall time
-alongside: each does its work here, and a busy machine blurs wall time far more):
-the 10,000-item run's <= 10.5x the 1,000-item one's (linear).
+``replay`` of the two runs: what each command does after start-up, as CPU time (a
+busy machine blurs wall time far more), the 10,000-item run's <= 10.5x the
+1,000-item one's (linear). Each size is costed in processes of its own (three, the
+median taken), each calling the command twice to warm up and then several times
+(20 at 1,000 items, 2 at 10,000): the mean per call counts Python's full
+collections at the rate they come. A full collection walks every object the
+process holds; at 1,000 items one comes every few calls, so the least of a few
+calls would leave it out, and a process that had just costed the other size
+would start with that size's heap. Beside each figure: the part of it the cyclic
+collector's pauses took (measured with ``gc.callbacks``, which only observe).
 
 ``--per-item 1000,3000,5000,10000`` also maps those sizes (a run each) and prints
-what each command costs per item at each: where the cost per item steps up, the
-command's working set has outgrown the processor's caches (context, not a target).
+what each command costs per item at each, the same way (context, not a target).
 
 Usage: ``python bench/map_bench.py [--quick | --smoke] [--per-item N,N,...] [--json]``;
 exits 1 when a target is missed.
@@ -31,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -105,10 +111,56 @@ def _replay(db: str, run_id: str) -> None:
 COMMANDS = {"show": _show, "report": _report, "replay": _replay}
 
 
+def one_cost(command: str, db: str, run_id: str, calls: int) -> None:
+    """In this (fresh) process: ``command`` twice to warm up, then ``calls`` times;
+    prints the mean CPU and wall seconds per call, and the collector's part, as JSON."""
+    import gc
+    import threading
+
+    fn = COMMANDS[command]
+    paused = [0.0, 0.0]  # the collector's CPU time, and when the current pause began
+
+    def observe(phase: str, info: dict[str, Any]) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if phase == "start":
+            paused[1] = time.thread_time()
+        else:
+            paused[0] += time.thread_time() - paused[1]
+
+    fn(db, run_id)
+    fn(db, run_id)
+    gc.callbacks.append(observe)
+    try:
+        wall, cpu = timed_with_cpu(lambda: [fn(db, run_id) for _ in range(calls)])
+    finally:
+        gc.callbacks.remove(observe)
+    print(json.dumps({"cpu": cpu / calls, "wall": wall / calls, "gc": paused[0] / calls}))
+
+
+def command_cost(command: str, run: dict[str, Any], items: int) -> dict[str, float]:
+    """The median over three fresh processes of ``command``'s mean cost per call on
+    ``run`` (a map of ``items`` items)."""
+    calls = max(2, 20_000 // items)
+    found = []
+    for _ in range(3):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--cost", command]
+        done = subprocess.run(
+            [*cmd, run["db"], run["run_id"], str(calls)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"`{command}` of the {items}-item map failed:\n{done.stderr[-3000:]}")
+        found.append(json.loads(done.stdout.splitlines()[-1]))
+    return {k: statistics.median(f[k] for f in found) for k in ("cpu", "wall", "gc")}
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--one":
         url, where, items = sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
         one_run(url, where, items)
+        return 0
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--cost":
+        one_cost(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
         return 0
     args = parse_args(
         __doc__,
@@ -160,27 +212,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"{(rss[large] - rss[small]) / (large - small):.0f} bytes per extra item",
             )
         )
-        for command, fn in COMMANDS.items():
-            cpu_took: dict[int, float] = {}
-            wall_took: dict[int, float] = {}
-            for items in (small, large):  # warm: imports, the graph parsed
-                fn(found[items][-1]["db"], found[items][-1]["run_id"])
-            for _ in range(5):
-                for items in (small, large):
-                    last = found[items][-1]
-                    wall, cpu_s = timed_with_cpu(lambda: fn(last["db"], last["run_id"]))  # noqa: B023
-                    cpu_took[items] = min(cpu_took.get(items, cpu_s), cpu_s)
-                    wall_took[items] = min(wall_took.get(items, wall), wall)
+        for command in COMMANDS:
+            cost = {
+                items: command_cost(command, found[items][-1], items) for items in (small, large)
+            }
+            big, little = cost[large], cost[small]
+            without = (big["cpu"] - big["gc"]) / (little["cpu"] - little["gc"])
             report.add(
                 Check(
                     f"`graphrun {command}` of the {large:,}-item map vs {small:,}",
-                    cpu_took[large] / cpu_took[small],
+                    big["cpu"] / little["cpu"],
                     "<=",
                     LINEAR_TARGET,
-                    detail=f"CPU {cpu_took[large]:.3f} s vs {cpu_took[small]:.3f} s; wall "
-                    f"{wall_took[large]:.3f} s vs {wall_took[small]:.3f} s = "
-                    f"{wall_took[large] / wall_took[small]:.1f}x; in-process, least of 5; "
-                    f"load {os.getloadavg()[0]:.2f}",
+                    detail=f"CPU {big['cpu']:.3f} s vs {little['cpu']:.4f} s a call, of which "
+                    f"the cyclic collector's pauses {big['gc'] * 1e3:.0f} ms vs "
+                    f"{little['gc'] * 1e3:.1f} ms (without them {without:.2f}x); wall "
+                    f"{big['wall']:.3f} s vs {little['wall']:.4f} s = "
+                    f"{big['wall'] / little['wall']:.1f}x; load {os.getloadavg()[0]:.2f}",
                 )
             )
         if args.per_item:
@@ -189,15 +237,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def per_item(report: Report, url: str, tmp: Path, sizes: list[int]) -> None:
-    """Each command's least CPU time of 5, per item, on a map of each size."""
+    """Each command's CPU time per item (:func:`command_cost`) on a map of each size."""
     where = tmp / "per-item"
     where.mkdir()
     runs = {items: measure(url, where, items, 0) for items in sizes}
-    for command, fn in COMMANDS.items():
+    for command in COMMANDS:
         costs = []
         for items, run in runs.items():
-            fn(run["db"], run["run_id"])  # warm
-            cpu = min(timed_with_cpu(lambda: fn(run["db"], run["run_id"]))[1] for _ in range(5))  # noqa: B023
+            cpu = command_cost(command, run, items)["cpu"]
             costs.append(f"{items:,}: {cpu / items * 1e6:.1f}")
         report.note(
             f"`graphrun {command}`, µs of CPU per item: {'; '.join(costs)} "

@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union, cast, get_args
 
 import msgspec
 
-from graphrun.eventstore.events import Event
+from graphrun.eventstore.events import Event, LlmCalled
 
 HASH_ALGORITHM = "sha256"
 GENESIS = "sha256:" + "0" * 64
@@ -25,6 +25,41 @@ GENESIS = "sha256:" + "0" * 64
 _encoder = msgspec.json.Encoder(order="sorted")
 _decoder = msgspec.json.Decoder(Event)
 _any_decoder = msgspec.json.Decoder()
+
+#: ``LlmCalled`` for a reader that never looks inside an LLM call's wire bodies
+#: (``graphrun replay``, which serves each recorded call whole): its ``request``,
+#: ``response`` and ``tool_calls`` stay the JSON text they were stored as
+#: (``msgspec.Raw``, re-encoded byte for byte). A 10,000-item map's replay then holds
+#: 10,000 strings where it held 60,000 dicts and lists for the collector to walk.
+#: It is an ``LlmCalled`` (a subclass of the same name and tag): every other field
+#: is the same.
+LightLlmCalled = cast(
+    "type[LlmCalled]",
+    msgspec.defstruct(
+        "LlmCalled",
+        [
+            ("request", msgspec.Raw, msgspec.Raw(b"{}")),
+            ("response", msgspec.Raw, msgspec.Raw(b"null")),
+            ("tool_calls", msgspec.Raw, msgspec.Raw(b"[]")),
+        ],
+        bases=(LlmCalled,),
+        module=LlmCalled.__module__,
+        frozen=True,
+        kw_only=True,
+        tag="LlmCalled",
+    ),
+)
+_light_decoder = msgspec.json.Decoder(
+    Union[tuple(LightLlmCalled if t is LlmCalled else t for t in get_args(Event))]  # noqa: UP007
+)
+
+
+def raw_as_json(value: Any) -> Any:
+    """An ``enc_hook`` that turns what :data:`LightLlmCalled` left undecoded into data."""
+    if isinstance(value, msgspec.Raw):
+        return _any_decoder.decode(value)
+    raise NotImplementedError(f"cannot encode {type(value).__name__}")
+
 
 #: What decoding stored bytes can raise: not JSON, not an event, not UTF-8 (msgspec
 #: reports invalid UTF-8 inside a string as ``UnicodeDecodeError``), nested too deep.
@@ -41,9 +76,10 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
-def decode(data: bytes | str) -> Event:
-    """Decode one event; raises one of :data:`DECODE_ERRORS`."""
-    return _decoder.decode(data)
+def decode(data: bytes | str, *, light: bool = False) -> Event:
+    """Decode one event; raises one of :data:`DECODE_ERRORS`. ``light``: an LLM call's
+    wire bodies are left undecoded (:data:`LightLlmCalled`)."""
+    return (_light_decoder if light else _decoder).decode(data)
 
 
 def encode_any(value: Any) -> bytes:
@@ -108,15 +144,18 @@ class _Envelope(msgspec.Struct):
 _envelope = msgspec.json.Decoder(_Envelope)
 
 
-def read_body(body: bytes, run_id: str | None, seq: int) -> tuple[Event | None, str | None]:
+def read_body(
+    body: bytes, run_id: str | None, seq: int, *, light: bool = False
+) -> tuple[Event | None, str | None]:
     """A stored body (whose hash matched) as its event, or why it is not a readable
     event of ``run_id`` at ``seq``: ``(event, None)`` or ``(None, problem)``. Reads
     the bytes as they are, never re-encodes them.
 
     One decode when the body is sound; only a body that does not decode is read again
-    for its envelope, so that one of another run or seq says so first."""
+    for its envelope, so that one of another run or seq says so first. ``light``: an
+    LLM call's wire bodies are left undecoded (:data:`LightLlmCalled`)."""
     try:
-        event = _decoder.decode(body)
+        event = (_light_decoder if light else _decoder).decode(body)
     except DECODE_ERRORS as exc:
         try:
             body.decode("utf-8")
@@ -145,6 +184,8 @@ def verify_chain(
     run_id: str | None = None,
     into: list[Event] | None = None,
     hashes: dict[int, str] | None = None,
+    *,
+    light: bool = False,
 ) -> ChainProblem | None:
     """Check stored ``(seq, body, prev_hash, hash)`` rows of one run, in seq order.
 
@@ -153,7 +194,8 @@ def verify_chain(
     Returns the first problem (gap, broken link, unknown hash algorithm, wrong
     hash, a body that is not UTF-8 JSON of this run and seq), or ``None``. ``into``,
     if given, gets each verified event, decoded (the check decodes it anyway);
-    ``hashes``, if given, each verified event's chain hash by seq.
+    ``hashes``, if given, each verified event's chain hash by seq; ``light``: the
+    events' LLM wire bodies are left undecoded (:func:`read_body`).
     """
     expected_prev = GENESIS
     expected_seq = 1
@@ -166,7 +208,7 @@ def verify_chain(
             return ChainProblem(seq, f"unknown hash algorithm in {str(stored_hash)[:20]!r}")
         if chain_hash(prev_hash, body) != stored_hash:
             return ChainProblem(seq, "hash does not match the event's content (modified?)")
-        event, problem = read_body(body, run_id, seq)
+        event, problem = read_body(body, run_id, seq, light=light)
         if problem is not None:
             return ChainProblem(seq, problem)
         if into is not None and event is not None:

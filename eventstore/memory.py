@@ -141,8 +141,11 @@ class MemoryStore:
     def has_run(self, run_id: str) -> bool:
         return run_id in self.backend.runs
 
-    def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
-        """The events of a run in seq order (``after < seq <= upto``)."""
+    def read(
+        self, run_id: str, *, after: int = 0, upto: int | None = None, light: bool = False
+    ) -> list[Event]:
+        """The events of a run in seq order (``after < seq <= upto``); ``light``: LLM
+        calls' wire bodies left undecoded (:data:`graphrun.eventstore.codec.LightLlmCalled`)."""
         with self.backend.lock:
             rows = list(self.backend.events.get(run_id, ()))
         if not rows and not self.has_run(run_id):
@@ -152,7 +155,7 @@ class MemoryStore:
             if seq <= after or (upto is not None and seq > upto):
                 continue
             try:
-                out.append(codec.decode(body))
+                out.append(codec.decode(body, light=light))
             except codec.DECODE_ERRORS as exc:
                 raise damaged_run(
                     run_id, seq, f"event seq {seq} in {self.path} does not decode ({exc})"
@@ -169,18 +172,19 @@ class MemoryStore:
         return self.read_verified(run_id)[1]
 
     def read_verified(
-        self, run_id: str, *, hashes: dict[int, str] | None = None
+        self, run_id: str, *, hashes: dict[int, str] | None = None, light: bool = False
     ) -> tuple[list[Event], codec.ChainProblem | None]:
         """The run's events and :meth:`verify`'s answer, in one pass over the log (the
         events are the run's only when there is no problem); ``hashes``, if given,
-        gets each verified event's chain hash by seq."""
+        gets each verified event's chain hash by seq. ``light``: LLM calls'
+        wire bodies are left undecoded (:data:`graphrun.eventstore.codec.LightLlmCalled`)."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
         rows = list(self.raw_rows(run_id))
         if not rows:
             return [], codec.ChainProblem(1, "the run has no events")
         events: list[Event] = []
-        problem = codec.verify_chain(rows, run_id, into=events, hashes=hashes)
+        problem = codec.verify_chain(rows, run_id, into=events, hashes=hashes, light=light)
         return ([] if problem is not None else events), problem
 
     def lost_head(self, run_id: str) -> str | None:

@@ -994,8 +994,11 @@ class PostgresStore:
                 is not None
             )
 
-    def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
-        """The events of a run in seq order (``after < seq <= upto``)."""
+    def read(
+        self, run_id: str, *, after: int = 0, upto: int | None = None, light: bool = False
+    ) -> list[Event]:
+        """The events of a run in seq order (``after < seq <= upto``); ``light``: LLM
+        calls' wire bodies left undecoded (:data:`graphrun.eventstore.codec.LightLlmCalled`)."""
         sql = "SELECT seq, body FROM events WHERE run_id = %s AND seq > %s"
         args: list[Any] = [run_id, after]
         if upto is not None:
@@ -1009,7 +1012,7 @@ class PostgresStore:
         out: list[Event] = []
         for seq, body in rows:
             try:
-                out.append(decode(body))
+                out.append(decode(body, light=light))
             except codec.DECODE_ERRORS as exc:
                 raise damaged_run(
                     run_id, seq, f"event seq {seq} in the database does not decode ({exc})"
@@ -1036,15 +1039,19 @@ class PostgresStore:
         return self.read_verified(run_id)[1]
 
     def read_verified(
-        self, run_id: str, *, hashes: dict[int, str] | None = None
+        self, run_id: str, *, hashes: dict[int, str] | None = None, light: bool = False
     ) -> tuple[list[Event], codec.ChainProblem | None]:
         """The run's events and :meth:`verify`'s answer, in one reading of the log
         (each event decoded once); the events are the run's only when there is no
-        problem. ``hashes``, if given, gets each verified event's chain hash by seq."""
+        problem. ``hashes``, if given, gets each verified event's chain hash by seq.
+        ``light``: LLM calls' wire bodies are left undecoded
+        (:data:`graphrun.eventstore.codec.LightLlmCalled`)."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
         events: list[Event] = []
-        return events, codec.verify_chain(self.raw_rows(run_id), into=events, hashes=hashes)
+        return events, codec.verify_chain(
+            self.raw_rows(run_id), into=events, hashes=hashes, light=light
+        )
 
     # -- snapshots (see graphrun.eventstore.snapshots) -------------------------------
 

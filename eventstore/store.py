@@ -172,14 +172,16 @@ class Store(Protocol):
 
     def has_run(self, run_id: str) -> bool: ...
 
-    def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]: ...
+    def read(
+        self, run_id: str, *, after: int = 0, upto: int | None = None, light: bool = False
+    ) -> list[Event]: ...
 
     def raw_rows(self, run_id: str) -> Iterator[tuple[int, bytes, str, str]]: ...
 
     def verify(self, run_id: str) -> codec.ChainProblem | None: ...
 
     def read_verified(
-        self, run_id: str, *, hashes: dict[int, str] | None = None
+        self, run_id: str, *, hashes: dict[int, str] | None = None, light: bool = False
     ) -> tuple[list[Event], codec.ChainProblem | None]: ...
 
     def lost_head(self, run_id: str) -> str | None: ...
@@ -229,16 +231,19 @@ class Store(Protocol):
 PAGE_EVENTS = 1024
 
 
-def read_in_pages(store: Store, run_id: str, *, upto: int | None = None) -> Iterator[Event]:
+def read_in_pages(
+    store: Store, run_id: str, *, upto: int | None = None, light: bool = False
+) -> Iterator[Event]:
     """The run's events in seq order (up to ``upto``), read a page at a time: a
     command that looks at each event once (``show``) keeps one page decoded, not
     the whole log, so its memory, and its time per event, do not grow with the run.
     Unlike one :meth:`Store.read`, the pages are separate reads: a run that grows
-    meanwhile is read up to its head when the first page is."""
+    meanwhile is read up to its head when the first page is. ``light``: as
+    :meth:`Store.read`."""
     last = store.run(run_id).last_seq if upto is None else upto
     after = 0
     while after < last:
-        page = store.read(run_id, after=after, upto=min(after + PAGE_EVENTS, last))
+        page = store.read(run_id, after=after, upto=min(after + PAGE_EVENTS, last), light=light)
         if not page:
             return
         yield from page
@@ -658,8 +663,11 @@ class SqliteStore:
             return cur.fetchone() is not None
 
     @_guarded("reading a run's events")
-    def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
-        """The events of a run in seq order (``after < seq <= upto``)."""
+    def read(
+        self, run_id: str, *, after: int = 0, upto: int | None = None, light: bool = False
+    ) -> list[Event]:
+        """The events of a run in seq order (``after < seq <= upto``); ``light``: LLM
+        calls' wire bodies left undecoded (:data:`graphrun.eventstore.codec.LightLlmCalled`)."""
         with self._lock:
             lo, hi = self._range(run_id, after, upto)
             rows = self.conn.execute(
@@ -668,7 +676,7 @@ class SqliteStore:
             ).fetchall()
         decode = codec.decode
         try:
-            return [decode(body) for _key, body in rows]
+            return [decode(body, light=light) for _key, body in rows]
         except codec.DECODE_ERRORS:
             pass
         for key, body in rows:
@@ -741,16 +749,20 @@ class SqliteStore:
         return self.read_verified(run_id)[1]
 
     def read_verified(
-        self, run_id: str, *, hashes: dict[int, str] | None = None
+        self, run_id: str, *, hashes: dict[int, str] | None = None, light: bool = False
     ) -> tuple[list[Event], codec.ChainProblem | None]:
         """The run's events and :meth:`verify`'s answer, in one reading of the log
         (each event decoded once). The events are the run's only when there is no
-        problem. ``hashes``, if given, gets each verified event's chain hash by seq."""
+        problem. ``hashes``, if given, gets each verified event's chain hash by seq.
+        ``light``: LLM calls' wire bodies are left undecoded
+        (:data:`graphrun.eventstore.codec.LightLlmCalled`)."""
         if not self.has_run(run_id):
             raise self.unknown_run(run_id)
         rows, failure, head = self._stored_rows(run_id)
         events: list[Event] = []
-        problem = codec.verify_chain(self._chained(rows), run_id, into=events, hashes=hashes)
+        problem = codec.verify_chain(
+            self._chained(rows), run_id, into=events, hashes=hashes, light=light
+        )
         if problem is not None:
             return events, problem
         if failure is not None:

@@ -206,14 +206,16 @@ def describe_run(
         raise UsageError(f"--at {at_seq} is outside run {run_id} (it has events 1..{row.last_seq})")
     # One pass over the log, a page at a time: the fold, the path, the usage and
     # the todo list are each built as the events go by (a run of 100,000 events is
-    # never held decoded at once).
+    # never held decoded at once). Nothing here looks inside an LLM call's request or
+    # response: they are read light (left undecoded).
     state = RunState()
     path: list[dict[str, Any]] = []
     state_step = 0
     first: Event | None = None
     usage = UsageTally(prices)
     todo_calls: list[ToolCalled] = []
-    for event in read_in_pages(store, run_id, upto=row.last_seq if at_seq is None else at_seq):
+    upto = row.last_seq if at_seq is None else at_seq
+    for event in read_in_pages(store, run_id, upto=upto, light=True):
         if first is None:
             first = event
         state = apply(state, event)

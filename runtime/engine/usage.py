@@ -25,10 +25,12 @@ A model with no price has no cost (shown as unknown, never as zero).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
+
+import msgspec
 
 from graphrun.eventstore.events import ChildRunStarted, Event, LlmCalled
 
@@ -46,15 +48,19 @@ BUILTIN_PRICES: dict[str, tuple[float, float]] = {
 }
 
 
-@dataclass
-class Usage:
-    """Tokens (and cost, when every priced model is known) of some LLM calls."""
+class Usage(msgspec.Struct, gc=False):
+    """Tokens (and cost, when every priced model is known) of some LLM calls.
+
+    A report keeps one per node visit (a map's 10,000 items: 10,000), so it holds
+    only numbers and a shared frozenset: it can never be part of a reference cycle,
+    and the cyclic collector need not walk it (``gc=False``)."""
 
     calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float = 0.0
-    unpriced: set[str] = field(default_factory=set)  # models with no price
+    #: Models with no price (one shared frozenset per set of models).
+    unpriced: frozenset[str] = frozenset()
 
     @property
     def total_tokens(self) -> int:
@@ -69,7 +75,8 @@ class Usage:
         self.input_tokens += other.input_tokens
         self.output_tokens += other.output_tokens
         self.cost += other.cost
-        self.unpriced |= other.unpriced
+        if other.unpriced and not other.unpriced <= self.unpriced:
+            self.unpriced = _models(self.unpriced | other.unpriced)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +107,12 @@ def call_tokens(usage: Mapping[str, Any]) -> tuple[int, int]:
     return inp, out
 
 
+@lru_cache(maxsize=256)
+def _models(names: frozenset[str]) -> frozenset[str]:
+    """One frozenset per set of model names (a call's usage is one of thousands)."""
+    return names
+
+
 def call_usage(event: LlmCalled, prices: Mapping[str, tuple[float, float]]) -> Usage:
     """The usage and cost of one recorded call."""
     inp, out = call_tokens(event.usage or {})
@@ -107,7 +120,7 @@ def call_usage(event: LlmCalled, prices: Mapping[str, tuple[float, float]]) -> U
     price = prices.get(event.model)
     if price is None:
         if inp or out:
-            u.unpriced.add(event.model or "<unknown model>")
+            u.unpriced = _models(frozenset((event.model or "<unknown model>",)))
     else:
         u.cost = (inp * price[0] + out * price[1]) / 1_000_000
     return u

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import msgspec
+
 from graphrun.eventstore.events import (
     BranchesJoined,
     CacheChecked,
@@ -60,9 +62,13 @@ from graphrun.runtime.engine.usage import (
 )
 
 
-@dataclass
-class Visit:
-    """One node visit of one run."""
+class Visit(msgspec.Struct, kw_only=True, gc=False):
+    """One node visit of one run.
+
+    A map's items are thousands of visits. Each keeps strings and numbers (its
+    effects' HTML, its state change rendered as it ended) and nothing that could
+    lead back to it, so the cyclic collector need not walk it (``gc=False``): a big
+    map's report is not slowed by collections that walk every visit again."""
 
     run_id: str
     node_id: str
@@ -77,16 +83,26 @@ class Visit:
     error_kind: str = ""
     # Why it was skipped (``if``/``unless``), cancelled or left out by a join.
     note: str = ""
-    before: dict[str, Any] = field(default_factory=dict)
-    after: dict[str, Any] | None = None
+    #: The state as the visit began, until it ends: then :attr:`state_html` shows
+    #: what it changed. A map item has none (its result joins the state when the
+    #: map's step ends).
+    before: dict[str, Any] | None = None
+    state_html: str = ""
     #: Each effect's event type and its details as HTML, in log order: rendered as it
     #: is read, so a long run's report keeps its page, not every decoded event.
-    effects: list[tuple[str, str]] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
+    effects: tuple[tuple[str, str], ...] = ()
+    #: Its LLM calls' usage (None: it made none).
+    usage: Usage | None = None
 
     @property
     def key(self) -> str:
         return f"{self.run_id}-{self.node_id}-{self.visit}-{self.branch}"
+
+    def ended(self, state: Mapping[str, Any]) -> None:
+        """The visit's state change, rendered now that it is known."""
+        if self.before is not None:
+            self.state_html = _state_diff(self.before, dict(state))
+            self.before = None
 
 
 @dataclass
@@ -182,7 +198,7 @@ def view_run(
                 v = open_visits.pop((event.node_id, event.visit, branch), None)
                 if v is not None:
                     v.end = event.ts
-                    v.after = dict(state.state)
+                    v.ended(state.state)
                     v.error_kind = event.error_kind
                     if isinstance(event, NodeFailed):
                         v.status, v.error = "failed", event.error
@@ -198,7 +214,8 @@ def view_run(
                     v = next((o for k, o in open_visits.items() if k[2] == b), None)
                     if v is not None:
                         del open_visits[(v.node_id, v.visit, b)]
-                        v.end, v.after = event.ts, dict(state.state)
+                        v.end = event.ts
+                        v.ended(state.state)
                         v.status, v.note = "cancelled", f"cancelled by the join: {event.reason}"
                 for b in event.failed:
                     v = next((o for o in reversed(visits) if o.branch == b), None)
@@ -232,7 +249,7 @@ def view_run(
                         visit=getattr(event, "visit", 1),
                         branch=branch,
                         start=event.ts - took,
-                        before=dict(before.state),
+                        state_html=_MAP_ITEM_STATE,
                     )
                     visits.append(v)
                 v.start = min(v.start, event.ts - took)
@@ -240,15 +257,17 @@ def view_run(
                 failed = getattr(event, "error", None) or getattr(event, "timed_out", False)
                 v.status = "failed" if failed else "completed"
             if v is not None:
-                v.effects.append((type(event).__name__, _effect(md, event, prices)))
+                v.effects = (*v.effects, (type(event).__name__, _effect(md, event, prices)))
                 if isinstance(event, LlmCalled):
                     u = call_usage(event, prices)
+                    if v.usage is None:
+                        v.usage = Usage()
                     v.usage.add(u)
                     usage.add(u)
     for v in open_visits.values():
         if state.terminal:  # ended with the run (an end node, a cancellation, a timeout)
             v.end = last_ts
-            v.after = dict(state.state)
+            v.ended(state.state)
             v.status = {
                 "completed": "completed",
                 "completed_with_errors": "completed",
@@ -384,9 +403,14 @@ def _ms(start: float, end: float | None) -> str:
     return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
 
 
-def _state_diff(before: dict[str, Any], after: dict[str, Any] | None) -> str:
-    if after is None:
-        return '<p class="muted">(the node has not finished)</p>'
+_NO_USAGE = Usage()
+_NOT_FINISHED = '<p class="muted">(the node has not finished)</p>'
+_MAP_ITEM_STATE = (
+    '<p class="muted">a map item: its result joins the state when the map\'s step ends</p>'
+)
+
+
+def _state_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
     if before == after:
         return '<p class="muted">state unchanged</p>'
     lines = difflib.unified_diff(
@@ -616,7 +640,7 @@ def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
             bars = []
             for v in visits_of.get(b, ()):
                 tip = f"{v.node_id} #{v.visit} ({v.node_type}) {v.status} {_ms(v.start, v.end)}"
-                if v.usage.calls:
+                if v.usage is not None:
                     tip += f" · {v.usage.total_tokens} tokens"
                 bars.append(
                     f'<a class="bar {v.status}" style="{pos(v.start, v.end)}" '
@@ -775,7 +799,7 @@ def report_parts(
     )
     for r in runs:
         for v in r.visits:
-            u = v.usage
+            u = v.usage or _NO_USAGE
             cost = format_cost(u.cost) if u.calls and u.cost_known else ("?" if u.calls else "")
             yield (
                 f'<tr><td>{_e(r.run_id)}</td><td><a href="#v-{_e(v.key)}">{_e(v.node_id)}</a></td>'
@@ -847,7 +871,7 @@ def report_parts(
                 + (f" · branch {_e(v.branch)}" if v.branch else "")
                 + f' · <span class="st-{v.status}">{v.status}</span> · {_ms(v.start, v.end)}'
                 + (f" → {_e(v.routed_to)}" if v.routed_to else "")
-                + (f" · {_e(format_usage(v.usage))}" if v.usage.calls else "")
+                + (f" · {_e(format_usage(v.usage))}" if v.usage is not None else "")
             )
             yield (
                 f'<details class="visit" id="v-{_e(v.key)}" data-node="{_e(v.node_id)}">'
@@ -859,7 +883,7 @@ def report_parts(
                 kind = f" ({_e(v.error_kind)})" if v.error_kind else ""
                 yield f'<p class="st-failed">error{kind}: {_e(v.error)}</p>'
             yield from (shown for _, shown in v.effects)
-            yield ("<h4>State</h4>" + _state_diff(v.before, v.after))
+            yield "<h4>State</h4>" + (v.state_html or _NOT_FINISHED)
             yield "</details>"
     yield "</div></main>"
     yield f"<script>{_JS}</script></body></html>\n"

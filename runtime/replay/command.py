@@ -74,7 +74,9 @@ def replay_command(
     results = []
     for rid in run_tree(store, run_id):
         # A log that was tampered with is not replayed: its decisions prove nothing.
-        events, problem = store.read_verified(rid)
+        # Each recorded LLM call is served whole, never looked into: its wire bodies
+        # stay undecoded (a big map's replay holds strings, not their dicts and lists).
+        events, problem = store.read_verified(rid, light=True)
         if problem is not None:
             from graphrun.runtime.replay.divergence import Divergence
 

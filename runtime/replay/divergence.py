@@ -150,7 +150,8 @@ class ReplayResult:
 
 
 def _payload(event: Event) -> dict[str, Any]:
-    data = msgspec.to_builtins(event)
+    # (An LLM call read light keeps its wire bodies as JSON text: decoded here.)
+    data = msgspec.to_builtins(event, enc_hook=codec.raw_as_json)
     for key in ("run_id", "seq", "ts"):
         data.pop(key, None)
     return data

@@ -212,7 +212,9 @@ class ScratchLog:
     def has_run(self, run_id: str) -> bool:
         return bool(self.events) and run_id == self.events[0].run_id
 
-    def read(self, run_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
+    def read(
+        self, run_id: str, *, after: int = 0, upto: int | None = None, light: bool = False
+    ) -> list[Event]:
         if not self.has_run(run_id):  # a child run: not part of this replay
             return []
         return [e for e in self.events if e.seq > after and (upto is None or e.seq <= upto)]

@@ -133,6 +133,41 @@ class StoreContract:
         assert len(list(store_module.read_in_pages(store, "r1"))) == 13
         assert reads == 3  # 5 + 5 + 3: a page per read, never the whole log at once
 
+    def test_a_light_read_leaves_llm_wire_bodies_undecoded_and_nothing_else(self) -> None:
+        import msgspec
+
+        from graphrun.eventstore.events import LlmCalled
+        from graphrun.eventstore.store import read_in_pages
+
+        store = self.open_store()
+        call = LlmCalled(
+            node_id="a",
+            visit=1,
+            request={"messages": [{"role": "user", "content": "hi"}]},
+            response={"choices": [{"message": {"content": "yo"}}]},
+            tool_calls=[{"id": "1", "name": "f", "arguments": "{}"}],
+            usage={"prompt_tokens": 3},
+            text="yo",
+        )
+        store.append("r1", [started(), *step("a", 1, 1, "a")[:1], call])
+        full = store.read("r1")
+        reads = {
+            "read": store.read("r1", light=True),
+            "pages": list(read_in_pages(store, "r1", light=True)),
+            "verified": store.read_verified("r1", light=True)[0],
+        }
+        for how, light in reads.items():
+            assert [type(e).__name__ for e in light] == [type(e).__name__ for e in full], how
+            assert light[:-1] == full[:-1], how  # only the LLM call is read differently
+            got = light[-1]
+            assert isinstance(got, LlmCalled), how
+            assert (got.text, got.usage, got.seq) == ("yo", {"prompt_tokens": 3}, 3), how
+            for name in ("request", "response", "tool_calls"):
+                raw = getattr(got, name)
+                assert isinstance(raw, msgspec.Raw), (how, name)
+                assert msgspec.json.decode(raw) == getattr(full[-1], name), (how, name)
+            assert codec.encode(got) == codec.encode(full[-1]), how
+
     def test_runs_are_independent(self) -> None:
         store = self.open_store()
         store.append("r1", [started("one")])

@@ -196,3 +196,39 @@ def test_verify_finds_gaps_relinks_and_wrong_seq() -> None:
     garbage = chain([bodies_of(1)[0], b"{oops"])
     problem = codec.verify_chain(garbage)
     assert problem is not None and problem.seq == 2 and "does not decode" in problem.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_light_read_keeps_an_llm_calls_wire_bodies_as_their_stored_json(
+    data: st.DataObject,
+) -> None:
+    import gc
+
+    from graphrun.runtime.replay.divergence import Divergence, _decision_divergence
+
+    fields = {
+        f: data.draw(strategy_for(t), label=f)
+        for f, t in typing.get_type_hints(events.LlmCalled).items()
+        if f not in ("run_id", "seq", "ts")
+    }
+    stored = codec.encode(events.LlmCalled(run_id="r", seq=3, ts=1.0, **fields))
+    full, problem = codec.read_body(stored, "r", 3)
+    light, light_problem = codec.read_body(stored, "r", 3, light=True)
+    assert problem is None and light_problem is None
+    assert isinstance(light, events.LlmCalled) and isinstance(full, events.LlmCalled)
+    # Undecoded: no dict or list for the collector; the same bytes when encoded again.
+    for name in ("request", "response", "tool_calls"):
+        raw = getattr(light, name)
+        assert isinstance(raw, msgspec.Raw)
+        assert msgspec.json.decode(raw) == getattr(full, name)
+    assert not gc.is_tracked(light)
+    assert codec.encode(light) == stored
+    assert light.text == full.text and light.usage == full.usage and light.model == full.model
+    # A divergence that shows the recorded call shows its bodies as data.
+    other = events.LlmResult(node_id="x", visit=1, text="now")
+    found = _decision_divergence(light, other)
+    assert isinstance(found, Divergence)
+    shown = json.loads(json.dumps(found.as_dict()))["recorded"]
+    assert shown.get("request", {}) == full.request  # (a default is left out)
+    assert shown.get("response") == full.response
