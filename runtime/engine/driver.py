@@ -1443,8 +1443,6 @@ class _Slots:
         # on the thread that is starting it.
         self._lock = threading.RLock()
         self._filling = False  # a fill in progress on the thread holding the lock
-        # Made once: each effect's outcome is handed the same bound method.
-        self._on_finished = self._finished
 
     def _stopping(self) -> bool:
         driver = self.driver
@@ -1500,9 +1498,11 @@ class _Slots:
             future.set_exception(exc)
             ctx = _Context(driver, task.node_id, task.visit, branch=task.branch, cancel=token)
         self.running[future] = (task, token, ctx)
-        future.add_done_callback(self._on_finished)
+        # The slots themselves are the callback (:meth:`__call__`): no bound method
+        # made per effect, and none kept that would tie them to themselves.
+        future.add_done_callback(self)
 
-    def _finished(self, future: Any) -> None:
+    def __call__(self, future: Any) -> None:
         """An effect ended (any thread): its slot starts the next of its group, then
         the driver hears of it (whatever starting the next did: a callback's error
         would otherwise leave the driver waiting)."""
