@@ -25,17 +25,26 @@ def _nothing() -> None:
     """What unregistering a callback that already ran does."""
 
 
+# One lock for every CancelToken: it is held only to read or swap a token's few
+# fields, never while calling out, so the tokens of a map's calls share it rather
+# than each making its own.
+_TOKENS_LOCK = threading.Lock()
+
+
 class CancelToken:
     """A one-shot, thread-safe cancellation signal with kill callbacks.
 
     One is made per node step, so it is kept small: the event a waiter sleeps on is
-    only created by the first :meth:`wait`."""
+    only created by the first :meth:`wait`, the first callback is kept without a
+    list, and the lock is shared."""
 
-    __slots__ = ("_callbacks", "_cancelled", "_event", "_lock", "reason")
+    __slots__ = ("_callback", "_cancelled", "_event", "_more", "reason")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], object]] = []
+        # The callbacks in the order they were registered: ``_callback`` (if any),
+        # then ``_more``.
+        self._callback: Callable[[], object] | None = None
+        self._more: list[Callable[[], object]] | None = None
         self._event: threading.Event | None = None
         self._cancelled = False
         self.reason: str | None = None
@@ -45,47 +54,76 @@ class CancelToken:
         return self._cancelled
 
     def cancel(self, reason: str = "cancelled") -> None:
-        with self._lock:
+        with _TOKENS_LOCK:
             if self._cancelled:
                 return
             self.reason = reason
             self._cancelled = True
             event = self._event
-            callbacks, self._callbacks = self._callbacks, []
+            first, more = self._callback, self._more
+            self._callback = self._more = None
         if event is not None:
             event.set()
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:  # a failing kill must not stop the others
-                pass
+        if first is not None:
+            _call(first)
+        for callback in more or ():
+            _call(callback)
 
     def on_cancel(self, callback: Callable[[], object]) -> Callable[[], None]:
         """Run ``callback`` on cancellation (at once if already cancelled).
 
         Returns a function that unregisters it.
         """
-        with self._lock:
+        with _TOKENS_LOCK:
             if not self._cancelled:
-                self._callbacks.append(callback)
-                return functools.partial(self._remove, callback)
+                if self._callback is None and not self._more:
+                    self._callback = callback
+                elif self._more is None:
+                    self._more = [callback]
+                else:
+                    self._more.append(callback)
+                return _Unhook(self, callback)
         callback()
         return _nothing
 
     def _remove(self, callback: Callable[[], object]) -> None:
-        with self._lock:
-            if callback in self._callbacks:
-                self._callbacks.remove(callback)
+        with _TOKENS_LOCK:
+            if self._callback is not None and self._callback == callback:
+                self._callback = None
+            elif self._more and callback in self._more:
+                self._more.remove(callback)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Sleep until cancelled or ``timeout`` passes; whether it was cancelled."""
-        with self._lock:
+        with _TOKENS_LOCK:
             if self._cancelled:
                 return True
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
         return event.wait(timeout)
+
+
+def _call(callback: Callable[[], object]) -> None:
+    try:
+        callback()
+    except Exception:  # a failing kill must not stop the others
+        pass
+
+
+class _Unhook:
+    """What :meth:`CancelToken.on_cancel` returns: calling it unregisters the
+    callback (one small object; a ``functools.partial`` of a bound method is three,
+    and an llm request that outlives a collection keeps them all)."""
+
+    __slots__ = ("_callback", "_token")
+
+    def __init__(self, token: CancelToken, callback: Callable[[], object]) -> None:
+        self._token = token
+        self._callback = callback
+
+    def __call__(self) -> None:
+        self._token._remove(self._callback)
 
 
 class EffectContext(Protocol):

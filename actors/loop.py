@@ -107,29 +107,40 @@ class EffectLoop:
             self.loop.close()
 
 
+# One lock for every TaskOutcome: it is held only to read or swap an outcome's few
+# fields, never while calling out, so the outcomes of a map's calls share it rather
+# than each making its own.
+_OUTCOMES_LOCK = threading.Lock()
+
+
 class TaskOutcome:
     """How a task started by :meth:`EffectLoop.start` ended, for whoever is told or
     waits: the part of ``concurrent.futures.Future`` the driver uses
     (``add_done_callback``, ``done``, ``exception``, ``wait``), without the
     condition variable a ``Future`` makes for waiters (a map makes one per call and
     nobody waits on them: the event a waiter sleeps on is made by the first
-    :meth:`wait`). A cancelled task ends with its ``CancelledError`` as the
-    exception."""
+    :meth:`wait`; the first callback is kept without a list, and the lock is shared).
+    A cancelled task ends with its ``CancelledError`` as the exception."""
 
-    __slots__ = ("_callbacks", "_done", "_event", "_exception", "_lock")
+    __slots__ = ("_callback", "_done", "_event", "_exception", "_more")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[TaskOutcome], object]] = []
+        self._callback: Callable[[TaskOutcome], object] | None = None
+        self._more: list[Callable[[TaskOutcome], object]] | None = None
         self._done = False
         self._exception: BaseException | None = None
         self._event: threading.Event | None = None
 
     def add_done_callback(self, fn: Callable[[TaskOutcome], object]) -> None:
         """Call ``fn(outcome)`` when the task ends (on the loop's thread), or now if it has."""
-        with self._lock:
+        with _OUTCOMES_LOCK:
             if not self._done:
-                self._callbacks.append(fn)
+                if self._callback is None:
+                    self._callback = fn
+                elif self._more is None:
+                    self._more = [fn]
+                else:
+                    self._more.append(fn)
                 return
         fn(self)
 
@@ -143,7 +154,7 @@ class TaskOutcome:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Sleep until the task ends or ``timeout`` passes; whether it ended."""
-        with self._lock:
+        with _OUTCOMES_LOCK:
             if self._done:
                 return True
             if self._event is None:
@@ -152,17 +163,23 @@ class TaskOutcome:
         return event.wait(timeout)
 
     def _end(self, exception: BaseException | None) -> None:
-        with self._lock:
+        with _OUTCOMES_LOCK:
             self._exception, self._done = exception, True
-            callbacks, self._callbacks = self._callbacks, []
+            first, more = self._callback, self._more
+            self._callback = self._more = None
             event = self._event
         if event is not None:
             event.set()
-        for fn in callbacks:
-            try:
-                fn(self)
-            except Exception:  # as concurrent.futures does: one callback's bug stops no other
-                log.exception("a callback of a loop task raised")
+        if first is not None:
+            self._call(first)
+        for fn in more or ():
+            self._call(fn)
+
+    def _call(self, fn: Callable[[TaskOutcome], object]) -> None:
+        try:
+            fn(self)
+        except Exception:  # as concurrent.futures does: one callback's bug stops no other
+            log.exception("a callback of a loop task raised")
 
 
 async def _into(coro: Coroutine[Any, Any, Any], outcome: TaskOutcome) -> None:

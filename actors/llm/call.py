@@ -33,11 +33,14 @@ request, stop retries and tools, and fail the node.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from graphrun.actors.base import CancelToken, EffectContext
@@ -55,6 +58,7 @@ from graphrun.actors.llm.providers.base import (
     ToolSpec,
 )
 from graphrun.actors.llm.structured import extractor_system, parse_json_output
+from graphrun.actors.loop import blocking
 from graphrun.eventstore.events import LlmCalled, LlmContinued, LlmResult, ToolCalled
 
 # The scope token's reason when the node's own timeout fired.
@@ -63,6 +67,12 @@ _NODE_TIMEOUT = "node timeout"
 
 def _nothing() -> None:
     """A callback that does nothing."""
+
+
+# A visit's recorded turns, tool results and continuations when it has none.
+_NONE_PRIOR: Mapping[Any, Any] = MappingProxyType({})
+# The calls of a previous turn that asked for none.
+_NO_CALLS: AbstractSet[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,7 +158,7 @@ def perform_side_call(
         run.provider = get_provider(resolved.provider)
         run.client = client_factory.client(resolved.base_url)
         messages = [{"role": "user", "content": task.prompt}]
-        return (yield from run._call(purpose, iteration, task.system, messages, [], sampling=True))
+        return (yield from run._call(purpose, iteration, task.system, messages, (), sampling=True))
 
     try:
         response = run.blocking(steps())
@@ -159,19 +169,20 @@ def perform_side_call(
     return response.text, None
 
 
-async def perform_llm_async(
+def perform_llm_async(
     task: LlmTask,
     ctx: EffectContext,
     *,
     client_factory: ClientFactory,
     toolbox: ToolboxLike | None = None,
-) -> LlmResult:
+) -> Coroutine[Any, Any, LlmResult]:
     """:func:`perform_llm` as a task on ``client_factory``'s event loop
     (:meth:`ClientFactory.run_on_loop`): the same calls, records and result, with each
     request awaited instead of holding a thread. Tools and commits, which block, run
     on the loop's executor; a wait between attempts is an asyncio wait. The visit is
-    set up in the task (a task that never starts arms no timer)."""
-    return await _LlmRun(task, ctx, client_factory, toolbox).performed()
+    armed when the coroutine starts (one that is never awaited arms no timer and
+    hooks nothing); it is the visit's own, with no coroutine around it."""
+    return _LlmRun(task, ctx, client_factory, toolbox).performed()
 
 
 # What an llm node's steps yield to whoever drives them (blocking or on an event loop):
@@ -205,17 +216,16 @@ def _advance(steps: Steps, value: Any, error: BaseException | None) -> tuple[boo
 
 
 class _Abort:
-    """Cancels the task awaiting a request when a token fires (any thread), if it is
-    still awaiting it: the cancellation is delivered between the task's steps."""
+    """Cancels the visit's task while it awaits a request, when the scope token fires
+    (any thread): the cancellation is delivered between the task's steps, and never
+    while the task does anything else. One per visit, hooked to the token once."""
 
     __slots__ = ("aborted", "loop", "posting", "task")
 
-    def __init__(self, loop: Any) -> None:
-        import asyncio
-
+    def __init__(self, loop: Any, task: Any) -> None:
         self.loop = loop
-        self.task = asyncio.current_task()
-        self.posting = True
+        self.task = task
+        self.posting = False
         self.aborted = False
 
     def __call__(self) -> None:
@@ -226,11 +236,20 @@ class _Abort:
             self.aborted = True
             self.task.cancel()
 
+    def posted(self, scope: CancelToken) -> None:
+        """A request is about to be awaited (on the loop's thread): a token that has
+        already fired cancels it, as one firing while it is awaited does."""
+        self.posting = True
+        if scope.cancelled:
+            self()
+
     def done(self) -> None:
         """The request is over: a token firing now cancels nothing."""
         self.posting = False
-        if self.aborted and self.task is not None:
-            self.task.uncancel()  # the cancellation was the abort's, and it is handled
+        if self.aborted:
+            self.aborted = False
+            if self.task is not None:
+                self.task.uncancel()  # the cancellation was the abort's, and it is handled
 
 
 _Op = Post | _Checkpoint | _RunTool | _Sleep
@@ -274,37 +293,41 @@ class _LlmRun:
         # ``resolved``, ``provider`` and ``client`` are set by execute() before any call.
         # One token for everything that stops this node: the run's cancel and the
         # timeout. Without a timeout, that is the run's own token.
-        self.scope = ctx.cancel
+        self.scope = ctx.cancel if task.timeout is None else CancelToken()
         self._unhook: Callable[[], None] = _nothing
-        if task.timeout is not None:
-            self.scope = CancelToken()
-            self._unhook = ctx.cancel.on_cancel(self._cancelled)
         # What this visit already recorded before the process stopped (a resumed tool
         # loop): successful turns and tool results are served from it, never repeated.
+        # Mostly there is none: the empty lookups are shared, not built per visit.
         prior = getattr(ctx, "prior", ()) or ()
-        self.prior_calls = {
-            (e.purpose, e.iteration, e.attempt): e
-            for e in prior
-            if isinstance(e, LlmCalled) and e.error is None
-        }
-        self.prior_tools = {
-            (e.iteration, e.call_id, e.name): e for e in prior if isinstance(e, ToolCalled)
-        }
-        self.prior_continued = {e.iteration: e for e in prior if isinstance(e, LlmContinued)}
+        self.prior_calls: Mapping[tuple[str, int, int], LlmCalled] = _NONE_PRIOR
+        self.prior_tools: Mapping[tuple[int, str, str], ToolCalled] = _NONE_PRIOR
+        self.prior_continued: Mapping[int, LlmContinued] = _NONE_PRIOR
+        if prior:
+            self.prior_calls = {
+                (e.purpose, e.iteration, e.attempt): e
+                for e in prior
+                if isinstance(e, LlmCalled) and e.error is None
+            }
+            self.prior_tools = {
+                (e.iteration, e.call_id, e.name): e for e in prior if isinstance(e, ToolCalled)
+            }
+            self.prior_continued = {e.iteration: e for e in prior if isinstance(e, LlmContinued)}
         # Whether something was recorded since the last commit (``_checkpoint``).
         self._unsaved = False
         self.deadline: float | None = None
         # The node's timeout fires the scope token: a timer armed by whoever drives
         # the steps (a thread's timer, or the loop's own ``call_later``).
         self._timer: Any = None
-        if task.timeout is not None:
-            self.deadline = time.monotonic() + task.timeout
 
     def _arm(self, loop: Any = None) -> None:
-        """Start the node's timeout (on ``loop`` when the steps are awaited there)."""
+        """Start the node's timeout (on ``loop`` when the steps are awaited there):
+        its scope token fires with the run's, and when the timeout passes. A visit
+        that is never driven arms nothing."""
         timeout = self.task.timeout
         if timeout is None:
             return
+        self.deadline = time.monotonic() + timeout
+        self._unhook = self.ctx.cancel.on_cancel(self._cancelled)
         if loop is not None:
             self._timer = loop.call_later(timeout, self.scope.cancel, _NODE_TIMEOUT)
             return
@@ -359,15 +382,15 @@ class _LlmRun:
         as a blocking request gets). Commits and tools block, so they run on the
         loop's executor, never on the loop itself; a wait between attempts is an
         asyncio wait the token cuts short."""
-        import asyncio
-
-        from graphrun.actors.loop import blocking
-
         loop = asyncio.get_running_loop()
         self._arm(loop)
         steps = self.execute()
         value: Any = None
         error: BaseException | None = None
+        # The token firing while a request is awaited cancels this task there
+        # (``post_async`` raises ``httpx.ReadError``), and only there.
+        abort = _Abort(loop, asyncio.current_task())
+        unhook = self.scope.on_cancel(abort)
         try:
             while True:
                 done, op = _advance(steps, value, error)
@@ -376,18 +399,13 @@ class _LlmRun:
                 value, error = None, None
                 try:
                     if isinstance(op, Post):
-                        # The token firing while the request is awaited cancels this
-                        # task there (``post_async`` raises ``httpx.ReadError``), and
-                        # only there.
-                        abort = _Abort(loop)
-                        unhook = self.scope.on_cancel(abort)
+                        abort.posted(self.scope)
                         try:
                             value = await self.client.post_async(
                                 op.url, content=op.content, headers=op.headers, timeout=op.timeout
                             )
                         finally:
                             abort.done()
-                            unhook()
                     elif isinstance(op, _Checkpoint):
                         await blocking(self.ctx, self._commit)
                     elif isinstance(op, _RunTool):
@@ -397,14 +415,13 @@ class _LlmRun:
                 except Exception as exc:  # the step that asked decides what it means
                     error = exc
         finally:
+            unhook()
             self.close()
         self.ctx.record(op)
         return op
 
     async def _sleep(self, loop: Any, seconds: float) -> bool:
         """Wait ``seconds`` or until the scope token fires; whether it fired."""
-        import asyncio
-
         woken = loop.create_future()
 
         def wake() -> None:
@@ -452,11 +469,13 @@ class _LlmRun:
         """The bounded tool-call loop; returns the last response, or why it failed."""
         task = self.task
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
-        previous: set[tuple[str, str]] = set()
-        said: list[str] = []  # the texts of turns the model was prompted again after
+        # The previous turn's calls, and the texts of turns the model was prompted
+        # again after (both mostly empty: shared empty ones until there are some).
+        previous: AbstractSet[tuple[str, str]] = _NO_CALLS
+        said: tuple[str, ...] = ()
         for iteration in range(1, task.max_iterations + 1):
             # A call may add tools for the turns that follow (Loki's skills).
-            specs = list(self.toolbox.specs) if self.toolbox is not None else []
+            specs: Sequence[ToolSpec] = list(self.toolbox.specs) if self.toolbox is not None else ()
             response = yield from self._call(
                 "main", iteration, self._system(), messages, specs, sampling=True
             )
@@ -471,10 +490,10 @@ class _LlmRun:
                         return replace(response, text=joined)
                     return response
                 if response.text:
-                    said.append(response.text)
+                    said = (*said, response.text)
                     messages.append({"role": "assistant", "content": response.text})
                 messages.append({"role": "user", "content": again.prompt})
-                previous = set()
+                previous = _NO_CALLS
                 continue
             if iteration == task.max_iterations:
                 break
@@ -513,7 +532,8 @@ class _LlmRun:
                     )
                 else:
                     # The turn and earlier results are durable before the tool runs.
-                    yield from self._checkpoint()
+                    if self._unsaved:
+                        yield from self._checkpoint()
                     result = yield _RunTool(call.name, call.arguments)
                 if self.scope.cancelled:
                     # Stopped mid-call: not a result; a resumed run calls it again.
@@ -582,10 +602,10 @@ class _LlmRun:
         return event
 
     def _checkpoint(self) -> Steps:
-        """Commit what this visit recorded since the last commit, if anything."""
-        if self._unsaved:
-            yield _CHECKPOINT
-            self._unsaved = False
+        """Commit what this visit recorded since the last commit. Callers test
+        ``_unsaved`` first, so that no generator is made when nothing is unsaved."""
+        yield _CHECKPOINT
+        self._unsaved = False
 
     async def _run_tool_async(self, loop: Any, name: str, arguments: str) -> ToolResult:
         """:meth:`_run_tool` on the run's loop: a toolbox that can await its tools'
@@ -636,7 +656,7 @@ class _LlmRun:
         """Structured output from ``text``: ``(json text, None)`` or ``(None, why not)``."""
         system = extractor_system(schema)
         messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
-        response = yield from self._call("extract", 1, system, messages, [], sampling=False)
+        response = yield from self._call("extract", 1, system, messages, (), sampling=False)
         problem: str | None
         if isinstance(response, str):
             problem = response
@@ -655,7 +675,7 @@ class _LlmRun:
             ]
         if self.scope.cancelled:
             return None, f"structured output extraction failed: {self._stop_message()}"
-        repaired = yield from self._call("repair", 1, system, messages, [], sampling=False)
+        repaired = yield from self._call("repair", 1, system, messages, (), sampling=False)
         if isinstance(repaired, str):
             return None, f"structured output extraction failed: {repaired}"
         value, problem = parse_json_output(repaired.text, schema)
@@ -671,7 +691,7 @@ class _LlmRun:
         iteration: int,
         system: str | None,
         messages: list[dict[str, Any]],
-        tools: list[ToolSpec],
+        tools: Sequence[ToolSpec],
         *,
         sampling: bool,
     ) -> Steps:
@@ -697,11 +717,14 @@ class _LlmRun:
                 )
             # What this node recorded so far is durable before the next call goes out
             # (a failed attempt before an interruption is simply made again).
-            yield from self._checkpoint()
+            if self._unsaved:
+                yield from self._checkpoint()
             request = ChatRequest(
                 model=task.model,
                 system=system,
-                messages=list(messages),
+                # Not a copy: the provider reads them as it builds the request's
+                # body, before this turn's answer is appended to them.
+                messages=messages,
                 tools=tools,
                 temperature=task.temperature if sampling else None,
                 top_p=task.top_p if sampling else None,

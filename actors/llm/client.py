@@ -309,9 +309,15 @@ class _LiveClient:
         """:meth:`post` for a coroutine on the client's own loop (never another):
         the same response and the same httpx exceptions. Cancelling the awaiting
         task aborts the request (``httpx.ReadError``), as a token does for
-        :meth:`post`."""
+        :meth:`post`. (The request itself, not a coroutine around :meth:`_send`:
+        a map's calls each keep one coroutine fewer alive while they wait.)"""
         try:
-            return await self._send(url, content, headers, timeout)
+            where, headers, options = self._prepared(url, headers, timeout)
+            async with self._session_now().post(
+                where, data=content, headers=headers, allow_redirects=False, **options
+            ) as response:
+                body = await response.read()
+                return _httpx_response(response.status, list(response.raw_headers), body)
         except BaseException as exc:
             mapped = _as_httpx(exc, url)
             if mapped is None:
@@ -321,10 +327,22 @@ class _LiveClient:
     async def _send(self, url: str, content: bytes, headers: Any, timeout: Any) -> Any:
         """The request on the loop's thread: the response, read in full; aiohttp's
         exceptions (and a cancellation) as they are, for the caller to map."""
-        # Runs on the loop thread only: no lock needed around the session.
+        where, headers, options = self._prepared(url, headers, timeout)
+        async with self._session_now().post(
+            where, data=content, headers=headers, allow_redirects=False, **options
+        ) as response:
+            body = await response.read()
+            return _httpx_response(response.status, list(response.raw_headers), body)
+
+    def _session_now(self) -> Any:
+        """The session (made on first use; on the loop's thread only, so no lock)."""
         session = self._session
         if session is None:
             session = self._session = self._make()
+        return session
+
+    def _prepared(self, url: str, headers: Any, timeout: Any) -> tuple[str, Any, dict[str, Any]]:
+        """Where a POST to ``url`` goes, its headers and aiohttp's options for it."""
         target = self._targets.get(url)
         if target is None:
             target = self._targets[url] = self._target(url)
@@ -337,11 +355,7 @@ class _LiveClient:
         timeout = _aiohttp_timeout(timeout)
         if timeout is not None:
             options = {**options, "timeout": timeout}
-        async with session.post(
-            where, data=content, headers=headers, allow_redirects=False, **options
-        ) as response:
-            body = await response.read()
-            return _httpx_response(response.status, list(response.raw_headers), body)
+        return where, headers, options
 
     def close(self) -> None:
         session, self._session = self._session, None

@@ -521,11 +521,13 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
         state, current=node.branch, current_visit=visit, waiting=None, branches={}
     )
     view_of = msgspec.structs.replace
-    effects_of = state.branch_effects.get
+    # A map that has only begun has no item effects yet: none are looked up.
+    effects_of = state.branch_effects.get if state.branch_effects else None
     as_ = node.as_
     for i, item in enumerate(items):
         iid = f"{prefix}[{i}]"
-        view = view_of(base, effects=effects_of(iid, ()), state={**s, as_: item})
+        effects = effects_of(iid, ()) if effects_of is not None else ()
+        view = view_of(base, effects=effects, state={**s, as_: item})
         try:
             step = _step(graph, inner, node.branch, view)
         except TemplateError as exc:

@@ -363,6 +363,8 @@ class Driver:
         self.refused: GraphrunError | None = None
         self._pending_lock = threading.Lock()
         self._effects_by_type: dict[str, Any] = {}
+        # What awaits a visit of each node type's effect (made with the effect).
+        self._runners_by_type: dict[str, Any] = {}
         self._tmp_dir: Path | None = None
         # Child runs started by this run's agent nodes (their tokens and drivers).
         self.children = ChildRuns(interrupted=lambda: self.interrupted)
@@ -1033,7 +1035,9 @@ class Driver:
         ctx = _Context(
             self, task.node_id, task.visit, branch=task.branch, cancel=token, prior=prior
         )
-        run = runner(self._effect(task.node_type))
+        run = self._runners_by_type.get(task.node_type)
+        if run is None:
+            run = self._runners_by_type[task.node_type] = runner(self._effect(task.node_type))
         retry = pending_retry(effects) if self.options.effect_source is None else None
         if retry is not None:
             return self.effect_loop.start(self._after_delay(retry, token, run, task.task, ctx)), ctx
@@ -1494,9 +1498,11 @@ class _Slots:
             future.set_exception(exc)
             ctx = _Context(driver, task.node_id, task.visit, branch=task.branch, cancel=token)
         self.running[future] = (task, token, ctx)
-        future.add_done_callback(self._finished)
+        # The slots themselves are the callback (:meth:`__call__`): no bound method
+        # made per effect, and none kept that would tie them to themselves.
+        future.add_done_callback(self)
 
-    def _finished(self, future: Any) -> None:
+    def __call__(self, future: Any) -> None:
         """An effect ended (any thread): its slot starts the next of its group, then
         the driver hears of it (whatever starting the next did: a callback's error
         would otherwise leave the driver waiting)."""

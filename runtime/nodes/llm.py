@@ -11,6 +11,7 @@ import msgspec
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import LlmResult
 from graphrun.eventstore.fold import RunState
+from graphrun.runtime.graph.builtins import node_skill_instructions, node_tools
 from graphrun.runtime.graph.check import node_path
 from graphrun.runtime.graph.expressions import ExpressionError
 from graphrun.runtime.graph.model import (
@@ -139,8 +140,6 @@ def _effect_names() -> tuple[Any, Any]:
 
 def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
     """The rendered request of an llm node (schema hint placed as the spec says)."""
-    from graphrun.runtime.graph.builtins import node_skill_instructions, node_tools
-
     LlmTask, schema_hint = _effect_names()
     system = (
         render(node.instructions, s, strict=True, field=f"{node_id}.instructions")

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import Generator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -103,7 +103,7 @@ class ChatRequest:
     model: str  # provider:model id
     system: str | None = None
     messages: list[dict[str, Any]]
-    tools: list[ToolSpec] = field(default_factory=list)
+    tools: Sequence[ToolSpec] = ()
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
@@ -259,15 +259,14 @@ class Post:
 
 
 def _failure(
-    failing: tuple[str, dict[str, Any], str | None, float], message: str, **kwargs: Any
+    url: str, sent: dict[str, Any], secret: str | None, start: float, message: str, **kwargs: Any
 ) -> LlmCallError:
-    """The :class:`LlmCallError` of a call to ``url`` with ``body`` started at ``start``
-    (``failing``), its message and the server's echo of ``secret`` redacted."""
-    url, body, secret, start = failing
+    """The :class:`LlmCallError` of a call to ``url`` with body ``sent`` started at
+    ``start``, its message and the server's echo of ``secret`` redacted."""
     return LlmCallError(
         redaction.redact(redact(message, secret)),
         url=redact_url(url),
-        request_body=body,
+        request_body=sent,
         latency_ms=(time.perf_counter() - start) * 1000.0,
         **kwargs,
     )
@@ -376,22 +375,24 @@ class Provider:
         secret = resolved.api_key
 
         start = time.perf_counter()
-        # What every failure of this call says (no closure: one call, one tuple).
-        failing = (url, body, secret, start)
         try:
             response = yield Post(url, content, headers, timeout)
         except Exception as exc:
             if isinstance(exc, httpx.TimeoutException):
                 budget = f" after {request.timeout:g}s" if request.timeout is not None else ""
                 message = f"request to {url} timed out{budget} ({exc})"
-                raise _failure(failing, message, transient=True) from None
+                raise _failure(url, body, secret, start, message, transient=True) from None
             if isinstance(exc, httpx.ConnectError):
                 where = f" (check {self.base_url_env})" if self.base_url_env else ""
                 message = f"could not reach {url}: {exc}{where}"
-                raise _failure(failing, message, transient=is_transient_message(message)) from None
+                raise _failure(
+                    url, body, secret, start, message, transient=is_transient_message(message)
+                ) from None
             if isinstance(exc, httpx.TransportError):
                 message = f"connection to {url} failed: {exc or type(exc).__name__}"
-                raise _failure(failing, message, transient=is_transient_message(message)) from None
+                raise _failure(
+                    url, body, secret, start, message, transient=is_transient_message(message)
+                ) from None
             raise
         latency_ms = (time.perf_counter() - start) * 1000.0
         status = response.status_code
@@ -415,7 +416,10 @@ class Provider:
             suffix = f" ({kind})" if kind else ""
             text = f"HTTP {status} from {url}: {detail}{suffix}"
             raise _failure(
-                failing,
+                url,
+                body,
+                secret,
+                start,
                 text,
                 status=status,
                 transient=is_transient_status(status, text, kind),
@@ -424,7 +428,10 @@ class Provider:
             )
         if not isinstance(data, dict):
             raise _failure(
-                failing,
+                url,
+                body,
+                secret,
+                start,
                 f"HTTP {status} from {url}: response is not a JSON object: {excerpt(raw)}",
                 status=status,
                 body=parsed,
@@ -434,7 +441,10 @@ class Provider:
             message, kind = in_body
             text = f"HTTP {status} from {url}: {message} ({kind})"
             raise _failure(
-                failing,
+                url,
+                body,
+                secret,
+                start,
                 text,
                 status=status,
                 transient=is_transient_status(status, text, kind),
@@ -446,7 +456,10 @@ class Provider:
             tool_calls = [ToolCall(c.id, c.name, redaction.redact(c.arguments)) for c in tool_calls]
         if not text_out.strip() and not tool_calls:
             raise _failure(
-                failing,
+                url,
+                body,
+                secret,
+                start,
                 f"HTTP {status} from {url}: {request.model} produced no output",
                 status=status,
                 transient=True,

@@ -1,0 +1,134 @@
+"""CancelToken and TaskOutcome: callbacks in the order they were registered, once,
+whatever was unregistered in between; both keep their first callback without a
+list and share one lock per class, so these pin what that must not change."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from graphrun.actors.base import CancelToken
+from graphrun.actors.loop import EffectLoop, TaskOutcome
+
+
+def test_callbacks_run_once_in_the_order_they_were_registered() -> None:
+    token = CancelToken()
+    ran: list[str] = []
+    for name in ("a", "b", "c"):
+        token.on_cancel(lambda name=name: ran.append(name))
+    token.cancel("stop")
+    token.cancel("again")
+    assert ran == ["a", "b", "c"]
+    assert token.cancelled and token.reason == "stop"
+
+
+def test_unhooking_the_first_keeps_the_order_of_the_rest_and_of_later_ones() -> None:
+    token = CancelToken()
+    ran: list[str] = []
+    unhook_a = token.on_cancel(lambda: ran.append("a"))
+    token.on_cancel(lambda: ran.append("b"))
+    unhook_a()
+    token.on_cancel(lambda: ran.append("c"))
+    unhook_a()  # a second time: nothing
+    token.cancel()
+    assert ran == ["b", "c"]
+
+
+def test_a_token_whose_only_callback_was_unhooked_takes_a_new_first() -> None:
+    token = CancelToken()
+    ran: list[str] = []
+    token.on_cancel(lambda: ran.append("a"))()
+    unhook_b = token.on_cancel(lambda: ran.append("b"))
+    token.on_cancel(lambda: ran.append("c"))
+    unhook_b()
+    token.cancel()
+    assert ran == ["c"]
+
+
+def test_the_same_callback_twice_is_unhooked_once_per_unhook() -> None:
+    token = CancelToken()
+    ran: list[str] = []
+
+    def callback() -> None:
+        ran.append("x")
+
+    first = token.on_cancel(callback)
+    token.on_cancel(callback)
+    first()
+    token.cancel()
+    assert ran == ["x"]
+
+
+def test_after_cancel_a_callback_runs_at_once_and_its_unhook_does_nothing() -> None:
+    token = CancelToken()
+    token.cancel("done")
+    ran: list[str] = []
+    unhook = token.on_cancel(lambda: ran.append("late"))
+    assert ran == ["late"]
+    unhook()
+
+
+def test_a_failing_callback_stops_no_other() -> None:
+    token = CancelToken()
+    ran: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("kill failed")
+
+    token.on_cancel(boom)
+    token.on_cancel(lambda: ran.append("after"))
+    token.cancel()
+    assert ran == ["after"]
+
+
+def test_wait_wakes_when_another_thread_cancels() -> None:
+    token = CancelToken()
+    assert token.wait(0.01) is False
+    threading.Timer(0.05, token.cancel, args=("from a thread",)).start()
+    assert token.wait(5) is True
+    assert token.reason == "from a thread"
+
+
+def test_task_outcome_tells_every_callback_in_order_and_late_ones_at_once() -> None:
+    loop = EffectLoop("test-outcome")
+    try:
+        gate = threading.Event()
+
+        async def work() -> None:
+            while not gate.is_set():
+                await asyncio.sleep(0.005)
+            raise ValueError("the effect failed")
+
+        outcome = loop.start(work())
+        told: list[tuple[str, BaseException | None]] = []
+        for name in ("first", "second", "third"):
+            outcome.add_done_callback(lambda o, name=name: told.append((name, o.exception())))
+        assert not outcome.done()
+        with pytest.raises(Exception, match="has not ended"):
+            outcome.exception()
+        gate.set()
+        assert outcome.wait(5)
+        assert [name for name, _ in told] == ["first", "second", "third"]
+        assert all(isinstance(exc, ValueError) for _, exc in told)
+        outcome.add_done_callback(lambda o: told.append(("late", o.exception())))
+        assert told[-1][0] == "late"
+    finally:
+        loop.stop()
+
+
+def test_a_cancelled_task_ends_its_outcome_with_the_cancellation() -> None:
+    loop = EffectLoop("test-outcome-cancel")
+    try:
+
+        async def forever() -> None:
+            await asyncio.sleep(60)
+
+        outcome = loop.start(forever())
+        assert isinstance(outcome, TaskOutcome)
+        loop.cancel_all()
+        assert outcome.wait(5)
+        assert isinstance(outcome.exception(), asyncio.CancelledError)
+    finally:
+        loop.stop()
