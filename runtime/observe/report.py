@@ -604,8 +604,10 @@ def identity_label(answer: HumanInputReceived | None) -> str:
     return answer.identity if answer.identity in ("token", "proxy") else "claimed"
 
 
-def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
-    """``(lane title, run id, bars html)`` per run and branch, from absolute times."""
+def _lanes(runs: list[RunView]) -> Iterator[tuple[str, str, str]]:
+    """``(lane title, run id, bars html)`` per run and branch, from absolute times,
+    a lane at a time (a map's 10,000 items are 10,000 lanes: each is made and
+    written, never all of them held at once)."""
     firsts = [r.first_ts for r in runs if r.first_ts]
     t0 = min(firsts) if firsts else 0.0
     t1 = max((r.last_ts for r in runs if r.last_ts), default=1.0)
@@ -620,25 +622,21 @@ def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
         width = max((end - a) / span * 100, 0.4)
         return f"left:{left:.3f}%;width:{min(width, 100 - left):.3f}%"
 
-    lanes: list[tuple[str, str, list[str]]] = []
     for r in runs:
-        # Each branch's visits and waits, in log order (a map's 10,000 items are 10,000
-        # lanes: grouped once, not searched per lane).
-        visits_of: dict[str, list[Any]] = {}
-        for v in r.visits:
-            visits_of.setdefault(v.branch, []).append(v)
-        waits_of: dict[str, list[Any]] = {}
-        for w in r.waits:
-            waits_of.setdefault(w.branch, []).append(w)
-        branches = sorted(visits_of.keys() | waits_of.keys())
-        if not branches:
-            branches = [""]
+        # Each branch's visits and waits in log order: sorted by branch once (the
+        # sort keeps the log's order within a branch), then taken a branch at a time.
+        visits = sorted(r.visits, key=_branch_key)
+        waits = sorted(r.waits, key=_branch_key)
+        branches = sorted({v.branch for v in visits} | {w.branch for w in waits}) or [""]
+        i = j = 0
         for b in branches:
             title = ("  " * r.depth) + (f"child run {r.run_id} ({r.agent})" if r.depth else "run")
             if b:
                 title += f" · branch {b}"
             bars = []
-            for v in visits_of.get(b, ()):
+            while i < len(visits) and visits[i].branch == b:
+                v = visits[i]
+                i += 1
                 tip = f"{v.node_id} #{v.visit} ({v.node_type}) {v.status} {_ms(v.start, v.end)}"
                 if v.usage is not None:
                     tip += f" · {v.usage.total_tokens} tokens"
@@ -647,15 +645,20 @@ def _lanes(runs: list[RunView]) -> list[tuple[str, str, list[str]]]:
                     f'href="#v-{_e(v.key)}" title="{_e(tip)}" data-node="{_e(v.node_id)}">'
                     f"{_e(v.node_id)}</a>"
                 )
-            for w in waits_of.get(b, ()):
+            while j < len(waits) and waits[j].branch == b:
+                w = waits[j]
+                j += 1
                 who = f" answered by {w.answer.by}" if w.answer else " (waiting)"
                 bars.append(
                     f'<span class="bar wait" style="{pos(w.start, w.end)}" '
                     f'title="{_e("waits for a person at " + w.node_id + who)}">'
                     f"⏳ {_e(w.node_id)}</span>"
                 )
-            lanes.append((title, r.run_id, bars))
-    return lanes
+            yield title, r.run_id, "".join(bars)
+
+
+def _branch_key(item: Visit | Wait) -> str:
+    return item.branch
 
 
 def build_report(
@@ -787,7 +790,7 @@ def report_parts(
         yield (
             f'<div class="lane" data-run="{_e(rid)}"><div class="lane-name" '
             f'title="{_e(lane_title)}">{_e(lane_title)}</div>'
-            f'<div class="track">{"".join(bars)}</div></div>'
+            f'<div class="track">{bars}</div></div>'
         )
     yield "</div>"
 
