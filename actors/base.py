@@ -11,6 +11,7 @@ the node: long effects register a callback to kill what they started.
 
 from __future__ import annotations
 
+import ast
 import functools
 import threading
 from collections.abc import Callable
@@ -19,6 +20,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from graphrun.eventstore.events import Event
+
+# ``ast.parse`` in several threads at once can fail in CPython 3.11 with "SystemError:
+# AST constructor recursion depth mismatch": the depth it checks is the interpreter's,
+# not the thread's (python/cpython#106905). A step's parallel tool nodes load their
+# tool files on the run's executor threads at the same moment, so every parse here
+# takes its turn.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str, filename: str = "<unknown>", mode: str = "exec") -> Any:
+    """``ast.parse(source, filename, mode)``, one thread at a time."""
+    with _PARSE_LOCK:
+        return ast.parse(source, filename=filename, mode=mode)
 
 
 def _nothing() -> None:

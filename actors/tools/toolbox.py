@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from graphrun.actors import process
-from graphrun.actors.base import CancelToken
+from graphrun.actors.base import CancelToken, parse_python
 from graphrun.actors.llm.providers.base import ToolResult, ToolSpec
 from graphrun.actors.paths import outside_hint, outside_problem
 from graphrun.actors.tools.base import DEFAULT_TIMEOUT, ToolError
@@ -174,7 +174,7 @@ def _annotation_schema(node: ast.expr | None) -> tuple[dict[str, Any], bool]:
             return {"type": "null"}, True
         if isinstance(node.value, str):  # a quoted ("forward") annotation
             try:
-                return _annotation_schema(ast.parse(node.value, mode="eval").body)
+                return _annotation_schema(parse_python(node.value, mode="eval").body)
             except SyntaxError:
                 return {"type": "string"}, False
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):  # X | None
@@ -254,7 +254,7 @@ def parse_python_tools(path: Path, *, source: str, global_tool: bool = False) ->
     """
     text = _read(path)
     try:
-        tree = ast.parse(text, filename=str(path))
+        tree = parse_python(text, filename=str(path))
     except SyntaxError as exc:
         raise ToolError(
             f"cannot parse tool file: {exc.msg}", where=f"{path}:{exc.lineno or 0}"

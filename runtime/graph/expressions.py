@@ -21,6 +21,7 @@ from typing import Any
 
 import simpleeval  # type: ignore[import-untyped]
 
+from graphrun.actors.base import parse_python
 from graphrun.runtime.errors import GraphrunError
 
 #: The functions an expression may call: pure, total, bounded by simpleeval's limits.
@@ -48,7 +49,7 @@ def parse(text: str) -> ast.Expression:
     if not isinstance(text, str) or not text.strip():
         raise ExpressionError("an expression must be a non-empty string")
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = parse_python(text.strip(), mode="eval")
     except SyntaxError as exc:
         raise ExpressionError(f"expression {text!r} does not parse: {exc.msg}") from None
     for node in ast.walk(tree):
