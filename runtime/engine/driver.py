@@ -813,7 +813,7 @@ class Driver:
                 # served here, like a recorded effect, without the actor hand-off.
                 effect.perform(step.task, ctx)
             else:
-                future = self.effect_loop.start(runner(effect)(step.task, ctx))
+                future = self.effect_loop.start(self._runner(step.node_type)(step.task, ctx))
                 self._wait(future, deadline, timeout, node_id)
                 failed = future.exception() if future.done() else None
                 if failed is not None and self.timed_out is None:
@@ -1035,9 +1035,7 @@ class Driver:
         ctx = _Context(
             self, task.node_id, task.visit, branch=task.branch, cancel=token, prior=prior
         )
-        run = self._runners_by_type.get(task.node_type)
-        if run is None:
-            run = self._runners_by_type[task.node_type] = runner(self._effect(task.node_type))
+        run = self._runner(task.node_type)
         retry = pending_retry(effects) if self.options.effect_source is None else None
         if retry is not None:
             return self.effect_loop.start(self._after_delay(retry, token, run, task.task, ctx)), ctx
@@ -1240,6 +1238,13 @@ class Driver:
                     cls, args = actor_class(node_type, self.ports)
                     effect = self._effects_by_type[node_type] = cls(*args)
         return effect
+
+    def _runner(self, node_type: str) -> Any:
+        """What awaits one visit of ``node_type``'s effect (worked out once per run)."""
+        run = self._runners_by_type.get(node_type)
+        if run is None:
+            run = self._runners_by_type[node_type] = runner(self._effect(node_type))
+        return run
 
     def _discard_results(self, branch: str | None) -> None:
         """Forget the results of interrupted effects (of one branch, or all): an effect
