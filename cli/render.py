@@ -60,6 +60,21 @@ def render_unhandled(run_id: str, unhandled: Any, output: str) -> None:
         click.echo("▸ the output above contains a failure's text: it is not a result", err=True)
 
 
+def render_left_out(run_id: str, left_out: Any) -> None:
+    """Say on stderr which branches failed and were left out by a join that held
+    without them (the run completed: the graph's join allows it)."""
+    for f in left_out:
+        where = f"branch '{f.get('branch')}'"
+        if f.get("node") != f.get("branch"):
+            where += f" (node '{f.get('node')}')"
+        error = f.get("error") or "its error was not recorded"
+        click.echo(
+            f"▸ run {run_id}: {where} failed and the join of super-step {f.get('step')} "
+            f"went on without it: {error}",
+            err=True,
+        )
+
+
 def outcome_dict(outcome: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "run_id": outcome.run_id,
@@ -70,6 +85,9 @@ def outcome_dict(outcome: Any) -> dict[str, Any]:
     unhandled = list(getattr(outcome, "unhandled", ()) or ())
     if unhandled:
         data["unhandled_failures"] = unhandled
+    left_out = list(getattr(outcome, "left_out", ()) or ())
+    if left_out:
+        data["left_out_branches"] = left_out
     if outcome.waiting is not None:
         w = outcome.waiting
         data["waiting"] = {
@@ -115,6 +133,7 @@ def render_outcome(outcome: Any, *, as_json: bool, db: str | None) -> int:
         write_stdout(text if text.endswith("\n") else text + "\n")
         if outcome.status == "completed_with_errors":
             render_unhandled(outcome.run_id, getattr(outcome, "unhandled", ()), text)
+        render_left_out(outcome.run_id, getattr(outcome, "left_out", ()))
     elif outcome.status == "interrupted":
         click.echo(
             f"▸ run {outcome.run_id} {outcome.error or 'interrupted'}; "

@@ -210,13 +210,16 @@ class BranchesJoined(EventBase, frozen=True, kw_only=True):
     processes and child runs too) and are left out; ``reason`` says why
     (``join satisfied``, the join's timeout, or that it can no longer hold).
     ``failed``: the branches that failed before the join held (left out too: an
-    ``any``/``count`` join goes on without them while it can still hold)."""
+    ``any``/``count`` join goes on without them while it can still hold), and
+    ``errors`` what each of them failed with (a failure the effect itself raised
+    is recorded nowhere else)."""
 
     step: int
     counted: list[str] = []
     cancelled: list[str] = []
     reason: str = ""
     failed: list[str] = []
+    errors: dict[str, str] = {}
 
 
 class BranchesMerged(EventBase, frozen=True, kw_only=True):

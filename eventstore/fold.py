@@ -188,6 +188,9 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     failures: tuple[tuple[str, int, str, str | None], ...] = ()
     # The unhandled failures the run completed with (``completed_with_errors``).
     unhandled: tuple[dict[str, Any], ...] = ()
+    # The branches an ``any``/``count`` join went on without because they failed:
+    # ``{step, branch, node, error}``, in log order (named with the outcome).
+    left_out: tuple[dict[str, Any], ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -350,10 +353,22 @@ def apply(state: RunState, event: Event) -> RunState:
             effects = BranchEffects(
                 {b: e for b, e in state.branch_effects.items() if b not in cancelled}
             )
+            left_out = state.left_out
+            if event.failed:
+                left_out += tuple(
+                    {
+                        "step": event.step,
+                        "branch": b,
+                        "node": slot.node_id if (slot := state.branches.get(b)) else b,
+                        "error": event.errors.get(b, ""),
+                    }
+                    for b in event.failed
+                )
             return _replace(
                 state,
                 branches=branches,
                 branch_effects=effects,
+                left_out=left_out,
                 last_seq=event.seq,
                 last_ts=event.ts,
             )

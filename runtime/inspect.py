@@ -62,7 +62,16 @@ def summarize_event(event: Event) -> str:
         case StepStarted():
             return f"super-step {event.step}: {', '.join(event.frontier)}"
         case BranchesJoined():
-            failed = f" failed [{', '.join(event.failed)}]" if event.failed else ""
+            failed = (
+                " failed ["
+                + ", ".join(
+                    f"{b}: {_short(event.errors[b], 40)}" if event.errors.get(b) else b
+                    for b in event.failed
+                )
+                + "]"
+                if event.failed
+                else ""
+            )
             return (
                 f"super-step {event.step} joined ({event.reason}): counted "
                 f"[{', '.join(event.counted)}]{failed} cancelled [{', '.join(event.cancelled)}]"
@@ -178,6 +187,7 @@ def run_summary(
             "forked_at": getattr(first, "forked_at", None),
             "waiting": waiting_dict(state.waiting) if state.status == "waiting" else None,
             "unhandled_failures": list(state.unhandled),
+            "left_out_branches": list(state.left_out),
             "graph_hash": state.graph_hash,
             "usage": own.as_dict(),
             "tree_usage": tree_usage(store, row.run_id, prices).as_dict(),
@@ -283,6 +293,7 @@ def describe_run(
         "output": state.output,
         "error": state.error,
         "unhandled_failures": list(state.unhandled),
+        "left_out_branches": list(state.left_out),
         "graph_hash": state.graph_hash,
         "usage": own.as_dict(),
         "tree_usage": tree.as_dict(),
@@ -350,6 +361,12 @@ def format_description(info: dict[str, Any], depth: int = 0) -> str:
         from graphrun.eventstore.projections import unhandled_summary
 
         lines.append(f"{pad}completed with errors: {unhandled_summary(info['unhandled_failures'])}")
+    for f in info.get("left_out_branches") or ():
+        error = f.get("error") or "its error was not recorded"
+        lines.append(
+            f"{pad}left out by the join of super-step {f['step']}: branch {f['branch']} "
+            f"(node {f['node']}) failed: {_short(error, 200)}"
+        )
     if info["output"] is not None:
         lines.append(f"{pad}output: {_short(info['output'], 200)}")
     usage = info.get("usage") or {}

@@ -241,7 +241,10 @@ class Narrator:
                 self.start_group(f"super-step {event.step}", size, size)
             case BranchesJoined():
                 cancelled = ", ".join(event.cancelled) or "none"
-                failed = f", {', '.join(event.failed)} failed" if event.failed else ""
+                failed = "".join(
+                    f", {b} failed" + (f" ({event.errors[b]})" if event.errors.get(b) else "")
+                    for b in event.failed
+                )
                 self.line(
                     f"▸ super-step {event.step} joined ({event.reason}): "
                     f"{', '.join(event.counted) or 'none'} counted{failed}, {cancelled} cancelled"

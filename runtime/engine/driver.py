@@ -110,6 +110,8 @@ class RunOutcome:
     signal: str | None = None
     # The failures no fallback handled (status "completed_with_errors").
     unhandled: tuple[dict[str, Any], ...] = ()
+    # The failed branches an ``any``/``count`` join went on without.
+    left_out: tuple[dict[str, Any], ...] = ()
 
 
 # RESULT_TYPES (eventstore.events): an effect's result is committed together with the
@@ -1262,7 +1264,15 @@ class Driver:
         error = s.error
         if s.status == "cancelled" and self.cancelled_by:
             error = f"{error} (requested by {self.cancelled_by})"
-        return RunOutcome(self.run_id, s.status, s.output, error, s.waiting, unhandled=s.unhandled)
+        return RunOutcome(
+            self.run_id,
+            s.status,
+            s.output,
+            error,
+            s.waiting,
+            unhandled=s.unhandled,
+            left_out=s.left_out,
+        )
 
 
 class _Join:
@@ -1323,6 +1333,10 @@ class _Join:
         slot = self.slots.get(bid)
         return slot.visit if slot is not None else 0
 
+    def error_of(self, branch: str) -> str:
+        """What a failed branch failed with ("" when that is not known)."""
+        return self.errors.get(branch, ("", ""))[0]
+
     def effect_failed(self, branch: str, error: str) -> None:
         """A branch's effect itself failed (no result to decide on)."""
         if self.counting:
@@ -1366,6 +1380,7 @@ class _Join:
                     cancelled=sorted(self.cancelled),
                     reason=reason,
                     failed=sorted(self.failed),
+                    errors={b: e for b in sorted(self.failed) if (e := self.error_of(b))},
                 ),
             )
         )

@@ -136,6 +136,8 @@ class RunView:
     end: RunCompleted | RunFailed | RunCancelled | None = None
     #: The child runs it started, in log order.
     children: list[ChildRunStarted] = field(default_factory=list)
+    #: The failed branches an ``any``/``count`` join went on without.
+    left_out: tuple[dict[str, Any], ...] = ()
 
 
 def _branch(event: Event) -> str:
@@ -222,6 +224,7 @@ def view_run(
                     if v is not None:
                         v.status = "failed"
                         v.note = f"failed before the join held: left out ({event.reason})"
+                        v.error = v.error or event.errors.get(b) or None
             case HumanInputRequested():
                 w = Wait(event.run_id, event.node_id, branch, event.ts, None, event)
                 waits.append(w)
@@ -289,6 +292,7 @@ def view_run(
         last_ts=last_ts,
         end=end,
         children=children,
+        left_out=state.left_out,
     )
 
 
@@ -777,6 +781,18 @@ def report_parts(
             "</ul><p>No <code>fallback</code> took these failures: they routed on to "
             "<code>next</code>, so the output below may hold a failure's text, "
             "not a result.</p>"
+        )
+    if root.left_out:
+        yield '<h2 class="st-failed">Branches left out</h2><ul>'
+        for f in root.left_out:
+            error = f.get("error") or "(its error was not recorded)"
+            yield (
+                f"<li>super-step {_e(f.get('step'))}, branch <code>{_e(f.get('branch'))}</code> "
+                f"(node <code>{_e(f.get('node'))}</code>): {_e(error)}</li>"
+            )
+        yield (
+            "</ul><p>These branches failed; the fan-out's join went on without them, "
+            "as its policy allows.</p>"
         )
     if isinstance(end_event, RunCompleted):
         yield f"<h2>Output</h2>{_markdown(md, end_event.output)}"

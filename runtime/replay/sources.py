@@ -31,6 +31,7 @@ from graphrun.eventstore.events import (
     Event,
     HeadSigned,
     HumanInputRequested,
+    NodeEntered,
     NodeFailed,
     NodeRetrying,
     RunCancelled,
@@ -38,6 +39,7 @@ from graphrun.eventstore.events import (
     RunResumed,
     RunStarted,
     ScriptFinished,
+    StepStarted,
     TimeoutFired,
 )
 from graphrun.eventstore.fold import RunState
@@ -109,9 +111,21 @@ class RecordedSource:
     def __post_init__(self) -> None:
         comparable = 0
         stop: int | None = None
+        # The running super-step's visit of each branch, and what the branches a
+        # join left out failed with (a failure the effect itself raised is recorded
+        # only there; a log written before joins kept it serves an empty error).
+        entered: dict[str, Slot] = {}
+        left_out: dict[Slot, str] = {}
         for event in self.events[1:]:
+            if isinstance(event, StepStarted):
+                entered = {}
+            elif isinstance(event, NodeEntered) and event.branch:
+                entered[event.branch] = slot_of(event)
             if isinstance(event, BranchesJoined):
                 self.joins.setdefault(event.step, event)
+                for branch in event.failed:
+                    if branch in entered:
+                        left_out.setdefault(entered[branch], event.errors.get(branch, ""))
             if isinstance(event, NodeRetrying):
                 slot = slot_of(event)
                 tried = self.attempts.setdefault(slot, [list(self.slots.get(slot, []))])
@@ -129,6 +143,8 @@ class RecordedSource:
                 stop = comparable
             if not isinstance(event, IGNORED):
                 comparable += 1
+        for slot, error in left_out.items():
+            self.failures.setdefault(slot, error)
         self.limit = 1 + (comparable if stop is None else stop)
 
     def joined(self, step: int) -> BranchesJoined | None:

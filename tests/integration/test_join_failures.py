@@ -16,12 +16,15 @@ import textwrap
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from graphrun.eventstore.events import BranchesJoined, NodeFailed, RunFailed, ScriptFinished
 from graphrun.eventstore.store import SqliteStore
+from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
 from graphrun.runtime.graph.loader import load_graph
 from graphrun.runtime.replay.divergence import replay_events
+from tests.conftest import GraphrunCli
 from tests.integration.test_join import _agent, _env, _gone, _joined, _pids, _run, store
 
 __all__ = ["store"]  # the fixture, shared with test_join
@@ -69,6 +72,10 @@ def test_a_count_join_goes_on_without_a_failed_branch(
     [joined] = _joined(store, outcome.run_id)
     assert (joined.counted, joined.failed, joined.cancelled) == (["b", "c"], ["a"], [])
     assert joined.reason == "join satisfied"
+    assert joined.errors == {"a": "script exited with code 1: a could not reach its source"}
+    assert outcome.left_out == (
+        {"step": 1, "branch": "a", "node": "a", "error": joined.errors["a"]},
+    )
     result = replay_events(store.read(outcome.run_id))
     assert result.ok, result.divergence and result.divergence.format()
     assert result.final is not None and result.final.output == outcome.output
@@ -190,6 +197,7 @@ def test_the_report_shows_the_failed_branch(
     html = render_report([view_run(store.read(outcome.run_id), {})], {})
     assert "failed before the join held: left out (join satisfied)" in html
     assert "script exited with code 1: a could not reach its source" in html
+    assert "Branches left out" in html
 
 
 def test_the_picture_names_the_join(tmp_path: Path) -> None:
@@ -220,3 +228,66 @@ def test_a_crash_between_the_join_and_its_failure_still_fails_the_step(
     [failed] = step.events
     assert isinstance(failed, RunFailed)
     assert failed.error == "super-step 1: join cannot hold: 0 branch(es) counted, 2 needed"
+
+
+def test_a_branch_whose_effect_raised_is_left_out_with_its_error_and_replays(
+    store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Branch c is an llm node the recording has no answer for (``--llm-replay``): its
+    effect raises, so nothing but the join records why it failed. The join keeps the
+    error; the outcome names it; a replay serves it (and serves an empty one from a
+    log written before joins kept errors), where it used to find no effect for c."""
+    root = _failing_agent(tmp_path, "{type: count, count: 2}")
+    graph = (root / "graph.yaml").read_text()
+    graph = graph.replace(
+        "c: {type: script, script: scripts/c.py, state_updates: {}, next: done}",
+        "c: {type: llm, model: 'openai:gpt-4o', prompt: hi, next: done}",
+    )
+    assert "type: llm" in graph
+    (root / "graph.yaml").write_text(graph)
+    _env(monkeypatch, tmp_path, a=0.2, b=0.2)
+    options = RunOptions()
+    options.llm_replay = []  # a recording without this call
+    run_id = start_run(store, load_graph(root))
+    outcome = drive(Driver(store, run_id, options))
+    assert outcome.status == "completed", outcome.error
+    assert json.loads(outcome.output or "") == ["a", "b"]
+    events = store.read(run_id)
+    assert not [e for e in events if isinstance(e, NodeFailed)]  # only the join says it
+    [joined] = _joined(store, run_id)
+    assert (joined.counted, joined.failed) == (["a", "b"], ["c"])
+    assert "no recorded LLM response matches" in joined.errors["c"]
+    [left_out] = outcome.left_out
+    assert (left_out["branch"], left_out["error"]) == ("c", joined.errors["c"])
+    result = replay_events(events)
+    assert result.ok, result.divergence and result.divergence.format()
+    earlier = [
+        msgspec.structs.replace(e, errors={}) if isinstance(e, BranchesJoined) else e
+        for e in events
+    ]
+    result = replay_events(earlier)
+    assert result.ok, result.divergence and result.divergence.format()
+
+
+def test_run_show_and_json_name_the_branch_a_join_left_out(
+    graphrun: GraphrunCli, tmp_path: Path
+) -> None:
+    root = _failing_agent(tmp_path, "{type: count, count: 2}")
+    env = {"MARKS": str(tmp_path / "marks"), "FAIL_A": "1", "SLEEP_B": "0.2", "SLEEP_C": "0.3"}
+    ran = graphrun("run", str(root), **env)
+    assert ran.code == 0, ran.stderr
+    assert json.loads(ran.stdout) == ["b", "c"]
+    error = "script exited with code 1: a could not reach its source"
+    assert f"branch 'a' failed and the join of super-step 1 went on without it: {error}" in (
+        ran.stderr
+    )
+    as_json = graphrun("run", str(root), "--json", **env)
+    assert as_json.code == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["left_out_branches"] == [{"step": 1, "branch": "a", "node": "a", "error": error}]
+    shown = graphrun("show", data["run_id"])
+    assert shown.code == 0, shown.stderr
+    assert f"left out by the join of super-step 1: branch a (node a) failed: {error}" in (
+        shown.stdout
+    )
+    assert f"failed [a: {error[:39]}" in graphrun("events", data["run_id"]).stdout
