@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 import msgspec
 
+from graphrun.eventstore import codec
 from graphrun.eventstore.events import (
     BranchesJoined,
     CacheChecked,
@@ -313,7 +314,10 @@ def collect_tree(
     md = _md()
 
     def walk(rid: str, depth: int, agent: str) -> None:
-        view = view_run(read_in_pages(store, rid), table, depth, agent, md)
+        # Read light: an LLM call's wire bodies are decoded only while its part of
+        # the page is rendered (a 10,000-item map's pages then leave no containers
+        # behind for the cyclic collector to walk again and again).
+        view = view_run(read_in_pages(store, rid, light=True), table, depth, agent, md)
         out.append(view)
         for e in view.children:
             if store.has_run(e.child_run_id):
@@ -475,14 +479,21 @@ def request_messages(request: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def _wire(value: Any) -> Any:
+    """An LLM call's wire body as data (a light read leaves it as its JSON text)."""
+    return codec.decode_any(value) if isinstance(value, msgspec.Raw) else value
+
+
 def _llm_call(md: Any, e: LlmCalled, prices: Mapping[str, tuple[float, float]]) -> str:
     u = call_usage(e, prices)
+    raw_request = _wire(e.request)
+    request = raw_request if isinstance(raw_request, dict) else {}
     head = (
         f"LLM call {e.purpose} · turn {e.iteration} · attempt {e.attempt} · {_e(e.model)} · "
         f"HTTP {_e(e.status)} · {e.latency_ms:.0f} ms · {_e(format_usage(u))}"
     )
     parts = [f'<details open class="call"><summary>{head}</summary>']
-    messages = request_messages(e.request)
+    messages = request_messages(request)
     # Earlier turns of a tool loop repeat the conversation: fold all but the newest.
     for i, (role, text) in enumerate(messages):
         newest = i >= len(messages) - 1 or e.iteration == 1
@@ -496,7 +507,7 @@ def _llm_call(md: Any, e: LlmCalled, prices: Mapping[str, tuple[float, float]]) 
                 f'<details class="msg {_e(role)}"><summary class="role">{_e(role)}</summary>'
                 f"{body}</details>"
             )
-    tools = e.request.get("tools") or []
+    tools = request.get("tools") or []
     if tools:
         names = [t.get("function", t).get("name", "?") for t in tools if isinstance(t, dict)]
         parts.append(f'<p class="muted">tools offered: {_e(", ".join(names))}</p>')
@@ -507,17 +518,20 @@ def _llm_call(md: Any, e: LlmCalled, prices: Mapping[str, tuple[float, float]]) 
             '<div class="msg assistant"><div class="role">response</div>'
             f"{_markdown(md, e.text)}</div>"
         )
-    for call in e.tool_calls:
+    for call in _wire(e.tool_calls) or ():
+        if not isinstance(call, dict):
+            continue
         parts.append(
             f"<details><summary>tool call: {_e(call.get('name'))}</summary>"
             f"<pre>{_e(call.get('arguments'))}</pre></details>"
         )
     parts.append(
-        f"<details><summary>raw request</summary><pre>{_e(_json(e.request))}</pre></details>"
+        f"<details><summary>raw request</summary><pre>{_e(_json(raw_request))}</pre></details>"
     )
-    if e.response is not None:
+    response = _wire(e.response)
+    if response is not None:
         parts.append(
-            f"<details><summary>raw response</summary><pre>{_e(_json(e.response))}</pre></details>"
+            f"<details><summary>raw response</summary><pre>{_e(_json(response))}</pre></details>"
         )
     parts.append("</details>")
     return "".join(parts)
