@@ -231,15 +231,24 @@ def bench_replay(
         with SqliteStore(start_db, create=False) as tiny:
             base_events = tiny.run(start_run).last_seq
     t_cli = median_of(lambda: run_seconds([*cmd, "replay", run_id], env=env), runs)
-    net = max(t_cli - t_start, 1e-6)
+    net = t_cli - t_start
+    detail = f"{t_cli * 1000:.0f} ms - {t_start * 1000:.0f} ms start-up, {n:,} events"
+    # Below ~3% of the start-up, the difference is the start-up's own jitter: a
+    # rate made of it would be a number, not a measurement.
+    noise = 0.03 * t_start
     report.add(
         Check(
             f"graphrun replay (CLI, start-up = {label} subtracted)",
-            (n - base_events) / net,
+            (n - base_events) / max(net, 1e-6),
             ">=",
             CLI_EVENTS_PER_S_TARGET,
             unit=" events/s",
-            detail=f"{t_cli * 1000:.0f} ms - {t_start * 1000:.0f} ms start-up, {n:,} events",
+            detail=detail,
+            skipped=None
+            if net > noise
+            else f"not measured: the replay's own time ({net * 1000:.1f} ms) is within the "
+            f"start-up's jitter (~{noise * 1000:.0f} ms) [{detail}]; the full mode's log is "
+            "large enough",
         )
     )
 
