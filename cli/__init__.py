@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> Any:
         _check_arguments(sys.argv[1:] if argv is None else argv)
         return cli.main(args=argv, prog_name="graphrun", standalone_mode=False)
     except GraphrunError as exc:
-        click.echo(f"error: {exc}", err=True)
+        from graphrun.actors.terminal import terminal_safe
+
+        click.echo(terminal_safe(f"error: {exc}"), err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from graphrun.actors.terminal import terminal_safe
 from graphrun.cli.options import db_option, json_option, open_store, resolve_run
 from graphrun.eventstore.errors import GraphrunError
 
@@ -297,7 +298,7 @@ def show_cmd(run_id: str, at_seq: int | None, as_json: bool, db: str | None) -> 
         head, _, rest = text.partition("\n")
         fork = f"forked from run {info['forked_from']} at seq {info['forked_at']}"
         text = f"{head}\n{fork}\n{rest}" if rest else f"{head}\n{fork}"
-    click.echo(text)
+    click.echo(terminal_safe(text))
 
 
 @click.command("events")
@@ -341,8 +342,10 @@ def _print_events(events: list[Any], types: tuple[str, ...], as_json: bool) -> N
             elif event.branch:
                 node = f"{node}∥"  # a branch of a parallel super-step
             click.echo(
-                f"{event.seq:>5}  {when(event.ts)}  {type(event).__name__:<19} {node:<16} "
-                f"{summarize_event(event)}".rstrip()
+                terminal_safe(
+                    f"{event.seq:>5}  {when(event.ts)}  {type(event).__name__:<19} {node:<16} "
+                    f"{summarize_event(event)}".rstrip()
+                )
             )
 
 
@@ -453,7 +456,7 @@ def audit_cmd(
             from graphrun.runtime.decisions.report import format_report
 
             for line in format_report(signatures):
-                click.echo(line, err=True)
+                click.echo(terminal_safe(line), err=True)
     if verify and not all(item["ok"] for item in report["verify"]):
         raise SystemExit(1)
     if signatures is not None and not signatures["ok"]:

@@ -10,10 +10,12 @@ from typing import Any
 
 import click
 
+from graphrun.actors.terminal import terminal_safe
+
 
 def print_diagnostics(diagnostics: Iterable[Any]) -> None:
     for d in diagnostics:
-        click.echo(f"{d.severity}: {d.format()}", err=True)
+        click.echo(terminal_safe(f"{d.severity}: {d.format()}"), err=True)
 
 
 def answer_command(outcome: Any, db: str | None) -> str:
@@ -51,8 +53,10 @@ def render_unhandled(run_id: str, unhandled: Any, output: str) -> None:
     from graphrun.eventstore.projections import unhandled_summary
 
     click.echo(
-        f"▸ run {run_id} completed with errors: {unhandled_summary(unhandled)} "
-        "(no fallback took them; they routed on to `next`)",
+        terminal_safe(
+            f"▸ run {run_id} completed with errors: {unhandled_summary(unhandled)} "
+            "(no fallback took them; they routed on to `next`)"
+        ),
         err=True,
     )
     texts = [str(f.get("error") or "") for f in unhandled]
@@ -69,8 +73,10 @@ def render_left_out(run_id: str, left_out: Any) -> None:
             where += f" (node '{f.get('node')}')"
         error = f.get("error") or "its error was not recorded"
         click.echo(
-            f"▸ run {run_id}: {where} failed and the join of super-step {f.get('step')} "
-            f"went on without it: {error}",
+            terminal_safe(
+                f"▸ run {run_id}: {where} failed and the join of super-step {f.get('step')} "
+                f"went on without it: {error}"
+            ),
             err=True,
         )
 
@@ -136,16 +142,21 @@ def render_outcome(outcome: Any, *, as_json: bool, db: str | None) -> int:
         render_left_out(outcome.run_id, getattr(outcome, "left_out", ()))
     elif outcome.status == "interrupted":
         click.echo(
-            f"▸ run {outcome.run_id} {outcome.error or 'interrupted'}; "
-            f"`graphrun resume {outcome.run_id}` continues it",
+            terminal_safe(
+                f"▸ run {outcome.run_id} {outcome.error or 'interrupted'}; "
+                f"`graphrun resume {outcome.run_id}` continues it"
+            ),
             err=True,
         )
     elif outcome.status == "waiting":
         if refused is not None:
-            click.echo(f"error: {refused}", err=True)
+            click.echo(terminal_safe(f"error: {refused}"), err=True)
         render_waiting(outcome, db)
     else:
-        click.echo(f"error: run {outcome.run_id} {outcome.status}: {outcome.error}", err=True)
+        click.echo(
+            terminal_safe(f"error: run {outcome.run_id} {outcome.status}: {outcome.error}"),
+            err=True,
+        )
     return code
 
 
@@ -173,22 +184,27 @@ def render_waiting(outcome: Any, db: str | None) -> None:
     where = f"{w.kind} node '{w.node_id}'"
     if getattr(w, "run_id", "") and w.run_id != outcome.run_id:
         where += f" of child run {w.run_id}"
-    click.echo(f"▸ run {outcome.run_id} waits at {where}:", err=True)
-    for line in w.question.strip().splitlines() or [""]:
-        click.echo(f"  {line}", err=True)
+    # What the person is asked comes from the graph, a model or a script: shown, not
+    # acted on by the terminal.
+    lines = [f"▸ run {outcome.run_id} waits at {where}:"]
+    lines += [f"  {line}" for line in w.question.strip().splitlines() or [""]]
     if w.kind == "approval":
         options = ", ".join(f"{i}. {option}" for i, option in enumerate(w.options, 1))
-        click.echo(f"  options: {options} (a free-form answer: --other TEXT)", err=True)
+        lines.append(f"  options: {options} (a free-form answer: --other TEXT)")
     if w.default is not None:
-        click.echo(f"  default (an empty answer): {w.default}", err=True)
+        lines.append(f"  default (an empty answer): {w.default}")
     if w.approvers:
-        click.echo(f"  approvers: {', '.join(w.approvers)}", err=True)
-    click.echo(f"  answer with: {answer_command(outcome, db)}", err=True)
+        lines.append(f"  approvers: {', '.join(w.approvers)}")
+    lines.append(f"  answer with: {answer_command(outcome, db)}")
+    for line in lines:
+        click.echo(terminal_safe(line), err=True)
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     """A plain fixed-width table (no colour, stable for tests)."""
-    cells = [[("" if c is None else str(c)).replace("\n", " ") for c in row] for row in rows]
+    cells = [
+        [terminal_safe("" if c is None else str(c)).replace("\n", " ") for c in row] for row in rows
+    ]
     widths = [len(h) for h in headers]
     for row in cells:
         for i, c in enumerate(row):

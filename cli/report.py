@@ -179,7 +179,10 @@ def logs_cmd(
         from rich.console import Console
         from rich.markdown import Markdown
 
-        Console().print(Markdown(text))
+        from graphrun.actors.terminal import terminal_safe
+
+        # Prompts and replies on a terminal: shown, not obeyed (piped, they are data).
+        Console().print(Markdown(terminal_safe(text)))
     else:
         click.echo(text)
 

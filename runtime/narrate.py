@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any, TextIO
 
+from graphrun.actors.terminal import terminal_safe
 from graphrun.eventstore.events import (
     BranchesJoined,
     BranchesMerged,
@@ -103,6 +104,7 @@ class Narrator:
 
     def line(self, text: str) -> None:
         self.stop_pending()
+        text = terminal_safe(text)  # what a run brings is shown, not obeyed
         if self.color:
             text = f"\x1b[2m{text}\x1b[0m"
         group = self.group

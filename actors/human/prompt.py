@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
+from graphrun.actors.terminal import terminal_safe
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import HumanInputReceived
 
@@ -392,8 +393,10 @@ def _read_line(stream_in: TextIO, stream_out: TextIO, prompt: str) -> str:
 
 
 def _choice_plain(question: str, options: list[str], stream_in: TextIO, stream_out: TextIO) -> str:
-    lines = [question.rstrip("\n")]
-    lines += [f"  {i}. {option}" for i, option in enumerate([*options, OTHER_LABEL], 1)]
+    lines = [terminal_safe(question.rstrip("\n"))]
+    lines += [
+        f"  {i}. {terminal_safe(option)}" for i, option in enumerate([*options, OTHER_LABEL], 1)
+    ]
     stream_out.write("\n".join(lines) + "\n")
     other = len(options)
     while True:
@@ -412,8 +415,8 @@ def _choice_plain(question: str, options: list[str], stream_in: TextIO, stream_o
 
 
 def _text_plain(question: str, default: str | None, stream_in: TextIO, stream_out: TextIO) -> str:
-    stream_out.write(question.rstrip("\n") + "\n")
-    suffix = f" [{_display_default(default)}]" if default else ""
+    stream_out.write(terminal_safe(question.rstrip("\n")) + "\n")
+    suffix = f" [{terminal_safe(_display_default(default))}]" if default else ""
     return _read_line(stream_in, stream_out, f"Answer{suffix}: ")
 
 
@@ -454,13 +457,13 @@ def _choice_widget(question: str, options: list[str], stream_in: TextIO, stream_
         return other if index is None else index
 
     def message() -> StyleAndTextTuples:
-        parts: StyleAndTextTuples = [("bold", question.rstrip("\n") + "\n")]
+        parts: StyleAndTextTuples = [("bold", terminal_safe(question.rstrip("\n")) + "\n")]
         current = shown()
         for i, entry in enumerate(entries):
             if i == current:
-                parts.append(("reverse", f"> {i + 1}. {entry}"))
+                parts.append(("reverse", f"> {i + 1}. {terminal_safe(entry)}"))
             else:
-                parts.append(("", f"  {i + 1}. {entry}"))
+                parts.append(("", f"  {i + 1}. {terminal_safe(entry)}"))
             parts.append(("", "\n"))
         if cursor.index == other:
             parts.append(("", "Your answer: "))
@@ -512,9 +515,10 @@ def _text_widget(question: str, default: str | None, stream_in: TextIO, stream_o
     session: PromptSession[str] = PromptSession(
         input=create_input(stream_in), output=create_output(stream_out)
     )
-    message: StyleAndTextTuples = [("bold", question.rstrip("\n") + "\n")]
+    message: StyleAndTextTuples = [("bold", terminal_safe(question.rstrip("\n")) + "\n")]
     if default:
-        message += [("", "Answer "), ("italic", f"[{_display_default(default)}]"), ("", ": ")]
+        shown_default = terminal_safe(_display_default(default))
+        message += [("", "Answer "), ("italic", f"[{shown_default}]"), ("", ": ")]
     else:
         message.append(("", "Answer: "))
     return session.prompt(message)

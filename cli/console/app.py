@@ -43,6 +43,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from graphrun.actors.terminal import terminal_safe
 from graphrun.cli.console.accounts import Accounts, Passkey
 from graphrun.cli.console.listing import STATUSES, inbox, list_runs, may_answer, run_line
 
@@ -208,6 +209,10 @@ def _templates() -> Any:
         undefined=jinja2.StrictUndefined,
     )
     env.filters["when"] = _when
+    # Text a run brings (a question, an option, an answer, an error), shown with its
+    # control and bidirectional-override characters written out: what a person
+    # decides on reads as it is (autoescaping already makes it inert HTML).
+    env.filters["shown"] = terminal_safe
     env.filters["seconds"] = _seconds
     env.filters["tojson_pretty"] = lambda v: json.dumps(
         v, indent=2, ensure_ascii=False, sort_keys=True, default=str

@@ -275,12 +275,15 @@ nodes:
 """
 
 HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+#: What a terminal or a page would obey rather than show: an override that reverses
+#: the text after it, an erase of the line, a hide.
+REORDERING = " \u202edrop\x1b[2K\x1b[8m"
 
 
 @pytest.mark.timeout(120)
 def test_a_models_script_is_text_on_every_page(browser, fake_llm, tmp_path):
     db = str(tmp_path / "events.db")
-    fake_llm.script(text(HOSTILE))
+    fake_llm.script(text(HOSTILE + REORDERING))
     root = write_agent(tmp_path / "echo", ECHO)
     started = _cli(
         db,
@@ -293,6 +296,17 @@ def test_a_models_script_is_text_on_every_page(browser, fake_llm, tmp_path):
     )
     assert started.returncode == 3, started.stderr
     run_id = _cli(db, tmp_path, "runs", "--json").stdout.split('"run_id": "')[1].split('"')[0]
+    # On the command line too, the question is shown, not obeyed.
+    shown = "\\u202edrop\\x1b[2K\\x1b[8m"
+    for args, out in (
+        ((), started.stderr),
+        (("show", run_id), None),
+        (("events", run_id), None),
+        (("runs",), None),
+    ):
+        out = out if out is not None else _cli(db, tmp_path, *args).stdout
+        assert "\u202e" not in out and "\x1b" not in out, args
+    assert shown in started.stderr
     server = ConsoleServer.start(db, tmp_path, "--invite", "alice")
     try:
         context, page, problems = passkey_page(browser)
@@ -303,7 +317,9 @@ def test_a_models_script_is_text_on_every_page(browser, fake_llm, tmp_path):
             assert page.evaluate("window.__pwned") is None, path
             assert page.locator("img[src=x]").count() == 0, path
         page.goto(server.url + "/inbox")
-        assert HOSTILE in page.locator(f"#wait-{run_id} pre.question").text_content()
+        question = page.locator(f"#wait-{run_id} pre.question").text_content() or ""
+        assert f"{HOSTILE} {shown}" in question
+        assert "\u202e" not in question
         page.goto(f"{server.url}/runs/{run_id}")
         frame = page.frame_locator("#run-report")
         frame.locator("body").wait_for()

@@ -444,3 +444,18 @@ def test_check(expr, text, ok):
 
 def test_validation_renders_canonically():
     assert str(parse_validation(" len( input )>=2 ")) == "len(input) >= 2"
+
+
+def test_a_plain_prompt_shows_control_characters_and_returns_the_option_itself():
+    """A question or an option from a model or a script may hold what a terminal
+    obeys (an erase, a hide, a reordering): it is shown written out, and the answer
+    picked is still the option exactly as listed."""
+    hostile = "ship\x1b[2K\r\u202eoff"
+    shown = io.StringIO()
+    answer = ask_choice(
+        f"Approve {hostile}?", [hostile, "no"], stream_in=io.StringIO("1\n"), stream_out=shown
+    )
+    assert answer == Answer(hostile, "tty")
+    text = shown.getvalue()
+    assert "\x1b" not in text and "\r" not in text and "\u202e" not in text
+    assert "Approve ship\\x1b[2K\\x0d\\u202eoff?\n  1. ship\\x1b[2K\\x0d\\u202eoff\n" in text
