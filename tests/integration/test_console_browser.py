@@ -325,6 +325,8 @@ def test_a_models_script_is_text_on_every_page(browser, fake_llm, tmp_path):
         frame.locator("body").wait_for()
         assert "window.__pwned" in frame.locator("body").text_content()
         assert frame.locator("img[src=x]").count() == 0
+        asked = frame.locator("#decisions pre").first.text_content() or ""
+        assert shown in asked and "\u202e" not in asked  # the report's decisions too
         time.sleep(0.5)
         assert problems == []
         context.close()
