@@ -54,10 +54,16 @@ _light_decoder = msgspec.json.Decoder(
 )
 
 
+def wire_data(value: Any) -> Any:
+    """An LLM call's wire body as data, whether it was read light (left as its JSON
+    text by :data:`LightLlmCalled`) or not."""
+    return _any_decoder.decode(value) if isinstance(value, msgspec.Raw) else value
+
+
 def raw_as_json(value: Any) -> Any:
     """An ``enc_hook`` that turns what :data:`LightLlmCalled` left undecoded into data."""
     if isinstance(value, msgspec.Raw):
-        return _any_decoder.decode(value)
+        return wire_data(value)
     raise NotImplementedError(f"cannot encode {type(value).__name__}")
 
 

@@ -62,16 +62,11 @@ def summarize_event(event: Event) -> str:
         case StepStarted():
             return f"super-step {event.step}: {', '.join(event.frontier)}"
         case BranchesJoined():
-            failed = (
-                " failed ["
-                + ", ".join(
-                    f"{b}: {_short(event.errors[b], 40)}" if event.errors.get(b) else b
-                    for b in event.failed
-                )
-                + "]"
-                if event.failed
-                else ""
+            named = (
+                f"{b}: {_short(event.errors[b], 40)}" if event.errors.get(b) else b
+                for b in event.failed
             )
+            failed = f" failed [{', '.join(named)}]" if event.failed else ""
             return (
                 f"super-step {event.step} joined ({event.reason}): counted "
                 f"[{', '.join(event.counted)}]{failed} cancelled [{', '.join(event.cancelled)}]"

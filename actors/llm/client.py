@@ -312,10 +312,7 @@ class _LiveClient:
         :meth:`post`. (The request itself, not a coroutine around :meth:`_send`:
         a map's calls each keep one coroutine fewer alive while they wait.)"""
         try:
-            where, headers, options = self._prepared(url, headers, timeout)
-            async with self._session_now().post(
-                where, data=content, headers=headers, allow_redirects=False, **options
-            ) as response:
+            async with self._request(url, content, headers, timeout) as response:
                 body = await response.read()
                 return _httpx_response(response.status, list(response.raw_headers), body)
         except BaseException as exc:
@@ -327,12 +324,17 @@ class _LiveClient:
     async def _send(self, url: str, content: bytes, headers: Any, timeout: Any) -> Any:
         """The request on the loop's thread: the response, read in full; aiohttp's
         exceptions (and a cancellation) as they are, for the caller to map."""
-        where, headers, options = self._prepared(url, headers, timeout)
-        async with self._session_now().post(
-            where, data=content, headers=headers, allow_redirects=False, **options
-        ) as response:
+        async with self._request(url, content, headers, timeout) as response:
             body = await response.read()
             return _httpx_response(response.status, list(response.raw_headers), body)
+
+    def _request(self, url: str, content: bytes, headers: Any, timeout: Any) -> Any:
+        """aiohttp's POST of ``content`` to ``url``, to enter with ``async with`` (a
+        plain call: no coroutine of its own around the request)."""
+        where, headers, options = self._prepared(url, headers, timeout)
+        return self._session_now().post(
+            where, data=content, headers=headers, allow_redirects=False, **options
+        )
 
     def _session_now(self) -> Any:
         """The session (made on first use; on the loop's thread only, so no lock)."""

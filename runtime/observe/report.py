@@ -486,14 +486,9 @@ def request_messages(request: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _wire(value: Any) -> Any:
-    """An LLM call's wire body as data (a light read leaves it as its JSON text)."""
-    return codec.decode_any(value) if isinstance(value, msgspec.Raw) else value
-
-
 def _llm_call(md: Any, e: LlmCalled, prices: Mapping[str, tuple[float, float]]) -> str:
     u = call_usage(e, prices)
-    raw_request = _wire(e.request)
+    raw_request = codec.wire_data(e.request)
     request = raw_request if isinstance(raw_request, dict) else {}
     head = (
         f"LLM call {e.purpose} · turn {e.iteration} · attempt {e.attempt} · {_e(e.model)} · "
@@ -525,7 +520,7 @@ def _llm_call(md: Any, e: LlmCalled, prices: Mapping[str, tuple[float, float]]) 
             '<div class="msg assistant"><div class="role">response</div>'
             f"{_markdown(md, e.text)}</div>"
         )
-    for call in _wire(e.tool_calls) or ():
+    for call in codec.wire_data(e.tool_calls) or ():
         if not isinstance(call, dict):
             continue
         parts.append(
@@ -535,7 +530,7 @@ def _llm_call(md: Any, e: LlmCalled, prices: Mapping[str, tuple[float, float]]) 
     parts.append(
         f"<details><summary>raw request</summary><pre>{_e(_json(raw_request))}</pre></details>"
     )
-    response = _wire(e.response)
+    response = codec.wire_data(e.response)
     if response is not None:
         parts.append(
             f"<details><summary>raw response</summary><pre>{_e(_json(response))}</pre></details>"
