@@ -382,13 +382,11 @@ SCRIPT = _JS
 
 
 def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
-
-
-def _shown(value: Any) -> str:
-    """:func:`_e` for what a person decides or judges by (a question, an answer, an
-    error): its control and text-reordering characters written out as well."""
-    return _e(terminal_safe("" if value is None else value))
+    """``value`` as HTML text: markup escaped, and its control and text-reordering
+    characters written out (``\\u202e``, ``\\x1b``), since most of what a report
+    shows came from a model, a tool, a script or a form: a right-to-left override
+    in a model's reply must not reorder the question or the answer beside it."""
+    return html.escape(terminal_safe("" if value is None else str(value)))
 
 
 def _json(value: Any) -> str:
@@ -402,7 +400,9 @@ def _md() -> Any:
 
 
 def _markdown(md: Any, text: str) -> str:
-    return f'<div class="md">{md.render(text)}</div>'
+    """``text`` rendered as Markdown (no raw HTML), its control and text-reordering
+    characters written out as :func:`_e` writes them."""
+    return f'<div class="md">{md.render(terminal_safe(text))}</div>'
 
 
 def _when(ts: float | None) -> str:
@@ -791,7 +791,7 @@ def report_parts(
         for f in end_event.unhandled_failures:
             yield (
                 f"<li>node <code>{_e(f.get('node'))}</code> (visit {_e(f.get('visit'))}): "
-                f"{_shown(f.get('error'))}</li>"
+                f"{_e(f.get('error'))}</li>"
             )
         yield (
             "</ul><p>No <code>fallback</code> took these failures: they routed on to "
@@ -804,7 +804,7 @@ def report_parts(
             error = f.get("error") or "(its error was not recorded)"
             yield (
                 f"<li>super-step {_e(f.get('step'))}, branch <code>{_e(f.get('branch'))}</code> "
-                f"(node <code>{_e(f.get('node'))}</code>): {_shown(error)}</li>"
+                f"(node <code>{_e(f.get('node'))}</code>): {_e(error)}</li>"
             )
         yield (
             "</ul><p>These branches failed; the fan-out's join went on without them, "
@@ -813,7 +813,7 @@ def report_parts(
     if isinstance(end_event, RunCompleted):
         yield f"<h2>Output</h2>{_markdown(md, end_event.output)}"
     elif isinstance(end_event, RunFailed):
-        yield f'<h2>Error</h2><p class="st-failed">{_shown(end_event.error)}</p>'
+        yield f'<h2>Error</h2><p class="st-failed">{_e(end_event.error)}</p>'
     elif isinstance(end_event, RunCancelled):
         yield f'<h2>Cancelled</h2><p class="st-cancelled">{_e(end_event.reason)}</p>'
 
@@ -870,8 +870,8 @@ def report_parts(
                 who = a.by + (f" ({a.os_user}@{a.host})" if a.os_user and a.os_user != a.by else "")
             yield (
                 f"<tr><td>{_when(w.start)}</td><td>{_e(w.run_id)}</td><td>{_e(w.node_id)}</td>"
-                f"<td><pre>{_shown(shown)}</pre></td>"
-                f"<td>{_shown(a.answer if a else '(waiting)')}</td><td>{_shown(who)}</td>"
+                f"<td><pre>{_e(shown)}</pre></td>"
+                f"<td>{_e(a.answer if a else '(waiting)')}</td><td>{_e(who)}</td>"
                 f"<td>{_e(identity_label(a))}</td>"
                 f"<td>{_e(a.channel if a else '')}</td>"
                 f"<td>{_when(a.ts if a else None)}</td></tr>"
@@ -917,7 +917,7 @@ def report_parts(
                 yield f'<p class="st-{v.status}">{_e(v.note)}</p>'
             if v.error:
                 kind = f" ({_e(v.error_kind)})" if v.error_kind else ""
-                yield f'<p class="st-failed">error{kind}: {_shown(v.error)}</p>'
+                yield f'<p class="st-failed">error{kind}: {_e(v.error)}</p>'
             yield from (shown for _, shown in v.effects)
             yield "<h4>State</h4>" + (v.state_html or _NOT_FINISHED)
             yield "</details>"

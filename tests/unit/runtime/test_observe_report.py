@@ -246,3 +246,38 @@ def test_one_rounding_rule_for_costs() -> None:
         "$12.345679",
         "$0.00",
     ]
+
+
+def test_what_a_run_brings_is_written_out_not_obeyed():
+    """A model's reply, a question and an answer carrying control characters or a
+    right-to-left override read as they are: no character of theirs reaches the page
+    that could reorder or hide the text around it."""
+    override, escape = "\u202e", "\x1b"
+    events = [
+        RunStarted(graph_name="g", graph_source=GRAPH, graph_hash="", initial_prompt="go"),
+        NodeEntered(node_id="draft", node_type="llm", visit=1),
+        LlmCalled(
+            node_id="draft",
+            visit=1,
+            model="m",
+            request={"messages": [{"role": "user", "content": f"say {override}yes"}]},
+            response={"choices": [{"message": {"content": "ok"}}]},
+            text=f"approve {override}on{escape}[2K now",
+        ),
+        NodeCompleted(node_id="draft", visit=1, routed_to="ask"),
+        NodeEntered(node_id="ask", node_type="approval", visit=1),
+        HumanInputRequested(
+            node_id="ask", visit=1, kind="approval", question=f"Ship {override}evil?"
+        ),
+        HumanInputReceived(node_id="ask", visit=1, answer=f"yes{escape}[1A", by="alice"),
+        NodeCompleted(node_id="ask", visit=1, routed_to="end"),
+        RunCompleted(node_id="ask", output=f"done {override}"),
+    ]
+    events = [
+        msgspec.structs.replace(e, run_id="r", seq=i + 1, ts=10.0 + i) for i, e in enumerate(events)
+    ]
+    page = render_report([view_run(events, {})], {})
+    assert override not in page and escape not in page
+    assert "approve \\u202eon\\x1b[2K now" in page  # the model's reply, as Markdown
+    assert "Ship \\u202eevil?" in page and "yes\\x1b[1A" in page  # question, answer
+    assert "say \\u202eyes" in page  # the request as sent
