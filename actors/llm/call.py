@@ -43,6 +43,8 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
+import msgspec
+
 from graphrun.actors.base import CancelToken, EffectContext
 from graphrun.actors.llm.client import ClientFactory
 from graphrun.actors.llm.config import LlmConfigError, ResolvedModel
@@ -75,12 +77,12 @@ _NONE_PRIOR: Mapping[Any, Any] = MappingProxyType({})
 _NO_CALLS: AbstractSet[tuple[str, str]] = frozenset()
 
 
-@dataclass(frozen=True, kw_only=True)
-class LlmTask:
+class LlmTask(msgspec.Struct, frozen=True, kw_only=True):
     """One visit of an llm node, with its templates already rendered.
 
     ``system`` already carries the schema hint when the node has an
-    ``output_schema`` and ``instructions`` (else ``prompt`` carries it).
+    ``output_schema`` and ``instructions`` (else ``prompt`` carries it). A struct:
+    a map makes one per item, and a frozen dataclass takes ~20 times as long to make.
     """
 
     node_id: str

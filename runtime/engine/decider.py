@@ -23,7 +23,6 @@ merge, reducers, ``map``.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -268,7 +267,7 @@ def _parallel(graph: Graph, state: RunState) -> Step:
         except TemplateError as exc:
             step = _fail(slot.node_id, slot.visit, str(exc), "TemplateError")
         if isinstance(step, Perform):
-            pending.append(replace(step, branch=bid))
+            pending.append(msgspec.structs.replace(step, branch=bid))
         elif isinstance(step, PerformMany):
             pending.extend(step.tasks)
         elif isinstance(step, Append):

@@ -28,8 +28,12 @@ SCAN_RUNS = 200
 
 def cache_key(node_type: str, task: Any, key_paths: list[str], state: dict[str, Any]) -> str:
     """The request's fingerprint: ``sha256:`` of its canonical JSON."""
-    is_instance = dataclasses.is_dataclass(task) and not isinstance(task, type)
-    fields = dataclasses.asdict(task) if is_instance else {}
+    if isinstance(task, msgspec.Struct):
+        fields = msgspec.structs.asdict(task)
+    elif dataclasses.is_dataclass(task) and not isinstance(task, type):
+        fields = dataclasses.asdict(task)
+    else:
+        fields = {}
     fields.pop("node_id", None)
     fields.pop("visit", None)
     if key_paths and node_type == "script":

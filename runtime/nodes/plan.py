@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from graphrun.eventstore.events import Event, NodeCompleted, NodeFailed, RunFailed
 from graphrun.runtime.graph.model import next_targets
@@ -22,13 +23,16 @@ from graphrun.runtime.graph.model import next_targets
 ERROR_KEY = "_error"
 
 
-@dataclass(frozen=True)
-class Append:
+# The plan's types are frozen structs, not dataclasses: a map of 10,000 items makes
+# one Perform per item as it starts and one Append per item as it collects, and a
+# struct is made several times faster.
+
+
+class Append(msgspec.Struct, frozen=True):
     events: tuple[Event, ...]
 
 
-@dataclass(frozen=True)
-class Perform:
+class Perform(msgspec.Struct, frozen=True):
     """An effect to perform: the node's rendered task, for one branch (or map item).
 
     ``group`` names the concurrency limit it counts against (empty: the super-step's
@@ -46,8 +50,7 @@ class Perform:
         return int(getattr(self.task, "visit", 0))
 
 
-@dataclass(frozen=True)
-class PerformMany:
+class PerformMany(msgspec.Struct, frozen=True):
     """The effects of a super-step (or a map's items) still to perform; they run
     concurrently, each under its branch id. ``join``: the super-step's join policy
     (``{type, count, timeout}``; empty: every branch)."""
@@ -56,8 +59,7 @@ class PerformMany:
     join: Mapping[str, Any] | None = None
 
 
-@dataclass(frozen=True)
-class Finished:
+class Finished(msgspec.Struct, frozen=True):
     status: str
 
 

@@ -376,17 +376,22 @@ def task_divergence(old: Any, new: Any, seq: int | None) -> Divergence | None:
             recorded=type(old).__name__,
             now=type(new).__name__,
         )
-    for f in dataclasses.fields(new):
-        if f.name in ("state_json", "visit", "node_id"):
+    names = (
+        new.__struct_fields__
+        if isinstance(new, msgspec.Struct)
+        else [f.name for f in dataclasses.fields(new)]
+    )
+    for name in names:
+        if name in ("state_json", "visit", "node_id"):
             continue
-        a, b = getattr(old, f.name), getattr(new, f.name)
+        a, b = getattr(old, name), getattr(new, name)
         if a != b:
             return Divergence(
                 seq,
                 new.node_id,
                 "request",
-                f"the node's {f.name} changed",
-                field=f.name,
+                f"the node's {name} changed",
+                field=name,
                 recorded=a,
                 now=b,
             )
