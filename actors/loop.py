@@ -68,6 +68,21 @@ class EffectLoop:
             self.loop.call_soon_threadsafe(self.loop.create_task, _into(coro, outcome))
         return outcome
 
+    def start_many(self, coros: list[Coroutine[Any, Any, Any]]) -> list[TaskOutcome]:
+        """:meth:`start` for each of ``coros``, handed to the loop in one wake-up
+        (from another thread) rather than one each."""
+        pairs = [(coro, TaskOutcome()) for coro in coros]
+
+        def create() -> None:
+            for coro, outcome in pairs:
+                self.loop.create_task(_into(coro, outcome))
+
+        if self.on_loop():
+            create()
+        else:
+            self.loop.call_soon_threadsafe(create)
+        return [outcome for _, outcome in pairs]
+
     def keep(self, key: Any, make: Callable[[], T]) -> T:
         """The object kept under ``key`` for the loop's life (``make()`` on first use;
         called on the loop's thread when the object must be made there)."""

@@ -1027,9 +1027,9 @@ class Driver:
             return "failed", served.error
         return "ok", None
 
-    def _start_effect(self, task: decider.Perform, token: CancelToken) -> tuple[Any, _Context]:
-        """Start one effect of a super-step as a task on the run's loop: its outcome
-        and its context."""
+    def _effect_of(self, task: decider.Perform, token: CancelToken) -> tuple[Any, _Context]:
+        """One effect of a super-step as a coroutine to start on the run's loop, and
+        its context."""
         if self.interrupted is not None:
             token.cancel(self.interrupted[1])
         effects = self.state.branch_effects.get(task.branch, ())
@@ -1040,8 +1040,8 @@ class Driver:
         run = self._runner(task.node_type)
         retry = pending_retry(effects) if self.options.effect_source is None else None
         if retry is not None:
-            return self.effect_loop.start(self._after_delay(retry, token, run, task.task, ctx)), ctx
-        return self.effect_loop.start(run(task.task, ctx)), ctx
+            return self._after_delay(retry, token, run, task.task, ctx), ctx
+        return run(task.task, ctx), ctx
 
     async def _after_delay(
         self, retry: NodeRetrying, token: CancelToken, run: Any, task: Any, ctx: _Context
@@ -1488,39 +1488,57 @@ class _Slots:
         return sorted(set(stopped))
 
     def fill(self, group: str | None = None) -> None:
-        """Start queued effects (of ``group``, or of every group) while their caps allow."""
+        """Start queued effects (of ``group``, or of every group) while their caps allow.
+
+        The effects a fill starts are handed to the run's loop together (one wake-up
+        of the loop for a map's first hundred calls, not one each)."""
         with self._lock:
             if self._filling:  # an effect that finished as it started: the fill goes on
                 return
             self._filling = True
             try:
+                starting: list[tuple[decider.Perform, CancelToken, _Context, Any]] = []
                 for name in (group,) if group is not None else tuple(self.queues):
                     queue = self.queues[name]
                     while queue and self.in_group[name] < self.caps[name]:
                         if self._stopping():
                             queue.clear()
                             break
-                        self._start(queue.popleft())
+                        starting.append(self._prepare(queue.popleft()))
+                if starting:
+                    self._start(starting)
             finally:
                 self._filling = False
 
-    def _start(self, task: decider.Perform) -> None:
+    def _prepare(self, task: decider.Perform) -> tuple[decider.Perform, CancelToken, _Context, Any]:
+        """``task``'s slot taken, its token, context and coroutine (or the error that
+        made it: a bug, which fails the effect and lets the step go on)."""
         driver = self.driver
         self.in_group[task.group] += 1
         token = CancelToken()
         driver._tokens.add(token)
         try:
-            future, ctx = driver._start_effect(task, token)
-        except Exception as exc:  # a bug: the effect fails, the step goes on
-            import concurrent.futures as cf
-
-            future = cf.Future()
-            future.set_exception(exc)
+            coro, ctx = driver._effect_of(task, token)
+        except Exception as exc:
             ctx = _Context(driver, task.node_id, task.visit, branch=task.branch, cancel=token)
-        self.running[future] = (task, token, ctx)
-        # The slots themselves are the callback (:meth:`__call__`): no bound method
-        # made per effect, and none kept that would tie them to themselves.
-        future.add_done_callback(self)
+            return task, token, ctx, exc
+        return task, token, ctx, coro
+
+    def _start(self, starting: list[tuple[decider.Perform, CancelToken, _Context, Any]]) -> None:
+        coros = [coro for *_, coro in starting if not isinstance(coro, Exception)]
+        outcomes = iter(self.driver.effect_loop.start_many(coros) if coros else ())
+        for task, token, ctx, coro in starting:
+            if isinstance(coro, Exception):
+                import concurrent.futures as cf
+
+                future: Any = cf.Future()
+                future.set_exception(coro)
+            else:
+                future = next(outcomes)
+            self.running[future] = (task, token, ctx)
+            # The slots themselves are the callback (:meth:`__call__`): no bound
+            # method made per effect, and none kept that would tie them to themselves.
+            future.add_done_callback(self)
 
     def __call__(self, future: Any) -> None:
         """An effect ended (any thread): its slot starts the next of its group, then

@@ -132,3 +132,48 @@ def test_a_cancelled_task_ends_its_outcome_with_the_cancellation() -> None:
         assert isinstance(outcome.exception(), asyncio.CancelledError)
     finally:
         loop.stop()
+
+
+def test_start_many_wakes_the_loop_once_and_starts_each_in_order() -> None:
+    """A fill hands its effects to the loop together: one wake-up of the loop from
+    another thread, the tasks started in the order given, each outcome its own; from
+    the loop's own thread they are started at once."""
+    loop = EffectLoop("test-start-many")
+    try:
+        started: list[int] = []
+
+        async def work(i: int) -> None:
+            started.append(i)
+            if i == 2:
+                raise ValueError("the third failed")
+
+        wakeups = 0
+        call_soon_threadsafe = loop.loop.call_soon_threadsafe
+
+        def counted(*args: object) -> object:
+            nonlocal wakeups
+            wakeups += 1
+            return call_soon_threadsafe(*args)  # type: ignore[arg-type]
+
+        loop.loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        outcomes = loop.start_many([work(i) for i in range(5)])
+        assert all(o.wait(5) for o in outcomes)
+        assert wakeups == 1
+        assert started == [0, 1, 2, 3, 4]
+        assert [type(o.exception()).__name__ for o in outcomes] == [
+            "NoneType",
+            "NoneType",
+            "ValueError",
+            "NoneType",
+            "NoneType",
+        ]
+
+        async def from_the_loop() -> list[TaskOutcome]:
+            return loop.start_many([work(i) for i in (10, 11)])
+
+        inner = loop.submit(from_the_loop()).result(5)
+        assert all(o.wait(5) for o in inner) and started[-2:] == [10, 11]
+        # Started on the loop's own thread: no wake-up but the submit's own.
+        assert wakeups == 2
+    finally:
+        loop.stop()
