@@ -1497,15 +1497,19 @@ class _Slots:
                 return
             self._filling = True
             try:
-                starting: list[tuple[decider.Perform, CancelToken, _Context, Any]] = []
-                for name in (group,) if group is not None else tuple(self.queues):
-                    queue = self.queues[name]
-                    while queue and self.in_group[name] < self.caps[name]:
-                        if self._stopping():
-                            queue.clear()
-                            break
-                        starting.append(self._prepare(queue.popleft()))
-                if starting:
+                while True:
+                    starting: list[tuple[decider.Perform, CancelToken, _Context, Any]] = []
+                    for name in (group,) if group is not None else tuple(self.queues):
+                        queue = self.queues[name]
+                        while queue and self.in_group[name] < self.caps[name]:
+                            if self._stopping():
+                                queue.clear()
+                                break
+                            starting.append(self._prepare(queue.popleft()))
+                    if not starting:
+                        break
+                    # (An effect that failed as it started freed its slot: the fill
+                    # goes round again.)
                     self._start(starting)
             finally:
                 self._filling = False
@@ -1526,7 +1530,13 @@ class _Slots:
 
     def _start(self, starting: list[tuple[decider.Perform, CancelToken, _Context, Any]]) -> None:
         coros = [coro for *_, coro in starting if not isinstance(coro, Exception)]
-        outcomes = iter(self.driver.effect_loop.start_many(coros) if coros else ())
+        try:
+            outcomes = iter(self.driver.effect_loop.start_many(coros) if coros else ())
+        except Exception as exc:  # a bug (the loop gone): each of them fails, the step goes on
+            for coro in coros:
+                coro.close()
+            starting = [(task, token, ctx, exc) for task, token, ctx, _ in starting]
+            outcomes = iter(())
         for task, token, ctx, coro in starting:
             if isinstance(coro, Exception):
                 import concurrent.futures as cf
