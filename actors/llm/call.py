@@ -82,7 +82,7 @@ class LlmTask(msgspec.Struct, frozen=True, kw_only=True):
 
     ``system`` already carries the schema hint when the node has an
     ``output_schema`` and ``instructions`` (else ``prompt`` carries it). A struct:
-    a map makes one per item, and a frozen dataclass takes ~20 times as long to make.
+    a map makes one per item, and a frozen dataclass takes ~10 times as long to make.
     """
 
     node_id: str
