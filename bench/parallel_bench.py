@@ -517,6 +517,11 @@ def main(argv: list[str] | None = None) -> int:
         report["bare_aiohttp_s"] = round(bare, 3)
         report["bare_aiohttp_runs_s"] = [round(r["seconds"], 3) for r in bares]
         report["ratio_to_bare"] = round(seconds / bare, 2)
+        # Each round's graphrun run over the bare run just before it (context: a
+        # machine whose speed drifts moves both of a pair alike).
+        paired = [g["seconds"] / b["seconds"] for g, b in zip(runs, bares, strict=True)]
+        report["ratio_to_bare_by_round"] = [round(r, 3) for r in paired]
+        report["ratio_to_bare_paired_median"] = round(statistics.median(paired), 3)
         report["graphrun_s"] = round(seconds, 3)
         report["graphrun_runs_s"] = [round(r["seconds"], 3) for r in runs]
         report["ideal_s"] = round(ideal, 3)
@@ -569,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
             f"ideal {ideal:.2f} s (target <= {IDEAL_RATIO_TARGET}x; best run "
             f"{report['best_ratio_to_ideal']}x; runs {report['graphrun_runs_s']}), "
             f"{report['ratio_to_bare']}x the bare aiohttp loop (target <= {BARE_RATIO_TARGET}x)",
+            f"             round by round against the bare run before it: "
+            f"{report['ratio_to_bare_by_round']}, median "
+            f"{report['ratio_to_bare_paired_median']}x (context, not judged)",
             f"             CPU per call (the timed run's process, every thread): graphrun "
             f"{report['cpu_per_call_us']} µs, bare aiohttp "
             f"{report['bare_aiohttp_cpu_per_call_us']} µs, LangGraph "
