@@ -61,12 +61,7 @@ class EffectLoop:
         iteration, not one later. Started from the loop's own thread (an effect
         finishing starts the next), the task is created at once, not via the loop's
         wake-up pipe."""
-        outcome = TaskOutcome()
-        if self.on_loop():
-            self.loop.create_task(_into(coro, outcome))
-        else:
-            self.loop.call_soon_threadsafe(self.loop.create_task, _into(coro, outcome))
-        return outcome
+        return self.start_many([coro])[0]
 
     def start_many(self, coros: list[Coroutine[Any, Any, Any]]) -> list[TaskOutcome]:
         """:meth:`start` for each of ``coros``, handed to the loop in one wake-up

@@ -12,7 +12,6 @@ copied events like any recorded effect.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -21,6 +20,7 @@ import msgspec
 
 from graphrun.eventstore.events import EFFECT_TYPES, RESULT_TYPES, CacheChecked, Event
 from graphrun.runtime.graph.templates import lookup
+from graphrun.runtime.nodes.plan import task_fields
 
 #: How many of the graph's newest runs a lookup reads.
 SCAN_RUNS = 200
@@ -28,12 +28,7 @@ SCAN_RUNS = 200
 
 def cache_key(node_type: str, task: Any, key_paths: list[str], state: dict[str, Any]) -> str:
     """The request's fingerprint: ``sha256:`` of its canonical JSON."""
-    if isinstance(task, msgspec.Struct):
-        fields = msgspec.structs.asdict(task)
-    elif dataclasses.is_dataclass(task) and not isinstance(task, type):
-        fields = dataclasses.asdict(task)
-    else:
-        fields = {}
+    fields = task_fields(task)
     fields.pop("node_id", None)
     fields.pop("visit", None)
     if key_paths and node_type == "script":

@@ -10,6 +10,7 @@ node kind builds its decisions with.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -48,6 +49,16 @@ class Perform(msgspec.Struct, frozen=True):
     @property
     def visit(self) -> int:
         return int(getattr(self.task, "visit", 0))
+
+
+def task_fields(task: Any) -> dict[str, Any]:
+    """An effect's task as a dict of its fields (a struct's or a dataclass's; ``{}``
+    for anything else): what a cache key hashes and a replay compares."""
+    if isinstance(task, msgspec.Struct):
+        return msgspec.structs.asdict(task)
+    if dataclasses.is_dataclass(task) and not isinstance(task, type):
+        return dataclasses.asdict(task)
+    return {}
 
 
 class PerformMany(msgspec.Struct, frozen=True):

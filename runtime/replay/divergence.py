@@ -365,7 +365,7 @@ def skill_divergence(outcome: list[Event]) -> Divergence | None:
 
 def task_divergence(old: Any, new: Any, seq: int | None) -> Divergence | None:
     """Compare the request the recorded graph made with the one the new graph makes."""
-    import dataclasses
+    from graphrun.runtime.nodes.plan import task_fields
 
     if type(old) is not type(new):
         return Divergence(
@@ -376,12 +376,7 @@ def task_divergence(old: Any, new: Any, seq: int | None) -> Divergence | None:
             recorded=type(old).__name__,
             now=type(new).__name__,
         )
-    names = (
-        new.__struct_fields__
-        if isinstance(new, msgspec.Struct)
-        else [f.name for f in dataclasses.fields(new)]
-    )
-    for name in names:
+    for name in task_fields(new):
         if name in ("state_json", "visit", "node_id"):
             continue
         a, b = getattr(old, name), getattr(new, name)
