@@ -94,7 +94,8 @@ def graph_cmd(
     "--watch",
     type=float,
     metavar="SECONDS",
-    help="Rewrite the file every SECONDS until the run ends; the page reloads itself.",
+    help="Rewrite the file every SECONDS until the run ends (or waits for an answer, or no "
+    "process drives it); the page reloads itself.",
 )
 @click.option("--config-dir", metavar="DIR", help="Config directory (model prices).")
 @db_option
@@ -133,12 +134,23 @@ def report_cmd(
     prices = load_prices(resolve_config(config_dir))
     from graphrun.eventstore.fold import TERMINAL
 
+    idle = 0
     while True:
-        write_report(
+        shown = write_report(
             store, run_id, path, prices=prices, divergences=divergences, reload_every=watch
         )
         click.echo(f"wrote {path}", err=True)
-        if watch is None or store.run(run_id).status in TERMINAL:
+        if watch is None or shown in TERMINAL:
+            return
+        # As `tail` does: a run no process drives is not watched for ever.
+        idle = 0 if store.is_live(run_id) else idle + 1
+        if shown == "waiting" and idle:
+            click.echo(f"run {run_id} waits for an answer: stopped watching", err=True)
+            return
+        if idle >= 3:
+            click.echo(
+                f"run {run_id} is interrupted (no process drives it): stopped watching", err=True
+            )
             return
         import time
 

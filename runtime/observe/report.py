@@ -722,17 +722,21 @@ def write_report(
     prices: Mapping[str, tuple[float, float]] | None = None,
     divergences: list[dict[str, Any]] | None = None,
     reload_every: float | None = None,
-) -> None:
+) -> str:
     """Write the report of ``run_id`` to ``path`` a piece at a time (a 10,000-item
     map's page is never one string), then put it in place in one step: a browser
-    reloading it (``report --watch``) never reads half a page."""
+    reloading it (``report --watch``) never reads half a page.
+
+    Returns the run's status as the page shows it: a watcher stops on the page it
+    wrote, never on a later read (a run ending between the two would leave an
+    "in progress" page behind for good)."""
     table = BUILTIN_PRICES if prices is None else prices
     runs = collect_tree(store, run_id, table)
     parts = report_parts(runs, table, divergences, reload_every)
     if path.exists() and not path.is_file():  # a device or a pipe: written as it is
         with path.open("w", encoding="utf-8") as f:
             _write_in_chunks(f, parts)
-        return
+        return runs[0].status
     partial = path.with_name(f".{path.name}.partial")
     try:
         with partial.open("w", encoding="utf-8") as f:
@@ -740,6 +744,7 @@ def write_report(
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
+    return runs[0].status
 
 
 def report_parts(

@@ -121,3 +121,27 @@ def test_report_watch_rewrites_until_the_run_ends(graphrun: GraphrunCli, agent, 
         2,
         "error: --watch 0: the interval must be more than 0 seconds\n",
     )
+
+
+def test_report_watch_of_a_waiting_run_stops(graphrun: GraphrunCli, agent, tmp_path):
+    root = agent(
+        """
+        name: gate
+        version: "1.0"
+        start: review
+        nodes:
+          review:
+            type: approval
+            question: "Ship it?"
+            options: [approve, reject]
+            routes: {approve: done, reject: done}
+            on_other: done
+          done: {type: end, output: "ok"}
+        """
+    )
+    assert graphrun("run", str(root), "go").code == 3
+    out = tmp_path / "r.html"
+    res = graphrun("report", graphrun.last_run(), "-o", str(out), "--watch", "0.1", timeout=30)
+    assert res.code == 0, res.stderr
+    assert res.stderr.splitlines()[-1].endswith("waits for an answer: stopped watching")
+    assert res.stderr.count(f"wrote {out}") == 1

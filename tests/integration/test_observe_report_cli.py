@@ -112,3 +112,65 @@ def test_the_written_report_is_the_page_and_replaces_the_old_one_whole(
         store.close()
     assert out.read_text() == "the old page"
     assert [p.name for p in out.parent.iterdir()] == ["r.html"]
+
+
+def test_a_watch_stops_on_the_page_it_wrote_not_on_a_later_look(tmp_path, monkeypatch):
+    """The run ends just after a page of it in progress is written: the watch
+    writes the ended page before it stops, never leaving "in progress" behind."""
+    from click.testing import CliRunner
+
+    from graphrun.cli import cli
+    from graphrun.eventstore.events import RunCompleted
+    from graphrun.eventstore.store import SqliteStore
+    from graphrun.runtime.observe import report
+    from tests.conformance.store_contract import started, step
+
+    db = tmp_path / "runs.db"
+    store = SqliteStore(db)
+    store.append("r1", [started(), *step("a", 1, 1, None)])
+    real = report.write_report
+    shown: list[str] = []
+
+    def then_the_run_ends(*args, **kwargs):
+        shown.append(real(*args, **kwargs))
+        if len(shown) == 1:
+            store.append("r1", [RunCompleted(node_id="a", output="done")])
+        return shown[-1]
+
+    monkeypatch.setattr(report, "write_report", then_the_run_ends)
+    out = tmp_path / "r.html"
+    try:
+        res = CliRunner().invoke(
+            cli, ["report", "r1", "-o", str(out), "--watch", "0.01", "--db", str(db)]
+        )
+    finally:
+        store.close()
+    assert res.exit_code == 0, res.output
+    assert shown == ["running", "completed"]
+    page = out.read_text()
+    assert "in progress" not in page and 'http-equiv="refresh"' not in page
+
+
+def test_a_watch_of_a_run_no_process_drives_stops(tmp_path):
+    from click.testing import CliRunner
+
+    from graphrun.cli import cli
+    from graphrun.eventstore.store import SqliteStore
+    from tests.conformance.store_contract import started, step
+
+    db = tmp_path / "runs.db"
+    store = SqliteStore(db)
+    try:
+        store.append("r1", [started(), *step("a", 1, 1, "b")])
+    finally:
+        store.close()
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(
+        cli, ["report", "r1", "-o", str(out), "--watch", "0.01", "--db", str(db)]
+    )
+    assert res.exit_code == 0, res.output
+    assert res.output.count(f"wrote {out}") == 3
+    assert res.output.splitlines()[-1] == (
+        "run r1 is interrupted (no process drives it): stopped watching"
+    )
+    assert "in progress" in out.read_text()
