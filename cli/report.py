@@ -133,8 +133,10 @@ def report_cmd(
         divergences = replay_divergences(store, run_id, divergence_of)
     prices = load_prices(resolve_config(config_dir))
     from graphrun.eventstore.fold import TERMINAL
+    from graphrun.runtime.observe.follow import Liveness
 
-    idle = 0
+    liveness = Liveness(store, run_id)
+    seen = -1
     while True:
         shown = write_report(
             store, run_id, path, prices=prices, divergences=divergences, reload_every=watch
@@ -143,13 +145,15 @@ def report_cmd(
         if watch is None or shown in TERMINAL:
             return
         # As `tail` does: a run no process drives is not watched for ever.
-        idle = 0 if store.is_live(run_id) else idle + 1
-        if shown == "waiting" and idle:
+        if shown == "waiting" and not liveness.live():
             click.echo(f"run {run_id} waits for an answer: stopped watching", err=True)
             return
-        if idle >= 3:
+        last, seen = seen, store.run(run_id).last_seq
+        if liveness.orphaned(seen != last):
             click.echo(
-                f"run {run_id} is interrupted (no process drives it): stopped watching", err=True
+                f"run {run_id} is interrupted (no process drives it): stopped watching; "
+                f"`graphrun resume {run_id}` continues it",
+                err=True,
             )
             return
         import time
@@ -209,7 +213,9 @@ def tail_cmd(run_id: str, interval: float, db: str | None) -> None:
     """Watch RUN_ID as another process drives it: its narration, until it ends or waits.
 
     Exit codes as for `run`: 0 completed, 1 failed or cancelled, 3 waiting,
-    4 completed with unhandled failures.
+    4 completed with unhandled failures; 1 too when no process drives the run any
+    more (none has held it for three looks and two seconds: `graphrun resume`
+    continues it).
     """
     from graphrun.runtime.observe.follow import follow
 

@@ -152,10 +152,16 @@ def test_a_watch_stops_on_the_page_it_wrote_not_on_a_later_look(tmp_path, monkey
 
 
 def test_a_watch_of_a_run_no_process_drives_stops(tmp_path):
+    """A run whose process is gone (no lease held, nothing appended) is watched for
+    three looks and two seconds at least, then given up on, saying why; so is it by
+    `tail`, which exits as the run stands (interrupted)."""
+    import time
+
     from click.testing import CliRunner
 
     from graphrun.cli import cli
     from graphrun.eventstore.store import SqliteStore
+    from graphrun.runtime.observe.follow import IDLE_GRACE_S
     from tests.conformance.store_contract import started, step
 
     db = tmp_path / "runs.db"
@@ -165,12 +171,22 @@ def test_a_watch_of_a_run_no_process_drives_stops(tmp_path):
     finally:
         store.close()
     out = tmp_path / "r.html"
+    began = time.monotonic()
     res = CliRunner().invoke(
-        cli, ["report", "r1", "-o", str(out), "--watch", "0.01", "--db", str(db)]
+        cli, ["report", "r1", "-o", str(out), "--watch", "0.05", "--db", str(db)]
     )
+    assert time.monotonic() - began >= IDLE_GRACE_S
     assert res.exit_code == 0, res.output
-    assert res.output.count(f"wrote {out}") == 3
+    assert res.output.count(f"wrote {out}") >= 3
     assert res.output.splitlines()[-1] == (
-        "run r1 is interrupted (no process drives it): stopped watching"
+        "run r1 is interrupted (no process drives it): stopped watching; "
+        "`graphrun resume r1` continues it"
     )
     assert "in progress" in out.read_text()
+    began = time.monotonic()
+    tail = CliRunner().invoke(cli, ["tail", "r1", "--interval", "0.05", "--db", str(db)])
+    assert time.monotonic() - began >= IDLE_GRACE_S
+    assert tail.output.splitlines()[-1] == (
+        "▸ run r1 is interrupted: no process drives it; `graphrun resume r1` continues it"
+    )
+    assert tail.exit_code == 1
