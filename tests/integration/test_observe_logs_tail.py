@@ -70,7 +70,7 @@ def test_tail_follows_a_run_to_its_end(graphrun: GraphrunCli, agent):
     assert lines[-1].startswith("▸ graph done in ")
 
 
-def test_tail_of_a_waiting_run_exits_3(graphrun: GraphrunCli, agent):
+def test_tail_and_report_watch_of_a_waiting_run_stop(graphrun: GraphrunCli, agent, tmp_path):
     root = agent(
         """
         name: gate
@@ -90,6 +90,11 @@ def test_tail_of_a_waiting_run_exits_3(graphrun: GraphrunCli, agent):
     res = graphrun("tail", graphrun.last_run(), "--interval", "0.1")
     assert res.code == 3
     assert res.stderr.splitlines()[-1].endswith("waits for an answer at review")
+    out = tmp_path / "r.html"
+    res = graphrun("report", graphrun.last_run(), "-o", str(out), "--watch", "0.1", timeout=30)
+    assert res.code == 0, res.stderr
+    assert res.stderr.splitlines()[-1].endswith("waits for an answer: stopped watching")
+    assert res.stderr.count(f"wrote {out}") == 1
 
 
 def test_report_watch_rewrites_until_the_run_ends(graphrun: GraphrunCli, agent, tmp_path):
@@ -121,27 +126,3 @@ def test_report_watch_rewrites_until_the_run_ends(graphrun: GraphrunCli, agent, 
         2,
         "error: --watch 0: the interval must be more than 0 seconds\n",
     )
-
-
-def test_report_watch_of_a_waiting_run_stops(graphrun: GraphrunCli, agent, tmp_path):
-    root = agent(
-        """
-        name: gate
-        version: "1.0"
-        start: review
-        nodes:
-          review:
-            type: approval
-            question: "Ship it?"
-            options: [approve, reject]
-            routes: {approve: done, reject: done}
-            on_other: done
-          done: {type: end, output: "ok"}
-        """
-    )
-    assert graphrun("run", str(root), "go").code == 3
-    out = tmp_path / "r.html"
-    res = graphrun("report", graphrun.last_run(), "-o", str(out), "--watch", "0.1", timeout=30)
-    assert res.code == 0, res.stderr
-    assert res.stderr.splitlines()[-1].endswith("waits for an answer: stopped watching")
-    assert res.stderr.count(f"wrote {out}") == 1
