@@ -29,8 +29,10 @@ The server runs in its own process (asyncio, keep-alive), so it shares no GIL wi
 the engine under test; so does every timed run of every contender (three each by
 default, alternating, judged by their medians), so that none runs in a heap another
 grew. No process tuning of any kind. Usage:
-``python bench/parallel_bench.py [--items N] [--concurrency C] [--repeats R] [--json]``;
-exits 1 when a target is missed.
+``python bench/parallel_bench.py [--items N] [--concurrency C] [--repeats R] [--pairs P] [--json]``;
+exits 1 when a target is missed. ``--pairs P`` adds P rounds of graphrun and the bare
+aiohttp loop alone and prints their ratio over every round with a 90% interval
+(context: one run of either varies by more than the gap the target allows).
 """
 
 from __future__ import annotations
@@ -469,11 +471,45 @@ def measure(
     return dict(json.loads(lines[-1]))
 
 
+def _pairs_interval(
+    timed: Any, first: int, pairs: int, runs: list[dict[str, Any]], bares: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``pairs`` more rounds of the bare aiohttp loop then graphrun, alone; over every
+    round (these and the judged ones): the ratio of the medians, a 90% interval of it
+    (a bootstrap of whole rounds, seeded: the same runs give the same interval) and
+    how many rounds' own ratio is within the target."""
+    import random
+
+    rounds = [(g["seconds"], b["seconds"]) for g, b in zip(runs, bares, strict=True)]
+    for i in range(first, first + pairs):
+        bare = timed("aiohttp", i)["seconds"]
+        rounds.append((timed("graphrun", i)["seconds"], bare))
+
+    def ratio(sample: list[tuple[float, float]]) -> float:
+        return statistics.median(g for g, _ in sample) / statistics.median(b for _, b in sample)
+
+    draw = random.Random(0)
+    resampled = sorted(ratio(draw.choices(rounds, k=len(rounds))) for _ in range(2000))
+    return {
+        "pairs_rounds": len(rounds),
+        "pairs_ratio_of_medians": round(ratio(rounds), 3),
+        "pairs_ratio_interval": [round(resampled[100], 3), round(resampled[1899], 3)],
+        "pairs_rounds_within_target": sum(g / b <= BARE_RATIO_TARGET for g, b in rounds),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=REPEATS, help="timed runs of each")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="more rounds of graphrun and the bare aiohttp loop alone, for an interval "
+        "of their ratio (context; the judged figure stays the one of --repeats)",
+    )
     parser.add_argument("--json", action="store_true")
     # One contender's run in a process of its own (what main() starts).
     parser.add_argument("--contender", help=argparse.SUPPRESS)
@@ -522,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
         paired = [g["seconds"] / b["seconds"] for g, b in zip(runs, bares, strict=True)]
         report["ratio_to_bare_by_round"] = [round(r, 3) for r in paired]
         report["ratio_to_bare_paired_median"] = round(statistics.median(paired), 3)
+        if args.pairs:
+            report.update(_pairs_interval(timed, args.repeats, args.pairs, runs, bares))
         report["graphrun_s"] = round(seconds, 3)
         report["graphrun_runs_s"] = [round(r["seconds"], 3) for r in runs]
         report["ideal_s"] = round(ideal, 3)
@@ -577,6 +615,18 @@ def main(argv: list[str] | None = None) -> int:
             f"             round by round against the bare run before it: "
             f"{report['ratio_to_bare_by_round']}, median "
             f"{report['ratio_to_bare_paired_median']}x (context, not judged)",
+            *(
+                [
+                    f"             over {report['pairs_rounds']} rounds of the pair "
+                    f"({args.pairs} more, the pair alone): "
+                    f"{report['pairs_ratio_of_medians']}x, 90% interval "
+                    f"{report['pairs_ratio_interval'][0]}–{report['pairs_ratio_interval'][1]}x "
+                    f"(bootstrap of the rounds); {report['pairs_rounds_within_target']} of "
+                    f"the rounds within the target (context, not judged)"
+                ]
+                if args.pairs
+                else []
+            ),
             f"             CPU per call (the timed run's process, every thread): graphrun "
             f"{report['cpu_per_call_us']} µs, bare aiohttp "
             f"{report['bare_aiohttp_cpu_per_call_us']} µs, LangGraph "

@@ -83,6 +83,8 @@ def test_parallel_bench_runs_every_contender_in_its_own_process(tmp_path: Path) 
             "20",
             "--concurrency",
             "5",
+            "--pairs",
+            "2",
             "--json",
         ],
         capture_output=True,
@@ -96,6 +98,11 @@ def test_parallel_bench_runs_every_contender_in_its_own_process(tmp_path: Path) 
     assert report["ideal_s"] == 0.2
     assert report["graphrun_s"] > report["ideal_s"]
     assert report["replay_events"] > 40  # the 20-item map's log, replayed through the CLI
+    # Two more rounds of the pair alone: the ratio over all five, with its interval.
+    assert report["pairs_rounds"] == 5
+    low, high = report["pairs_ratio_interval"]
+    assert 0 < low <= high and report["pairs_ratio_of_medians"] > 0
+    assert 0 <= report["pairs_rounds_within_target"] <= 5
 
 
 @pytest.mark.timeout(200)
