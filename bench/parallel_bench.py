@@ -471,17 +471,15 @@ def measure(
     return dict(json.loads(lines[-1]))
 
 
-def _pairs_interval(
-    timed: Any, first: int, pairs: int, runs: list[dict[str, Any]], bares: list[dict[str, Any]]
-) -> dict[str, Any]:
+def _pairs_interval(timed: Any, pairs: int, judged: list[tuple[float, float]]) -> dict[str, Any]:
     """``pairs`` more rounds of the bare aiohttp loop then graphrun, alone; over every
-    round (these and the judged ones): the ratio of the medians, a 90% interval of it
-    (a bootstrap of whole rounds, seeded: the same runs give the same interval) and
-    how many rounds' own ratio is within the target."""
+    round (these and the ``judged`` ones, each ``(graphrun s, bare s)``): the ratio of
+    the medians, a 90% interval of it (a bootstrap of whole rounds, seeded: the same
+    runs give the same interval) and how many rounds' own ratio is within the target."""
     import random
 
-    rounds = [(g["seconds"], b["seconds"]) for g, b in zip(runs, bares, strict=True)]
-    for i in range(first, first + pairs):
+    rounds = list(judged)
+    for i in range(len(judged), len(judged) + pairs):
         bare = timed("aiohttp", i)["seconds"]
         rounds.append((timed("graphrun", i)["seconds"], bare))
 
@@ -555,11 +553,12 @@ def main(argv: list[str] | None = None) -> int:
         report["ratio_to_bare"] = round(seconds / bare, 2)
         # Each round's graphrun run over the bare run just before it (context: a
         # machine whose speed drifts moves both of a pair alike).
-        paired = [g["seconds"] / b["seconds"] for g, b in zip(runs, bares, strict=True)]
+        rounds = [(g["seconds"], b["seconds"]) for g, b in zip(runs, bares, strict=True)]
+        paired = [g / b for g, b in rounds]
         report["ratio_to_bare_by_round"] = [round(r, 3) for r in paired]
         report["ratio_to_bare_paired_median"] = round(statistics.median(paired), 3)
         if args.pairs:
-            report.update(_pairs_interval(timed, args.repeats, args.pairs, runs, bares))
+            report.update(_pairs_interval(timed, args.pairs, rounds))
         report["graphrun_s"] = round(seconds, 3)
         report["graphrun_runs_s"] = [round(r["seconds"], 3) for r in runs]
         report["ideal_s"] = round(ideal, 3)
