@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -489,7 +489,7 @@ class _LlmRun:
                     if said and task.output_schema is None:
                         # Every turn's text, as Loki accumulates an agent's output.
                         joined = "\n".join([*said, response.text] if response.text else said)
-                        return replace(response, text=joined)
+                        return msgspec.structs.replace(response, text=joined)
                     return response
                 if response.text:
                     said = (*said, response.text)

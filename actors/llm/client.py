@@ -148,6 +148,9 @@ class ClientFactory:
         factory's event-loop thread. Either way the providers read httpx's
         ``Response`` (live, the part of it they read: :func:`_httpx_response`).
         """
+        existing = self._clients.get(base_url)  # made once: every later call reads it
+        if existing is not None:
+            return existing
         with self._lock:
             existing = self._clients.get(base_url)
             if existing is not None:

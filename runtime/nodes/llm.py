@@ -138,6 +138,16 @@ def _effect_names() -> tuple[Any, Any]:
     return LlmTask, schema_hint
 
 
+@functools.cache
+def _run_names() -> tuple[Any, Any]:
+    """``perform_llm_async`` and ``blocking``, imported once on first use (an import
+    statement in :meth:`LlmActor.run` would cost every call of a map ~1 µs)."""
+    from graphrun.actors.llm.call import perform_llm_async
+    from graphrun.actors.loop import blocking
+
+    return perform_llm_async, blocking
+
+
 def llm_task(graph: Graph, node: LlmNode, node_id: str, visit: int, s: dict[str, Any]) -> Any:
     """The rendered request of an llm node (schema hint placed as the spec says)."""
     LlmTask, schema_hint = _effect_names()
@@ -352,9 +362,7 @@ class LlmActor:
         commits block, so they go to the run's executor."""
         # Errors raised here (a replay miss, a tool that cannot load) fail the run; the
         # supervisor prefixes the node id, so they carry none of their own.
-        from graphrun.actors.llm.call import perform_llm_async
-        from graphrun.actors.loop import blocking
-
+        perform_llm_async, blocking = _run_names()
         if not task.tools:
             return await perform_llm_async(task, ctx, client_factory=self.clients)
         box, own = await blocking(ctx, self._toolbox_of, task, ctx)
