@@ -6,17 +6,17 @@ call and result committed to a real SQLite log) over 1,000 and over 10,000 items
 each run in a fresh process after a one-item warm-up run, so that its peak RSS
 (``ru_maxrss``) is its own. Targets: the 10,000-item map takes <= 10.5x the time
 and <= 1.3x the peak RSS of the 1,000-item one (the ideal is 10x the time and the
-same memory beyond the results themselves). Then ``show``, ``report`` and
-``replay`` of the two runs: what each command does after start-up, as CPU time (a
-busy machine blurs wall time far more), the 10,000-item run's <= 10.5x the
-1,000-item one's (linear). Each size is costed in processes of its own (three, the
-median taken), each calling the command twice to warm up and then several times
-(20 at 1,000 items, 2 at 10,000): the mean per call counts Python's full
-collections at the rate they come. A full collection walks every object the
-process holds; at 1,000 items one comes every few calls, so the least of a few
-calls would leave it out, and a process that had just costed the other size
-would start with that size's heap. Beside each figure: the part of it the cyclic
-collector's pauses took (measured with ``gc.callbacks``, which only observe).
+same memory beyond the results themselves). Then ``show``, ``report`` and ``replay``
+of the two runs: what each command does after start-up, as CPU time (a busy machine
+blurs wall time far more), the 10,000-item run's <= 10.5x the 1,000-item one's
+(linear). Each size is costed in processes of its own (three, the median taken; the
+two sizes' processes alternate), each calling the command twice to warm up and then
+several times (20 at 1,000 items, 2 at 10,000): the mean per call counts Python's
+full collections at the rate they come. A full collection walks every object the
+process holds; at 1,000 items one comes every few calls, so the least of a few calls
+would leave it out, and a process that had just costed the other size would start
+with that size's heap. Beside each figure: the part of it the cyclic collector's
+pauses took (measured with ``gc.callbacks``, which only observe).
 
 ``--per-item 1000,3000,5000,10000`` also maps those sizes (a run each) and prints
 what each command costs per item at each, the same way (context, not a target).
@@ -138,20 +138,28 @@ def one_cost(command: str, db: str, run_id: str, calls: int) -> None:
     print(json.dumps({"cpu": cpu / calls, "wall": wall / calls, "gc": paused[0] / calls}))
 
 
-def command_cost(command: str, run: dict[str, Any], items: int) -> dict[str, float]:
-    """The median over three fresh processes of ``command``'s mean cost per call on
-    ``run`` (a map of ``items`` items)."""
-    calls = max(2, 20_000 // items)
-    found = []
+def command_costs(command: str, runs: dict[int, dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """For each map in ``runs`` (by item count), the median over three fresh processes
+    of ``command``'s mean cost per call on it. The sizes' processes alternate (one of
+    each, three times), so that a machine that speeds up or slows down during the
+    measurement weighs on every size alike."""
+    found: dict[int, list[dict[str, float]]] = {items: [] for items in runs}
     for _ in range(3):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--cost", command]
-        done = subprocess.run(
-            [*cmd, run["db"], run["run_id"], str(calls)], capture_output=True, text=True
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"`{command}` of the {items}-item map failed:\n{done.stderr[-3000:]}")
-        found.append(json.loads(done.stdout.splitlines()[-1]))
-    return {k: statistics.median(f[k] for f in found) for k in ("cpu", "wall", "gc")}
+        for items, run in runs.items():
+            calls = max(2, 20_000 // items)
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--cost", command]
+            done = subprocess.run(
+                [*cmd, run["db"], run["run_id"], str(calls)], capture_output=True, text=True
+            )
+            if done.returncode != 0:
+                raise SystemExit(
+                    f"`{command}` of the {items}-item map failed:\n{done.stderr[-3000:]}"
+                )
+            found[items].append(json.loads(done.stdout.splitlines()[-1]))
+    return {
+        items: {k: statistics.median(f[k] for f in costs) for k in ("cpu", "wall", "gc")}
+        for items, costs in found.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,9 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         for command in COMMANDS:
-            cost = {
-                items: command_cost(command, found[items][-1], items) for items in (small, large)
-            }
+            cost = command_costs(command, {items: found[items][-1] for items in (small, large)})
             big, little = cost[large], cost[small]
             without = (big["cpu"] - big["gc"]) / (little["cpu"] - little["gc"])
             report.add(
@@ -237,15 +243,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def per_item(report: Report, url: str, tmp: Path, sizes: list[int]) -> None:
-    """Each command's CPU time per item (:func:`command_cost`) on a map of each size."""
+    """Each command's CPU time per item (:func:`command_costs`) on a map of each size."""
     where = tmp / "per-item"
     where.mkdir()
     runs = {items: measure(url, where, items, 0) for items in sizes}
     for command in COMMANDS:
-        costs = []
-        for items, run in runs.items():
-            cpu = command_cost(command, run, items)["cpu"]
-            costs.append(f"{items:,}: {cpu / items * 1e6:.1f}")
+        costs = [
+            f"{items:,}: {cost['cpu'] / items * 1e6:.1f}"
+            for items, cost in command_costs(command, runs).items()
+        ]
         report.note(
             f"`graphrun {command}`, µs of CPU per item: {'; '.join(costs)} "
             f"(load {os.getloadavg()[0]:.2f})"
