@@ -143,11 +143,11 @@ def command_costs(command: str, runs: dict[int, dict[str, Any]]) -> dict[int, di
     of ``command``'s mean cost per call on it. The sizes' processes alternate (one of
     each, three times), so that a machine that speeds up or slows down during the
     measurement weighs on every size alike."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--cost", command]
     found: dict[int, list[dict[str, float]]] = {items: [] for items in runs}
     for _ in range(3):
         for items, run in runs.items():
             calls = max(2, 20_000 // items)
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--cost", command]
             done = subprocess.run(
                 [*cmd, run["db"], run["run_id"], str(calls)], capture_output=True, text=True
             )
