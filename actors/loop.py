@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: How long stopping a loop waits for one kept object to close (a pooled session).
+_CLOSE_SECONDS = 10.0
+
 
 class EffectLoop:
     """An asyncio event loop on a daemon thread of its own.
@@ -44,6 +47,7 @@ class EffectLoop:
         self._shared: dict[Any, Any] = {}
         self._lock = threading.Lock()
         self.stopped = False
+        self._winding_down: threading.Event | None = None
 
     def on_loop(self) -> bool:
         """Whether the caller runs on the loop's own thread."""
@@ -98,22 +102,47 @@ class EffectLoop:
         with contextlib.suppress(Exception):
             self.submit(cancel_the_rest()).result(timeout=10)
 
-    def stop(self) -> None:
-        """Cancel what is left, close what was kept, stop the loop and its thread."""
-        if self.stopped:
-            return
-        self.stopped = True
-        self.cancel_all()
+    def begin_stop(self) -> None:
+        """Start stopping, without waiting: on the loop itself, cancel what is left,
+        close what was kept (each close bounded), then stop the loop. Its thread
+        winds down while the caller goes on (a driver writing its last commit);
+        :meth:`stop` waits for it. Idempotent."""
         with self._lock:
+            if self._winding_down is not None:
+                return
             kept, self._shared = list(self._shared.values()), {}
-        for thing in kept:
-            close = getattr(thing, "close", None)
-            if close is not None and asyncio.iscoroutinefunction(close):
-                with contextlib.suppress(Exception):
-                    self.submit(close()).result(timeout=10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        if not self._thread.is_alive():
+            self._winding_down = threading.Event()
+        self.stopped = True
+        done = self._winding_down
+
+        async def wind_down() -> None:
+            try:
+                me = asyncio.current_task()
+                for task in asyncio.all_tasks():
+                    if task is not me:
+                        task.cancel()
+                for thing in kept:
+                    close = getattr(thing, "close", None)
+                    if close is not None and asyncio.iscoroutinefunction(close):
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(close(), _CLOSE_SECONDS)
+            finally:
+                asyncio.get_running_loop().stop()
+                done.set()
+
+        try:
+            asyncio.run_coroutine_threadsafe(wind_down(), self.loop)
+        except RuntimeError:  # the loop is closed already: nothing is left to close
+            done.set()
+
+    def stop(self) -> None:
+        """Cancel what is left, close what was kept, stop the loop and its thread
+        (:meth:`begin_stop`, then wait for it)."""
+        self.begin_stop()
+        assert self._winding_down is not None
+        self._winding_down.wait(_CLOSE_SECONDS * 2)
+        self._thread.join(timeout=_CLOSE_SECONDS)
+        if not self._thread.is_alive() and not self.loop.is_closed():
             self.loop.close()
 
 

@@ -573,19 +573,29 @@ class Driver:
             if driven:
                 self._sign_head()
             self.store.release_lease(self.run_id)
-            for effect in self._effects_by_type.values():
-                close = getattr(effect, "close", None)
-                if close is not None:
-                    with contextlib.suppress(Exception):
-                        close()  # an effect holding resources (a pool, MCP sessions)
-            if self._executor is not None:
-                # Whatever still runs there is abandoned (a retrieval past its
-                # timeout): the run has ended and records nothing more from it.
-                self._executor.shutdown(wait=False, cancel_futures=True)
+            self._let_go()
             if self._owns_loop and self._loop is not None:
-                self._loop.stop()
+                self._loop.stop()  # (waits for the stop _let_go began)
             if self._tmp_dir is not None:
                 shutil.rmtree(self._tmp_dir, ignore_errors=True)
+
+    def _let_go(self) -> None:
+        """Close what the run's effects hold (a pool, MCP sessions), drop its executor
+        and begin stopping its own loop, without waiting for the loop's thread.
+        Called once nothing more is performed, and again (a no-op) as the drive ends."""
+        effects, self._effects_by_type = list(self._effects_by_type.values()), {}
+        for effect in effects:
+            close = getattr(effect, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
+        if self._executor is not None:
+            # Whatever still runs there is abandoned (a retrieval past its timeout):
+            # the run has ended and records nothing more from it.
+            # (Shut down twice is no harm; kept, nothing is submitted to it again.)
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._owns_loop and self._loop is not None:
+            self._loop.begin_stop()
 
     @property
     def ports(self) -> RunPorts:
@@ -738,6 +748,8 @@ class Driver:
                 self.run_id, "interrupted", error=self.interrupted[1], signal=self.interrupted[0]
             )
         self._end_children()
+        # Nothing more is performed: the pools close while the last commit is written.
+        self._let_go()
         self.flush()
         return self._outcome()
 

@@ -177,3 +177,36 @@ def test_start_many_wakes_the_loop_once_and_starts_each_in_order() -> None:
         assert wakeups == 2
     finally:
         loop.stop()
+
+
+def test_begin_stop_returns_at_once_and_stop_waits_for_what_was_kept_to_close() -> None:
+    """A driver begins stopping its loop before its last commit: the pooled session
+    closes on the loop meanwhile (tasks still running are cancelled first), and
+    :meth:`EffectLoop.stop` then waits for all of it and ends the thread."""
+    loop = EffectLoop("test-begin-stop")
+    closing = threading.Event()
+    closed = threading.Event()
+
+    class Pool:
+        async def close(self) -> None:
+            closing.set()
+            await asyncio.sleep(0.3)
+            closed.set()
+
+    loop.keep("pool", Pool)
+
+    async def forever() -> None:
+        await asyncio.sleep(60)
+
+    outcome = loop.start(forever())
+    loop.begin_stop()
+    assert loop.stopped
+    assert closing.wait(5)
+    assert not closed.is_set()  # begin_stop did not wait for the close
+    loop.begin_stop()  # a second call changes nothing
+    loop.stop()
+    assert closed.is_set()
+    assert outcome.done() and isinstance(outcome.exception(), asyncio.CancelledError)
+    assert not loop._thread.is_alive()
+    assert loop.loop.is_closed()
+    loop.stop()  # and stopping again is no error
