@@ -119,6 +119,18 @@ class BranchEffects(Mapping[str, tuple[Any, ...]]):
     def __len__(self) -> int:
         return self._len
 
+    def as_dict(self) -> dict[str, tuple[Any, ...]]:
+        """Every entry in a plain dict, made by merging the leaves (no key is hashed
+        again): for whoever looks up most of the entries at once (a map collected)."""
+        out: dict[str, tuple[Any, ...]] = {}
+        for row in self._buckets:
+            if row is _EMPTY_ROW:
+                continue
+            for leaf in row:
+                if leaf:
+                    out.update(leaf)
+        return out
+
     def __repr__(self) -> str:
         return f"BranchEffects({dict(self)!r})"
 

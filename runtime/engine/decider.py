@@ -40,7 +40,7 @@ from graphrun.eventstore.events import (
     StepStarted,
     VisitCapExceeded,
 )
-from graphrun.eventstore.fold import RunState, effect_output
+from graphrun.eventstore.fold import BranchEffects, RunState, effect_output
 from graphrun.runtime.engine.failures import apply_policy
 from graphrun.runtime.engine.reducers import ABSENT, ReducerError, merge_writes, reduce, writes_of
 from graphrun.runtime.errors import TemplateError
@@ -520,8 +520,12 @@ def _map_step(graph: Graph, node: MapNode, node_id: str, state: RunState) -> Ste
         state, current=node.branch, current_visit=visit, waiting=None, branches={}
     )
     view_of = msgspec.structs.replace
-    # A map that has only begun has no item effects yet: none are looked up.
-    effects_of = state.branch_effects.get if state.branch_effects else None
+    # A map that has only begun has no item effects yet: none are looked up. One
+    # that has looks up every item's: in one plain dict, made once.
+    found = state.branch_effects
+    effects_of = None
+    if found:
+        effects_of = (found.as_dict() if isinstance(found, BranchEffects) else found).get
     as_ = node.as_
     for i, item in enumerate(items):
         iid = f"{prefix}[{i}]"

@@ -27,6 +27,10 @@ def test_a_map_equals_the_dict_it_was_built_from() -> None:
         built = built.set(key, value)
     assert built == items and BranchEffects(items) == built
     assert sorted(built) == sorted(items)
+    # Read at once (a map collected): every entry, the latest value of each.
+    changed = built.set("m[7]", (7, "again"))
+    assert changed.as_dict() == {**items, "m[7]": (7, "again")}
+    assert built.as_dict() == items and BranchEffects().as_dict() == {}
 
 
 def test_iteration_order_is_the_same_in_every_process() -> None:
