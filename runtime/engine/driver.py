@@ -580,8 +580,8 @@ class Driver:
                 shutil.rmtree(self._tmp_dir, ignore_errors=True)
 
     def _let_go(self) -> None:
-        """Close what the run's effects hold (a pool, MCP sessions), drop its executor
-        and begin stopping its own loop, without waiting for the loop's thread.
+        """Close what the run's effects hold (a pool, MCP sessions), shut its executor
+        down and begin stopping its own loop, without waiting for the loop's thread.
         Called once nothing more is performed, and again (a no-op) as the drive ends."""
         effects, self._effects_by_type = list(self._effects_by_type.values()), {}
         for effect in effects:
