@@ -95,9 +95,7 @@ class EffectLoop:
         """Cancel every task still on the loop (each ends as cancelled at once)."""
 
         async def cancel_the_rest() -> None:
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            _cancel_others()
 
         with contextlib.suppress(Exception):
             self.submit(cancel_the_rest()).result(timeout=10)
@@ -117,10 +115,7 @@ class EffectLoop:
 
         async def wind_down() -> None:
             try:
-                me = asyncio.current_task()
-                for task in asyncio.all_tasks():
-                    if task is not me:
-                        task.cancel()
+                _cancel_others()
                 for thing in kept:
                     close = getattr(thing, "close", None)
                     if close is not None and asyncio.iscoroutinefunction(close):
@@ -144,6 +139,14 @@ class EffectLoop:
         self._thread.join(timeout=_CLOSE_SECONDS)
         if not self._thread.is_alive() and not self.loop.is_closed():
             self.loop.close()
+
+
+def _cancel_others() -> None:
+    """Cancel every task on the running loop but the one calling."""
+    me = asyncio.current_task()
+    for task in asyncio.all_tasks():
+        if task is not me:
+            task.cancel()
 
 
 # One lock for every TaskOutcome: it is held only to read or swap an outcome's few

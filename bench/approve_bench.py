@@ -37,7 +37,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Check, Report, loop_script, mode_of, parse_args, timed_with_cpu
+from bench.common import ROOT, Check, Report, loop_script, mode_of, parse_args, timed_with_cpu
 
 RATIO_TARGET = 1.3
 #: events, timed rounds of each side
@@ -73,15 +73,12 @@ nodes:
 SCRIPT = loop_script("gate")
 
 
-def waiting_run(events: int) -> tuple[Path, str, int]:
-    """A database holding one run of about ``events`` events that waits at ``gate``:
-    the file, the run id and its event count (recorded once, then cached)."""
+def _cache_folder(events: int) -> Path:
+    """Where the waiting run of about ``events`` events is kept, keyed by the agent,
+    the event schema, the decider, the fold and the file format."""
     from graphrun.eventstore import events as events_module
     from graphrun.eventstore import fold, migrations, snapshots
-    from graphrun.eventstore.store import SqliteStore
     from graphrun.runtime.engine import decider
-    from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
-    from graphrun.runtime.graph.loader import load_graph
 
     key = hashlib.sha256()
     for part in (GRAPH, SCRIPT, str(events)):
@@ -91,7 +88,17 @@ def waiting_run(events: int) -> tuple[Path, str, int]:
     cache = Path(
         os.environ.get("GRAPHRUN_BENCH_CACHE") or Path(tempfile.gettempdir()) / "graphrun-bench"
     )
-    folder = cache / f"gate-{events}-{key.hexdigest()[:16]}"
+    return cache / f"gate-{events}-{key.hexdigest()[:16]}"
+
+
+def waiting_run(events: int) -> tuple[Path, str, int]:
+    """A database holding one run of about ``events`` events that waits at ``gate``:
+    the file, the run id and its event count (recorded once, then cached)."""
+    from graphrun.eventstore.store import SqliteStore
+    from graphrun.runtime.engine.driver import Driver, RunOptions, drive, start_run
+    from graphrun.runtime.graph.loader import load_graph
+
+    folder = _cache_folder(events)
     done = folder / "run_id"
     if done.exists():
         run_id, count = done.read_text().split()
@@ -102,7 +109,10 @@ def waiting_run(events: int) -> tuple[Path, str, int]:
     (agent / "graph.yaml").write_text(GRAPH, encoding="utf-8")
     (agent / "step.sh").write_text(SCRIPT, encoding="utf-8")
     (agent / "step.sh").chmod(0o755)
-    print(f"      recording a {events:,}-event waiting run (once; cached in {cache})", flush=True)
+    print(
+        f"      recording a {events:,}-event waiting run (once; cached in {folder.parent})",
+        flush=True,
+    )
     start = time.perf_counter()
     store = SqliteStore(folder / "events.db")
     try:
@@ -128,12 +138,13 @@ def recorded_apart(events: int) -> tuple[Path, str, int]:
     """:func:`waiting_run`, recorded (when not cached yet) in a process of its own:
     the timings must not run in the heap a 10,000-event drive grew (its collector
     passes made the first run after a recording read ~1.4x, the later ones ~1.2x)."""
-    code = (
-        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); "
-        f"from bench.approve_bench import waiting_run; waiting_run({events})"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
-    return waiting_run(events)  # cached now: read, not recorded
+    if not (_cache_folder(events) / "run_id").exists():
+        code = (
+            f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+            f"from bench.approve_bench import waiting_run; waiting_run({events})"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True)
+    return waiting_run(events)  # cached: read, not recorded
 
 
 def fresh_copy(db: Path, tmp: Path, n: int) -> Path:
