@@ -95,7 +95,7 @@ def graph_cmd(
     type=float,
     metavar="SECONDS",
     help="Rewrite the file every SECONDS until the run ends (or waits for an answer, or no "
-    "process drives it); the page reloads itself.",
+    "process drives it); the page reloads itself. Then exit as `tail` does.",
 )
 @click.option("--config-dir", metavar="DIR", help="Config directory (model prices).")
 @db_option
@@ -114,6 +114,10 @@ def report_cmd(
     response, human decisions, and (with --divergence) a failed replay's
     divergences. A run in progress can be reported again to refresh, or kept
     fresh with --watch.
+
+    Exit code 0 once the report is written. With --watch, as for `tail`: 0
+    completed, 1 failed or cancelled, 3 waiting, 4 completed with unhandled
+    failures; 1 too when no process drives the run any more.
     """
     from graphrun.runtime.engine.usage import load_prices
     from graphrun.runtime.graph.config import config_dir as resolve_config
@@ -142,12 +146,16 @@ def report_cmd(
             store, run_id, path, prices=prices, divergences=divergences, reload_every=watch
         )
         click.echo(f"wrote {path}", err=True)
-        if watch is None or shown in TERMINAL:
+        if watch is None:
             return
-        # As `tail` does: a run no process drives is not watched for ever.
+        # A watch ends as `tail` does, and says as it exits how the run stands: a
+        # script waiting on it never reads a failed run as a success.
+        if shown in TERMINAL:
+            raise SystemExit(exit_code(shown))
+        # A run no process drives is not watched for ever.
         if shown == "waiting" and not liveness.live():
             click.echo(f"run {run_id} waits for an answer: stopped watching", err=True)
-            return
+            raise SystemExit(exit_code("waiting"))
         last, seen = seen, store.run(run_id).last_seq
         if liveness.orphaned(seen != last):
             click.echo(
@@ -155,7 +163,7 @@ def report_cmd(
                 f"`graphrun resume {run_id}` continues it",
                 err=True,
             )
-            return
+            raise SystemExit(exit_code("interrupted"))
         import time
 
         time.sleep(watch)

@@ -92,7 +92,7 @@ def test_tail_and_report_watch_of_a_waiting_run_stop(graphrun: GraphrunCli, agen
     assert res.stderr.splitlines()[-1].endswith("waits for an answer at review")
     out = tmp_path / "r.html"
     res = graphrun("report", graphrun.last_run(), "-o", str(out), "--watch", "0.1", timeout=30)
-    assert res.code == 0, res.stderr
+    assert res.code == 3, res.stderr  # as `tail`
     assert res.stderr.splitlines()[-1].endswith("waits for an answer: stopped watching")
     assert res.stderr.count(f"wrote {out}") == 1
 

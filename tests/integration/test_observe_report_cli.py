@@ -151,6 +151,65 @@ def test_a_watch_stops_on_the_page_it_wrote_not_on_a_later_look(tmp_path, monkey
     assert "in progress" not in page and 'http-equiv="refresh"' not in page
 
 
+@pytest.mark.parametrize(
+    ("last", "code"),
+    [
+        ("failed", 1),
+        ("cancelled", 1),
+        ("completed_with_errors", 4),
+        ("waiting", 3),
+        ("completed", 0),
+    ],
+)
+def test_a_watch_exits_as_the_run_stands(tmp_path, last, code):
+    """A watch that stops says how the run stands in its exit code, as `tail` does:
+    a script waiting on a run's report never reads a failed run as a success.
+    Without --watch, a report written is exit 0 whatever the run came to."""
+    from click.testing import CliRunner
+
+    from graphrun.cli import cli
+    from graphrun.eventstore.events import (
+        HumanInputRequested,
+        NodeEntered,
+        RunCancelled,
+        RunCompleted,
+        RunFailed,
+    )
+    from graphrun.eventstore.store import SqliteStore
+    from tests.conformance.store_contract import started, step
+
+    ending = {
+        "failed": [RunFailed(error="boom", node_id="a")],
+        "cancelled": [RunCancelled(reason="stop")],
+        "completed_with_errors": [
+            RunCompleted(
+                node_id="a",
+                output="done",
+                unhandled_failures=[{"node": "a", "visit": 1, "error": "boom"}],
+            )
+        ],
+        "waiting": [
+            NodeEntered(node_id="ask", node_type="approval", visit=1),
+            HumanInputRequested(node_id="ask", visit=1, kind="approval", question="ok?"),
+        ],
+        "completed": [RunCompleted(node_id="a", output="done")],
+    }[last]
+    db = tmp_path / "runs.db"
+    store = SqliteStore(db)
+    try:
+        store.append("r1", [started(), *step("a", 1, 1, "ask"), *ending])
+    finally:
+        store.close()
+    out = tmp_path / "r.html"
+    watched = CliRunner().invoke(
+        cli, ["report", "r1", "-o", str(out), "--watch", "0.01", "--db", str(db)]
+    )
+    assert watched.exit_code == code, watched.output
+    assert watched.output.count(f"wrote {out}") == 1
+    once = CliRunner().invoke(cli, ["report", "r1", "-o", str(out), "--db", str(db)])
+    assert once.exit_code == 0, once.output
+
+
 def test_a_watch_of_a_run_no_process_drives_stops(tmp_path):
     """A run whose process is gone (no lease held, nothing appended) is watched for
     three looks and two seconds at least, then given up on, saying why; so is it by
@@ -176,7 +235,7 @@ def test_a_watch_of_a_run_no_process_drives_stops(tmp_path):
         cli, ["report", "r1", "-o", str(out), "--watch", "0.05", "--db", str(db)]
     )
     assert time.monotonic() - began >= IDLE_GRACE_S
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # as `tail` exits on it (below)
     assert res.output.count(f"wrote {out}") >= 3
     assert res.output.splitlines()[-1] == (
         "run r1 is interrupted (no process drives it): stopped watching; "
