@@ -155,9 +155,9 @@ class ClientFactory:
             existing = self._clients.get(base_url)
             if existing is not None:
                 return existing
-            import httpx
-
             if self._recording is not None:
+                import httpx
+
                 created: Any = _TransportClient(httpx.MockTransport(self._recording.handle))
             else:
                 created = _LiveClient(self._event_loop(), self._aborts, self._session_maker())
@@ -241,11 +241,20 @@ def shared_ssl_context() -> Any:
 
     httpx builds a context per transport, and loading the CA bundle into it takes
     ~26 ms here: every run (and every child run of an agent node) paid it again.
-    Made the same way httpx makes it (the environment's SSL_CERT_FILE/DIR apply).
+    Made as httpx makes its own: certifi's CA bundle, unless the environment names
+    another (``SSL_CERT_FILE``, else ``SSL_CERT_DIR``). Made here rather than by
+    httpx: a live run does not import httpx (it brings ~40 ms of modules, rich and
+    pygments among them, for its command line).
     """
-    import httpx
+    import ssl
 
-    return httpx.create_ssl_context()
+    if os.environ.get("SSL_CERT_FILE"):
+        return ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+    if os.environ.get("SSL_CERT_DIR"):
+        return ssl.create_default_context(capath=os.environ["SSL_CERT_DIR"])
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 # --- live calls on an event loop, abortable from any thread ------------------------
@@ -459,23 +468,20 @@ def _env_proxy(scheme: str, host: str) -> dict[str, Any]:
 
 
 def _aiohttp_timeout(timeout: Any) -> Any:
-    """aiohttp's timeout for an httpx ``timeout=`` argument (``None``: the session's)."""
-    if timeout is None or timeout is _client_default():
+    """aiohttp's timeout for a ``timeout=`` argument: ``None`` (the session's), a
+    :class:`~graphrun.actors.llm.providers.base.Post`'s ``(connect, read)`` seconds,
+    one number for both, or httpx's own values (httpx is imported only for those)."""
+    if timeout is None:
         return None
+    if isinstance(timeout, tuple):
+        return _client_timeout(*timeout)
     if isinstance(timeout, int | float):
         return _client_timeout(timeout, timeout)
     import httpx
 
     if isinstance(timeout, httpx.Timeout):
         return _client_timeout(timeout.connect, timeout.read)
-    return None
-
-
-@functools.cache
-def _client_default() -> Any:
-    import httpx
-
-    return httpx.USE_CLIENT_DEFAULT
+    return None  # httpx.USE_CLIENT_DEFAULT: the session's
 
 
 @functools.lru_cache(maxsize=64)
@@ -505,6 +511,12 @@ def _httpx_error(exc: BaseException, request: httpx.Request) -> Exception | None
 
     if isinstance(exc, aiohttp.ClientProxyConnectionError):
         return httpx.ProxyError(str(exc), request=request)
+    if isinstance(exc, aiohttp.ClientSSLError):
+        # What TLS said, as httpx says it ("[SSL: CERTIFICATE_VERIFY_FAILED]
+        # certificate verify failed: ..."): an SSL error's errno is OpenSSL's
+        # reason, not the system's, so it is never read as one ("[Errno 1]").
+        cause = getattr(exc, "certificate_error", None) or exc.os_error
+        return httpx.ConnectError(str(cause), request=request)
     if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
         if isinstance(exc, aiohttp.ConnectionTimeoutError):
             return httpx.ConnectTimeout(str(exc) or "connect timed out", request=request)

@@ -26,6 +26,7 @@ import itertools
 import json
 import select
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -123,7 +124,9 @@ class RecordedRequest:
 class FakeLlm:
     """The server. Start it with ``with FakeLlm() as fake:`` (or :meth:`start`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        #: Served over TLS with this server-side context (``https://`` URLs), if given.
+        self.tls = tls
         self.requests: list[RecordedRequest] = []
         #: Called for a request when the script is empty; returns the reply.
         self.default: Callable[[RecordedRequest], Reply] | None = None
@@ -153,6 +156,8 @@ class FakeLlm:
         handler = type("_Handler", (_Handler,), {"fake": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
+        if self.tls is not None:
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.02},  # shutdown() waits up to one poll
@@ -186,8 +191,9 @@ class FakeLlm:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:<port>``."""
-        return f"http://127.0.0.1:{self.port}"
+        """``http://127.0.0.1:<port>`` (``https://`` when served over TLS)."""
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     @property
     def url_openai(self) -> str:

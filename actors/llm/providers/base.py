@@ -30,8 +30,6 @@ from graphrun.eventstore import redaction
 from graphrun.eventstore.errors import GraphrunError
 
 if TYPE_CHECKING:
-    import httpx
-
     from graphrun.actors.llm.config import ResolvedModel
 
 #: Substrings of an error message that make it worth retrying (the spec's list).
@@ -257,7 +255,8 @@ class Post(msgspec.Struct, frozen=True, gc=False):
     url: str
     content: bytes
     headers: dict[str, str]
-    timeout: Any  # httpx's timeout argument
+    #: Seconds to wait: ``None``, the client's own; else ``(connect, read)``.
+    timeout: tuple[float, float] | None
 
 
 def _failure(
@@ -328,11 +327,12 @@ class Provider:
 
     def call(
         self,
-        client: httpx.Client,
+        client: Any,
         resolved: ResolvedModel,
         request: ChatRequest,
     ) -> ChatResponse:
-        """Send ``request`` with ``client`` and return the response, or raise
+        """Send ``request`` with ``client`` (one of :meth:`ClientFactory.client`'s,
+        which take a :class:`Post`'s ``timeout``) and return the response, or raise
         :class:`LlmCallError` (the blocking form of :meth:`exchange`)."""
         exchange = self.exchange(resolved, request)
         post = next(exchange)
@@ -369,17 +369,19 @@ class Provider:
         content = _SORTED.encode(body)
         headers = self.headers(resolved.api_key)
         headers["content-type"] = "application/json"
-        import httpx
-
-        timeout: Any = httpx.USE_CLIENT_DEFAULT
+        timeout = None
         if request.timeout is not None:
-            timeout = httpx.Timeout(request.timeout, connect=min(request.timeout, 10.0))
+            timeout = (min(request.timeout, 10.0), request.timeout)
         secret = resolved.api_key
 
         start = time.perf_counter()
         try:
             response = yield Post(url, content, headers, timeout)
         except Exception as exc:
+            # What a client raises is httpx's (a live call's aiohttp errors are mapped
+            # to them): imported here, as a call fails, not for every call.
+            import httpx
+
             if isinstance(exc, httpx.TimeoutException):
                 budget = f" after {request.timeout:g}s" if request.timeout is not None else ""
                 message = f"request to {url} timed out{budget} ({exc})"
