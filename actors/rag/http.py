@@ -57,12 +57,15 @@ def describe(exc: Exception) -> str:
     """What an httpx failure says, the same whether the request blocked or was
     awaited: a connection that failed is named by the system's error
     (``[Errno 111] Connection refused``), as a blocking connect names it, where the
-    async transport says only ``All connection attempts failed``."""
+    async transport says only ``All connection attempts failed``. A TLS failure is
+    named by what TLS said (its errno is OpenSSL's reason, not a system error)."""
+    import ssl
+
     import httpx
 
     if isinstance(exc, httpx.ConnectError):
         found = _os_error(exc)
-        if found is not None and found.errno is not None:
+        if found is not None and found.errno is not None and not isinstance(found, ssl.SSLError):
             code = found.errno
             return f"[Errno {code}] {os.strerror(code) if code > 0 else found.strerror}"
     return str(exc)

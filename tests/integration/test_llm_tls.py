@@ -141,3 +141,38 @@ def test_a_live_call_refuses_a_server_no_trusted_ca_vouches_for(tls_llm, tmp_pat
     assert "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed" in failure
     assert "Errno" not in failure and "gave up after" not in failure
     assert server.requests == []
+
+
+def test_an_embedding_request_names_the_tls_failure(tls_llm, monkeypatch):
+    """A rag request (blocking or awaited) to a server no trusted CA vouches for is
+    described by what TLS said, not as the system error of the same number."""
+    import asyncio
+
+    import httpx
+
+    from graphrun.actors.llm.client import shared_ssl_context
+    from graphrun.actors.rag.http import describe, json_post, tls
+
+    server, _ = tls_llm
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    shared_ssl_context.cache_clear()
+    url = f"{server.url_openai}/embeddings"
+    post = json_post({"model": "m", "input": ["x"]}, "sk-test", 5.0)
+    try:
+        with httpx.Client(verify=tls()) as client, pytest.raises(httpx.ConnectError) as blocked:
+            client.post(url, **post)
+
+        async def awaited() -> httpx.ConnectError:
+            async with httpx.AsyncClient(verify=tls()) as client:
+                with pytest.raises(httpx.ConnectError) as failed:
+                    await client.post(url, **post)
+                return failed.value
+
+        for exc in (blocked.value, asyncio.run(awaited())):
+            said = describe(exc)
+            assert "CERTIFICATE_VERIFY_FAILED" in said, said
+            assert "Errno" not in said
+    finally:
+        shared_ssl_context.cache_clear()
+    assert server.requests == []
