@@ -281,7 +281,21 @@ class RagActor:
         the loop's HTTP client; the index search, a local embedder and reading or
         building the knowledge base go to the run's executor. The node's timeout
         bounds the query (a loop timer): past it, the request is cancelled and the
-        visit fails."""
+        visit fails. The visit's token (the run's timeout, a cancel, an interrupt)
+        cancels the build or the query where it awaits, its request closed: the
+        task ends cancelled, which the driver reads as the effect cancelled."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
+        assert me is not None
+        unhook = ctx.cancel.on_cancel(lambda: loop.call_soon_threadsafe(me.cancel))
+        try:
+            await self._visit(task, ctx)
+        finally:
+            unhook()
+
+    async def _visit(self, task: Any, ctx: Any) -> None:
         import asyncio
         import functools
 

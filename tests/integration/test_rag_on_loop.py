@@ -241,3 +241,27 @@ def test_an_unreachable_endpoint_fails_the_node_as_the_blocking_path_does(
     assert outcome.status == "failed"
     (done,) = [e for e in store.read(outcome.run_id) if isinstance(e, RetrievalDone)]
     assert done.error == str(blocking.value)
+
+
+def test_the_runs_timeout_stops_a_knowledge_base_build(
+    store: SqliteStore, tmp_path: Path, server: FakeLlm
+) -> None:
+    """A knowledge base the run has to build (none was built before it) is stopped by
+    the run's timeout like any effect in flight: its embedding request is cancelled
+    and the run fails as timed out then, not once the build would have finished."""
+    graph = ONE.format(timeout=30).replace(
+        "start: retrieve\n", "start: retrieve\nsettings:\n  timeout: 1\n"
+    )
+    root = _agent(tmp_path, graph)
+    server.embedding_delay = 10.0
+    started = time.monotonic()
+    outcome = _run(store, root)
+    elapsed = time.monotonic() - started
+    assert outcome.status == "failed", outcome
+    assert outcome.error == "run timed out after 1s (settings.timeout) in node 'retrieve'"
+    assert elapsed < 5.0, elapsed
+    deadline = time.monotonic() + 5
+    while not server.embeddings_abandoned and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.embeddings_abandoned == 1
+    assert not (root / "retrieve.yaml").exists()  # no knowledge base half written
