@@ -140,7 +140,8 @@ class ClientFactory:
 
     def client(self, base_url: str) -> Any:
         """The shared client for ``base_url`` (created on first use): an object with
-        httpx's ``post(url, content=, headers=, timeout=)`` and ``close()``.
+        httpx's ``post(url, content=, headers=, timeout=)`` and ``close()``, whose
+        ``timeout`` is a :class:`~graphrun.actors.llm.providers.base.Post`'s.
 
         Replaying, a :class:`_TransportClient` over an ``httpx.MockTransport``
         serving the recording (nothing leaves the process). Live, a
@@ -467,21 +468,10 @@ def _env_proxy(scheme: str, host: str) -> dict[str, Any]:
     }
 
 
-def _aiohttp_timeout(timeout: Any) -> Any:
-    """aiohttp's timeout for a ``timeout=`` argument: ``None`` (the session's), a
-    :class:`~graphrun.actors.llm.providers.base.Post`'s ``(connect, read)`` seconds,
-    one number for both, or httpx's own values (httpx is imported only for those)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, tuple):
-        return _client_timeout(*timeout)
-    if isinstance(timeout, int | float):
-        return _client_timeout(timeout, timeout)
-    import httpx
-
-    if isinstance(timeout, httpx.Timeout):
-        return _client_timeout(timeout.connect, timeout.read)
-    return None  # httpx.USE_CLIENT_DEFAULT: the session's
+def _aiohttp_timeout(timeout: tuple[float, float] | None) -> Any:
+    """aiohttp's timeout for a :class:`~graphrun.actors.llm.providers.base.Post`'s
+    ``(connect, read)`` seconds (``None``: the session's)."""
+    return None if timeout is None else _client_timeout(*timeout)
 
 
 @functools.lru_cache(maxsize=64)

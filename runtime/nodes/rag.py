@@ -296,6 +296,7 @@ class RagActor:
             unhook()
 
     async def _visit(self, task: Any, ctx: Any) -> None:
+        """The visit :meth:`run` describes, without the hook to its token."""
         import asyncio
         import functools
 
