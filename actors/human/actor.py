@@ -15,6 +15,10 @@ left waiting at the node, nothing about the refused answer enters the log, and
 the driver returns the refusal with the waiting outcome (``RunOutcome.refused``),
 and the command reports it and exits with its code (2). A prompt the person interrupts
 (Ctrl-C, Ctrl-D) leaves the run waiting the same way (exit 130).
+
+A question on the terminal hears the visit's token: the run's timeout, a
+``graphrun cancel`` or a SIGTERM closes the prompt at once, nothing is recorded
+for it, and the run ends as that says (timed out, cancelled, interrupted).
 """
 
 from __future__ import annotations
@@ -70,7 +74,11 @@ class HumanActor:
 
     def perform(self, task: HumanTask, ctx: EffectContext) -> None:
         """Record the answer to ``task``, or raise ``on_wait(task)`` to leave the run waiting."""
-        from graphrun.actors.human.prompt import HumanInputError, identity
+        from graphrun.actors.human.prompt import (
+            HumanInputCancelled,
+            HumanInputError,
+            identity,
+        )
 
         queued = self.answers.get(task.node_id)
         if not queued and (not self.interactive or task.signed):
@@ -89,7 +97,10 @@ class HumanActor:
                 answer, channel = self._queued(task, queued[0]), "flag"
                 queued.pop(0)
             else:
-                answer, channel = self._ask(task)
+                answer, channel = self._ask(task, ctx)
+        except HumanInputCancelled as withdrawn:
+            # Not a refusal: the run is ending (timed out, cancelled, interrupted).
+            raise GraphrunError(f"cancelled ({ctx.cancel.reason or withdrawn})") from None
         except (AnswerRefused, HumanInputError) as refused:
             # The run waits; the driver reports the refusal (RunOutcome.refused).
             raise self.on_wait(task) from refused
@@ -108,13 +119,14 @@ class HumanActor:
         return pick_option(given, task.options, task.node_id)
 
     @staticmethod
-    def _ask(task: HumanTask) -> tuple[str, str]:
+    def _ask(task: HumanTask, ctx: EffectContext) -> tuple[str, str]:
         from graphrun.actors.human.prompt import ask_choice, ask_text
 
+        cancel = getattr(ctx, "cancel", None)
         if task.kind == "approval":
-            asked = ask_choice(task.question, list(task.options))
+            asked = ask_choice(task.question, list(task.options), cancel=cancel)
             return asked.text, asked.channel
-        asked = ask_text(task.question, default=task.default)
+        asked = ask_text(task.question, default=task.default, cancel=cancel)
         # An empty answer is recorded as given: the graph substitutes the default
         # itself, and does not validate a substituted default.
         return ("" if asked.defaulted else asked.text), asked.channel

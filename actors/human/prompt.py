@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
+from graphrun.actors.base import CancelToken
 from graphrun.actors.terminal import terminal_safe
 from graphrun.eventstore.errors import GraphrunError
 from graphrun.eventstore.events import HumanInputReceived
@@ -39,6 +40,7 @@ __all__ = [
     "Answer",
     "FreeForm",
     "HumanInputAborted",
+    "HumanInputCancelled",
     "HumanInputError",
     "Identity",
     "InvalidAnswer",
@@ -79,6 +81,11 @@ class HumanInputAborted(HumanInputError):
     """The person pressed Ctrl-C or closed the input (Ctrl-D) instead of answering."""
 
     exit_code: ClassVar[int] = 130
+
+
+class HumanInputCancelled(HumanInputError):
+    """The question was withdrawn while asked: the run's timeout, a cancel or an
+    interrupt fired its token. The prompt is closed and nothing was answered."""
 
 
 @dataclass(frozen=True)
@@ -202,6 +209,7 @@ def ask_choice(
     *,
     stream_in: TextIO | None = None,
     stream_out: TextIO | None = None,
+    cancel: CancelToken | None = None,
 ) -> Answer:
     """Ask ``question`` with numbered ``options`` plus a free-form "Other" entry.
 
@@ -217,23 +225,27 @@ def ask_choice(
         options: The rendered options, in order.
         stream_in: Where to read from; defaults to stdin.
         stream_out: Where the prompt is drawn; defaults to stderr.
+        cancel: Withdraws the question when it fires (from any thread): the
+            prompt closes at once.
 
     Returns:
         The chosen option, exactly as listed, or the person's own text.
 
     Raises:
         HumanInputAborted: On Ctrl-C or end of input.
+        HumanInputCancelled: ``cancel`` fired before an answer was given.
     """
     stream_in = sys.stdin if stream_in is None else stream_in
     stream_out = sys.stderr if stream_out is None else stream_out
+    _check(cancel)
     if _can_drive(stream_in, stream_out):
         try:
-            return Answer(_choice_widget(question, options, stream_in, stream_out))
+            return Answer(_choice_widget(question, options, stream_in, stream_out, cancel))
         except (KeyboardInterrupt, EOFError):
             raise _aborted() from None
         except (OSError, ValueError, RuntimeError):
             pass  # the library could not drive this terminal: ask plainly
-    return Answer(_choice_plain(question, options, stream_in, stream_out))
+    return Answer(_choice_plain(question, options, stream_in, stream_out, cancel))
 
 
 def ask_text(
@@ -242,6 +254,7 @@ def ask_text(
     default: str | None,
     stream_in: TextIO | None = None,
     stream_out: TextIO | None = None,
+    cancel: CancelToken | None = None,
 ) -> Answer:
     """Ask ``question`` for a line of free text.
 
@@ -251,6 +264,8 @@ def ask_text(
             answer is empty (or only whitespace); None when the node has none.
         stream_in: Where to read from; defaults to stdin.
         stream_out: Where the prompt is drawn; defaults to stderr.
+        cancel: Withdraws the question when it fires (from any thread): the
+            prompt closes at once.
 
     Returns:
         The person's text, or ``default`` for an empty answer ("" without one);
@@ -258,19 +273,21 @@ def ask_text(
 
     Raises:
         HumanInputAborted: On Ctrl-C or end of input.
+        HumanInputCancelled: ``cancel`` fired before an answer was given.
     """
     stream_in = sys.stdin if stream_in is None else stream_in
     stream_out = sys.stderr if stream_out is None else stream_out
+    _check(cancel)
     text: str | None = None
     if _can_drive(stream_in, stream_out):
         try:
-            text = _text_widget(question, default, stream_in, stream_out)
+            text = _text_widget(question, default, stream_in, stream_out, cancel)
         except (KeyboardInterrupt, EOFError):
             raise _aborted() from None
         except (OSError, ValueError, RuntimeError):
             text = None  # the library could not drive this terminal: ask plainly
     if text is None:
-        text = _text_plain(question, default, stream_in, stream_out)
+        text = _text_plain(question, default, stream_in, stream_out, cancel)
     if not text.strip():
         if default is None:
             return Answer("")
@@ -283,6 +300,15 @@ def _aborted() -> HumanInputAborted:
         "no answer: the prompt was interrupted (Ctrl-C) or its input closed (Ctrl-D)",
         hint="run the command again to answer, or pass --answer NODE=VALUE",
     )
+
+
+def _withdrawn(cancel: CancelToken) -> HumanInputCancelled:
+    return HumanInputCancelled(f"the question was withdrawn: {cancel.reason or 'cancelled'}")
+
+
+def _check(cancel: CancelToken | None) -> None:
+    if cancel is not None and cancel.cancelled:
+        raise _withdrawn(cancel)
 
 
 def _can_drive(stream_in: TextIO, stream_out: TextIO) -> bool:
@@ -378,10 +404,13 @@ def _display_default(default: str) -> str:
 # --- the plain prompt (dumb terminals) ----------------------------------------------
 
 
-def _read_line(stream_in: TextIO, stream_out: TextIO, prompt: str) -> str:
+def _read_line(
+    stream_in: TextIO, stream_out: TextIO, prompt: str, cancel: CancelToken | None
+) -> str:
     stream_out.write(prompt)
     stream_out.flush()
     try:
+        _until_readable(stream_in, stream_out, cancel)
         line = stream_in.readline()
     except KeyboardInterrupt:
         stream_out.write("\n")
@@ -392,7 +421,38 @@ def _read_line(stream_in: TextIO, stream_out: TextIO, prompt: str) -> str:
     return line.rstrip("\r\n")
 
 
-def _choice_plain(question: str, options: list[str], stream_in: TextIO, stream_out: TextIO) -> str:
+def _until_readable(stream_in: TextIO, stream_out: TextIO, cancel: CancelToken | None) -> None:
+    """Wait until a line can be read from ``stream_in``, or raise when ``cancel``
+    fires first. A stream without a descriptor (text given in memory) is read at
+    once. A terminal in its line mode is readable once a whole line is typed."""
+    if cancel is None:
+        return
+    try:
+        fd = stream_in.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    import select
+
+    wake_r, wake_w = os.pipe()
+    unhook = cancel.on_cancel(lambda: os.write(wake_w, b"!"))
+    try:
+        ready, _, _ = select.select([fd, wake_r], [], [])
+    finally:
+        unhook()
+        os.close(wake_r)
+        os.close(wake_w)
+    if fd not in ready:
+        stream_out.write("\n")
+        raise _withdrawn(cancel)
+
+
+def _choice_plain(
+    question: str,
+    options: list[str],
+    stream_in: TextIO,
+    stream_out: TextIO,
+    cancel: CancelToken | None = None,
+) -> str:
     lines = [terminal_safe(question.rstrip("\n"))]
     lines += [
         f"  {i}. {terminal_safe(option)}" for i, option in enumerate([*options, OTHER_LABEL], 1)
@@ -400,7 +460,9 @@ def _choice_plain(question: str, options: list[str], stream_in: TextIO, stream_o
     stream_out.write("\n".join(lines) + "\n")
     other = len(options)
     while True:
-        text = _read_line(stream_in, stream_out, f"Answer [1-{other + 1} or your own text]: ")
+        text = _read_line(
+            stream_in, stream_out, f"Answer [1-{other + 1} or your own text]: ", cancel
+        )
         if not text.strip():
             continue
         index = _resolve(text, options)
@@ -409,15 +471,21 @@ def _choice_plain(question: str, options: list[str], stream_in: TextIO, stream_o
         if index < other:
             return options[index]
         while True:
-            own = _read_line(stream_in, stream_out, "Your answer: ")
+            own = _read_line(stream_in, stream_out, "Your answer: ", cancel)
             if own.strip():
                 return own
 
 
-def _text_plain(question: str, default: str | None, stream_in: TextIO, stream_out: TextIO) -> str:
+def _text_plain(
+    question: str,
+    default: str | None,
+    stream_in: TextIO,
+    stream_out: TextIO,
+    cancel: CancelToken | None = None,
+) -> str:
     stream_out.write(terminal_safe(question.rstrip("\n")) + "\n")
     suffix = f" [{terminal_safe(_display_default(default))}]" if default else ""
-    return _read_line(stream_in, stream_out, f"Answer{suffix}: ")
+    return _read_line(stream_in, stream_out, f"Answer{suffix}: ", cancel)
 
 
 # --- the interactive widget ------------------------------------------------------
@@ -434,7 +502,50 @@ class _Cursor:
         self.index = (self.index + step) % (self.last + 1)
 
 
-def _choice_widget(question: str, options: list[str], stream_in: TextIO, stream_out: TextIO) -> str:
+class _Withdrawn(Exception):
+    """Ends a prompt_toolkit prompt whose question was withdrawn."""
+
+
+def _prompt(session: Any, message: Any, cancel: CancelToken | None, **kwargs: Any) -> str:
+    """``session.prompt(message, **kwargs)``, closed when ``cancel`` fires.
+
+    The token may fire on any thread, before the prompt's own event loop runs or
+    while it does: the exit is scheduled on that loop when it runs, and checked
+    by the prompt's ``pre_run`` hook when it had not started yet."""
+    if cancel is None:
+        return str(session.prompt(message, **kwargs))
+    app = session.app
+
+    def end() -> None:  # on the prompt's loop
+        # Not yet running (no future): its pre_run hook sees the token instead.
+        if app.future is not None and not app.future.done():
+            app.exit(exception=_Withdrawn)
+
+    def fired() -> None:  # any thread
+        loop = app.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(end)
+
+    def pre_run() -> None:
+        if cancel.cancelled:
+            end()
+
+    unhook = cancel.on_cancel(fired)
+    try:
+        return str(session.prompt(message, pre_run=pre_run, **kwargs))
+    except _Withdrawn:
+        raise _withdrawn(cancel) from None
+    finally:
+        unhook()
+
+
+def _choice_widget(
+    question: str,
+    options: list[str],
+    stream_in: TextIO,
+    stream_out: TextIO,
+    cancel: CancelToken | None = None,
+) -> str:
     # Imported here: prompt_toolkit is only needed when a person is asked.
     from prompt_toolkit import PromptSession
     from prompt_toolkit.input import create_input
@@ -504,10 +615,16 @@ def _choice_widget(question: str, options: list[str], stream_in: TextIO, stream_
             cursor.index = other
             buffer.reset()
 
-    return session.prompt(message, key_bindings=bindings)
+    return _prompt(session, message, cancel, key_bindings=bindings)
 
 
-def _text_widget(question: str, default: str | None, stream_in: TextIO, stream_out: TextIO) -> str:
+def _text_widget(
+    question: str,
+    default: str | None,
+    stream_in: TextIO,
+    stream_out: TextIO,
+    cancel: CancelToken | None = None,
+) -> str:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.input import create_input
     from prompt_toolkit.output import create_output
@@ -521,7 +638,7 @@ def _text_widget(question: str, default: str | None, stream_in: TextIO, stream_o
         message += [("", "Answer "), ("italic", f"[{shown_default}]"), ("", ": ")]
     else:
         message.append(("", "Answer: "))
-    return session.prompt(message)
+    return _prompt(session, message, cancel)
 
 
 # --- validation ------------------------------------------------------------------

@@ -91,6 +91,8 @@ _LEASE_RENEW_EVERY = 10.0
 #: How often a driver looks for a cancel request from another process (``graphrun
 #: cancel``), between steps and while effects are in flight: one indexed read.
 _CANCEL_POLL_EVERY = 0.25
+#: The node types whose effect may ask a person on the terminal.
+_ASKS_A_PERSON = ("approval", "input")
 # The fewest threads a run's executor may use for blocking work (a store commit, a
 # tool, an index, a person, a child run): a step may use as many as its effects.
 _MIN_EXECUTOR = 4
@@ -362,6 +364,9 @@ class Driver:
         # ``_pending_lock`` (taken after it, never before it).
         self._effects_lock = threading.Lock()
         self.timed_out: float | None = None
+        # Seconds the last step spent asking a person on the terminal: the run's
+        # timeout does not count them (as it does not count a run's wait for one).
+        self.asked_for = 0.0
         self.refused: GraphrunError | None = None
         self._pending_lock = threading.Lock()
         self._effects_by_type: dict[str, Any] = {}
@@ -727,9 +732,11 @@ class Driver:
                     self.flush()
                     return RunOutcome(self.run_id, "waiting", waiting=waiting)
                 continue
-            if not (step.node_type in ("approval", "input") and self._only_resumed()):
+            if not (step.node_type in _ASKS_A_PERSON and self._only_resumed()):
                 self.flush()
             waiting = self._perform(step, deadline, timeout)
+            if deadline is not None and self.asked_for:
+                deadline += self.asked_for
             if self.interrupted is not None:
                 break
             if waiting is not None:
@@ -792,6 +799,7 @@ class Driver:
     ) -> HumanInputRequested | None:
         node_id = step.node_id
         visit = self.state.current_visit
+        self.asked_for = 0.0
         self.node_cancel = CancelToken()
         if self.cancel.cancelled:
             self.node_cancel.cancel(self.cancel.reason or "cancelled")
@@ -827,8 +835,14 @@ class Driver:
                 # served here, like a recorded effect, without the actor hand-off.
                 effect.perform(step.task, ctx)
             else:
+                # A person asked on the terminal: the run's clock stops meanwhile.
+                asking = step.node_type in _ASKS_A_PERSON
+                started = self.clock.monotonic()
                 future = self.effect_loop.start(self._runner(step.node_type)(step.task, ctx))
-                self._wait(future, deadline, timeout, node_id)
+                try:
+                    self._wait(future, None if asking else deadline, timeout, node_id)
+                finally:
+                    self.asked_for = self.clock.monotonic() - started if asking else 0.0
                 failed = future.exception() if future.done() else None
                 if failed is not None and self.timed_out is None:
                     raise _effect_error(failed, self.node_cancel)
@@ -845,6 +859,10 @@ class Driver:
                 self._discard_results(None)
                 return None
             self.absorb_effects()
+            if self.cancel.cancelled and self.node_cancel.cancelled:
+                # Stopped because the run is being cancelled (a question withdrawn,
+                # say): the loop records RunCancelled, not the node's failure.
+                return None
             self._effect_failed(node_id, visit, str(exc))
             return None
         except Exception as exc:  # an actor bug must still end the run cleanly

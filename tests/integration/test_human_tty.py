@@ -5,7 +5,9 @@ from __future__ import annotations
 import getpass
 import io
 import re
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,7 @@ import pexpect
 import pytest
 
 from tests.integration.test_human_answers import GATED, _agent
-from tests.integration.test_human_nodes import events, of_type
+from tests.integration.test_human_nodes import APPROVAL, events, of_type
 
 DOWN, UP, ENTER, CTRL_C = "\x1b[B", "\x1b[A", "\r", "\x03"
 CPR_REQUEST = "\x1b[6n"
@@ -50,10 +52,10 @@ class Terminal:
 def terminal(tmp_path: Path, graphrun: Any) -> Iterator[Any]:
     children: list[pexpect.spawn] = []
 
-    def start(*args: str) -> Terminal:
+    def start(*args: str, term: str = "xterm") -> Terminal:
         env = {k: v for k, v in graphrun.env().items() if not k.startswith("PROMPT_TOOLKIT")}
         env.pop("GRAPHRUN_NO_TTY", None)
-        env.update(TERM="xterm", OUT=str(tmp_path / "stdout.txt"))
+        env.update(TERM=term, OUT=str(tmp_path / "stdout.txt"))
         child = pexpect.spawn(
             "/bin/sh",
             ["-c", 'exec "$@" >"$OUT"', "sh", sys.executable, "-m", "graphrun.cli", *args],
@@ -171,3 +173,58 @@ def test_replay_on_a_terminal_asks_nobody(terminal, graphrun, agent):
     assert status == 0, screen
     assert "own text" not in screen
     assert f"ok: run {run_id}" in screen
+
+
+# The same gate, with a run timeout of 2 s.
+TIMED = APPROVAL.replace("start: draft\n", "start: draft\nsettings:\n  timeout: 2\n")
+
+
+@pytest.mark.parametrize("term", ["xterm", "dumb"])
+def test_time_at_the_prompt_does_not_count_against_the_run_timeout(terminal, graphrun, agent, term):
+    # xterm: prompt_toolkit's widget; dumb: the plain numbered prompt. The person
+    # answers after the 2 s the run may take: a run that waits for a person is
+    # not charged for it, on a terminal as when it pauses (exit 3) for `approve`.
+    shown = terminal("run", str(_agent(agent, TIMED)), term=term)
+    shown.expect("own text")
+    time.sleep(3)
+    shown.child.send("1" + ENTER)
+    status, out, screen = shown.finish()
+    assert status == 0, screen
+    assert out == "shipped v2.1 (approve)\n"
+    evs = events(graphrun.db, graphrun.last_run())
+    (got,) = of_type(evs, "HumanInputReceived")
+    assert (got["answer"], got["channel"]) == ("approve", "tty")
+    assert evs[-1]["type"] == "RunCompleted"
+
+
+def test_sigterm_closes_the_prompt_and_leaves_the_run_resumable(terminal, graphrun, agent):
+    shown = terminal("run", str(_agent(agent)))
+    shown.expect("own text")
+    shown.child.kill(signal.SIGTERM)
+    status, out, screen = shown.finish()
+    assert status == 143, screen  # 128 + SIGTERM, as a shell reports it
+    assert out == "" and "Traceback" not in screen
+    run_id = graphrun.last_run()
+    evs = events(graphrun.db, run_id)
+    assert not of_type(evs, "HumanInputReceived")
+    assert evs[-1]["type"] == "RunInterrupted"
+    res = graphrun("resume", run_id, "--answer", "review=reject")
+    assert res.code == 0, res.stderr
+    assert res.stdout == "dropped (reject)\n"
+
+
+def test_a_cancel_from_another_process_closes_the_prompt(terminal, graphrun, agent):
+    shown = terminal("run", str(_agent(agent)))
+    shown.expect("own text")
+    run_id = graphrun.last_run()
+    res = graphrun("cancel", run_id, "--as", "ops", "--reason", "superseded")
+    assert res.code == 0, res.stderr
+    status, out, screen = shown.finish()
+    assert status == 1, screen
+    assert out == ""
+    assert "superseded" in screen and "Traceback" not in screen
+    evs = events(graphrun.db, run_id)
+    assert not of_type(evs, "HumanInputReceived")
+    assert not of_type(evs, "NodeFailed")
+    last = evs[-1]
+    assert (last["type"], last["by"], last["reason"]) == ("RunCancelled", "ops", "superseded")

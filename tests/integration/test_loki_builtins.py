@@ -431,6 +431,64 @@ def test_on_a_terminal_the_question_is_asked_there(
     assert [(e["answer"], e["channel"]) for e in received] == [("yes", "tty")]
 
 
+def test_the_run_timeout_closes_a_question_an_llm_tool_asks_on_the_terminal(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path, tmp_path: Path
+) -> None:
+    # The question is part of the llm node's visit: the run's clock runs while it
+    # is asked, and its timeout closes the prompt rather than waiting for a person.
+    import re
+    import sys
+
+    import pexpect
+
+    folder = cfg / "agents" / "timed"
+    folder.mkdir()
+    (folder / "graph.yaml").write_text(
+        textwrap.dedent(
+            """\
+            name: timed
+            version: "1.0"
+            start: ask
+            settings: {timeout: 2}
+            nodes:
+              ask: {type: llm, prompt: go, tools: [user__confirm], next: done}
+              done: {type: end, output: "{{ask}}"}
+            """
+        ),
+        encoding="utf-8",
+    )
+    fake_llm.script(tool_calls(("user__confirm", {"question": "Proceed now?"})), text("went on"))
+    env = {k: v for k, v in graphrun.env(**_env(fake_llm, cfg)).items()}
+    env.pop("GRAPHRUN_NO_TTY", None)
+    env.update(TERM="xterm", OUT=str(tmp_path / "stdout.txt"))
+    child = pexpect.spawn(
+        "/bin/sh",
+        ["-c", 'exec "$@" >"$OUT"', "sh", sys.executable, "-m", "graphrun.cli", "run", "timed"],
+        env=env,
+        cwd=str(tmp_path),
+        encoding="utf-8",
+        timeout=30,
+        dimensions=(30, 120),
+    )
+    try:
+        while child.expect(["Proceed now", re.escape("\x1b[6n")]) != 0:
+            child.send("\x1b[5;1R")
+        asked = time.monotonic()
+        while child.expect([pexpect.EOF, re.escape("\x1b[6n")]) != 0:
+            child.send("\x1b[5;1R")
+        waited = time.monotonic() - asked
+    finally:
+        child.close()
+    assert child.exitstatus == 1
+    assert waited < 10, f"the question stayed {waited:.1f}s past a 2 s run timeout"
+    assert (tmp_path / "stdout.txt").read_text() == ""
+    events = _events(graphrun, _root(graphrun))
+    assert not [e for e in events if e["type"] == "HumanInputReceived"]
+    assert events[-1]["type"] == "RunFailed"
+    assert "run timed out after 2s" in events[-1]["error"]
+    assert len(fake_llm.requests) == 1  # the model was not asked again
+
+
 def test_a_graph_node_with_skills_enabled_loads_its_skills(
     graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path
 ) -> None:

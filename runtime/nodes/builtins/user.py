@@ -159,9 +159,11 @@ class UserQuestions:
             )
         from graphrun.actors.human.prompt import ask_choice, ask_text, identity
 
+        # The question closes if the run ends while it is asked (its token).
+        cancel = getattr(self.ctx, "cancel", None)
         if kind == "approval":
-            text = ask_choice(shown, options).text
+            text = ask_choice(shown, options, cancel=cancel).text
         else:
-            text = ask_text(shown, default=None).text
+            text = ask_text(shown, default=None, cancel=cancel).text
         self.ctx.record(identity(options_.as_user).answered(request, text, "tty"))
         return text

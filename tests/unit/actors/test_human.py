@@ -20,6 +20,7 @@ from graphrun.actors.human.prompt import (
     OTHER_LABEL,
     Answer,
     HumanInputAborted,
+    HumanInputCancelled,
     HumanInputError,
     Identity,
     Validation,
@@ -321,6 +322,67 @@ def test_plain_text(lines, default, expected):
     answer = ask_text("Term?", default=default, stream_in=io.StringIO(lines), stream_out=shown)
     assert answer == Answer(expected, "tty")
     assert shown.getvalue() == ("Term?\nAnswer [A-17]: " if default else "Term?\nAnswer: ")
+
+
+# --- a question withdrawn while it is asked (the run's token) -----------------------------
+
+
+def test_a_withdrawn_question_closes_a_plain_prompt_waiting_on_its_descriptor():
+    import threading
+
+    from graphrun.actors.base import CancelToken
+
+    read_end, write_end = os.pipe()  # a descriptor nobody writes to: the person is away
+    token = CancelToken()
+    shown = io.StringIO()
+    threading.Timer(0.2, token.cancel, args=("run timeout (2s)",)).start()
+    try:
+        with (
+            open(read_end, encoding="utf-8", closefd=False) as stream_in,
+            pytest.raises(HumanInputCancelled) as info,
+        ):
+            ask_choice(
+                "Approve?", ["yes", "no"], stream_in=stream_in, stream_out=shown, cancel=token
+            )
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert str(info.value) == "the question was withdrawn: run timeout (2s)"
+    assert shown.getvalue().endswith("own text]: \n")  # the prompt's line is ended
+
+
+def test_an_answer_typed_before_the_token_fires_is_taken():
+    from graphrun.actors.base import CancelToken
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"2\n")
+    token = CancelToken()
+    try:
+        with open(read_end, encoding="utf-8", closefd=False) as stream_in:
+            answer = ask_choice(
+                "Approve?",
+                ["yes", "no"],
+                stream_in=stream_in,
+                stream_out=io.StringIO(),
+                cancel=token,
+            )
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert answer.text == "no"
+
+
+def test_a_question_withdrawn_before_it_is_asked_is_not_shown():
+    from graphrun.actors.base import CancelToken
+
+    token = CancelToken()
+    token.cancel("cancelled by ops")
+    shown = io.StringIO()
+    with pytest.raises(HumanInputCancelled):
+        ask_text(
+            "Term?", default=None, stream_in=io.StringIO("B\n"), stream_out=shown, cancel=token
+        )
+    assert shown.getvalue() == ""
 
 
 # --- interactivity and identity -----------------------------------------------------------
