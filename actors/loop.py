@@ -5,8 +5,9 @@ Every effect is a coroutine (``async def run(task, ctx)``) started on an
 is awaited on it (aiohttp), a script's or a tool's process is watched from it (its
 pipes and its pidfd), an MCP call is awaited on it (the run's MCP sessions live
 there, kept with :meth:`EffectLoop.keep`), and a wait between attempts is an
-asyncio wait: none of them holds a thread. Work that can only block (a store
-commit, loading a toolbox, loading a vector index, asking a person, driving a
+asyncio wait: none of them holds a thread, nor does an agent node awaiting its
+child run (driven by a supervisor of its own). Work that can only block (a store
+commit, loading a toolbox, loading a vector index, asking a person, starting a
 child run) is handed to the run's bounded executor with :func:`blocking`, never
 done on the loop itself.
 

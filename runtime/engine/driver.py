@@ -94,7 +94,8 @@ _CANCEL_POLL_EVERY = 0.25
 #: The node types whose effect may ask a person on the terminal.
 _ASKS_A_PERSON = ("approval", "input")
 # The fewest threads a run's executor may use for blocking work (a store commit, a
-# tool, an index, a person, a child run): a step may use as many as its effects.
+# tool, an index, a person, starting a child run): a step may use as many as its
+# effects.
 _MIN_EXECUTOR = 4
 
 
@@ -1673,6 +1674,20 @@ def _make_supervisor() -> type:
         def on_receive(self, message: Any) -> Any:
             if message == "drive":
                 return self.driver.drive()
+            if isinstance(message, tuple) and message[0] == "drive":
+                # Drive, then hand the outcome (or the error) to a callback: how a
+                # run's loop awaits a child run without a thread waiting for it.
+                told = message[1]
+                try:
+                    outcome = self.driver.drive()
+                except Exception as exc:  # the awaiting effect raises it
+                    told(None, exc)
+                    return None
+                except BaseException as exc:
+                    told(None, exc)
+                    raise
+                told(outcome, None)
+                return None
             raise TypeError(f"RunSupervisor got an unexpected message {message!r}")
 
     return RunSupervisor
@@ -1719,19 +1734,67 @@ class _ChildDriving:
             config={"variables": variables},
         )
 
-    def drive(
-        self, child_id: str, knowledge: dict[str, Any] | None, token: CancelToken
-    ) -> RunOutcome:
+    def driver(self, child_id: str, knowledge: dict[str, Any] | None, token: CancelToken) -> Driver:
+        """The child's driver (it reads the child's recorded configuration: blocks)."""
         parent = self.parent
         # The child's own variables, as recorded when it began (never the parent's).
         options = for_run(_child_options(parent.options, knowledge), parent.store, child_id)
         options.effect_loop = parent.effect_loop  # its effects are awaited beside the parent's
-        child = Driver(parent.store, child_id, options, cancel=token)
-        parent.children.attach(child_id, token, child)
+        return Driver(parent.store, child_id, options, cancel=token)
+
+    def drive(
+        self, child_id: str, knowledge: dict[str, Any] | None, token: CancelToken
+    ) -> RunOutcome:
+        child = self.driver(child_id, knowledge, token)
+        self.parent.children.attach(child_id, token, child)
         try:
             return drive(child)
         finally:
-            parent.children.detach(child_id)
+            self.parent.children.detach(child_id)
+
+    async def drive_async(self, child: Driver, token: CancelToken) -> RunOutcome:
+        """Drive ``child`` (made by :meth:`driver`) in its own supervisor actor and
+        await its outcome on the calling loop: no thread waits for it. The task
+        being cancelled (the loop stopping) cancels the child too."""
+        self.parent.children.attach(child.run_id, token, child)
+        try:
+            return await drive_awaited(child, token)
+        finally:
+            self.parent.children.detach(child.run_id)
+
+
+async def drive_awaited(driver: Driver, token: CancelToken) -> RunOutcome:
+    """``driver``'s run driven in a :class:`RunSupervisor` actor, its outcome awaited
+    on the running loop (the actor calls back when the drive ends)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[RunOutcome] = loop.create_future()
+
+    def land(outcome: RunOutcome | None, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(outcome)  # type: ignore[arg-type]
+
+    def told(outcome: RunOutcome | None, error: BaseException | None) -> None:  # actor's thread
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(land, outcome, error)
+
+    ref = RunSupervisor.start(driver)
+    try:
+        ref.tell(("drive", told))
+        try:
+            return await done
+        except asyncio.CancelledError:
+            # Not awaited any more: the child is cancelled rather than left running.
+            token.cancel(token.reason or "the parent run stopped")
+            raise
+    finally:
+        with contextlib.suppress(Exception):
+            ref.stop(block=False)
 
 
 def _child_options(options: RunOptions, knowledge: dict[str, Any] | None) -> RunOptions:

@@ -146,6 +146,37 @@ class AgentActor:
         self.ports = ports
 
     def perform(self, task: Any, ctx: Any) -> None:
+        """One visit, blocking the calling thread while the child runs."""
+        child_id, knowledge, started = self._begin(task, ctx)
+        token, release = self._scope(task, ctx)
+        try:
+            outcome = self.ports.launcher.drive(child_id, knowledge, token)
+        finally:
+            release()
+        self._conclude(task, ctx, child_id, outcome, token, started)
+
+    async def run(self, task: Any, ctx: Any) -> None:
+        """One visit, awaited on the run's loop: starting the child (its graph loaded,
+        ``ChildRunStarted`` committed) and recording how it ended block, so they go
+        to the run's executor; the child itself is driven by a supervisor of its
+        own while this awaits its outcome, holding no thread."""
+        import asyncio
+
+        from graphrun.actors.loop import blocking
+
+        child_id, knowledge, started = await blocking(ctx, self._begin, task, ctx)
+        token, release = self._scope(task, ctx, asyncio.get_running_loop())
+        try:
+            launcher = self.ports.launcher
+            child = await blocking(ctx, launcher.driver, child_id, knowledge, token)
+            outcome = await launcher.drive_async(child, token)
+        finally:
+            release()
+        await blocking(ctx, self._conclude, task, ctx, child_id, outcome, token, started)
+
+    def _begin(self, task: Any, ctx: Any) -> tuple[str, dict[str, Any] | None, float]:
+        """The visit's child run, started (or, on a resume, the one it had started):
+        its id, its knowledge bases and when the visit began."""
         from graphrun.runtime.agents import load_agent, resolve_agent_dir
         from graphrun.runtime.graph.variables import resolve as resolve_variables
         from graphrun.runtime.graph.variables import with_variables
@@ -166,52 +197,68 @@ class AgentActor:
             # Resumed: re-attach to the child this visit already started.
             child_id = existing.child_run_id
             knowledge = knowledge_of(graph_of(fold(store.read(child_id, upto=1))), options)
+            return child_id, knowledge, started
+        ref = resolve_agent_dir(task.agent, options.agents_dir, graph_dir=parent.agent_dir)
+        loaded = load_agent(ref.path, config_dir=options.config_dir)
+        if loaded.graph.settings.validate_before_run:
+            parent.launcher.check(loaded)
+        # Its own variables: not the parent's presets, and no prompt (Loki).
+        variables = resolve_variables(loaded)
+        loaded = with_variables(loaded, variables)
+        knowledge = knowledge_of(loaded, options)
+        if existing is not None:  # recorded, but the process died before the child began
+            child_id = existing.child_run_id
         else:
-            ref = resolve_agent_dir(task.agent, options.agents_dir, graph_dir=parent.agent_dir)
-            loaded = load_agent(ref.path, config_dir=options.config_dir)
-            if loaded.graph.settings.validate_before_run:
-                parent.launcher.check(loaded)
-            # Its own variables: not the parent's presets, and no prompt (Loki).
-            variables = resolve_variables(loaded)
-            loaded = with_variables(loaded, variables)
-            knowledge = knowledge_of(loaded, options)
-            if existing is not None:  # recorded, but the process died before the child began
-                child_id = existing.child_run_id
-            else:
-                child_id = new_run_id()
-                # Durable before the child exists, so a resumed parent finds its child.
-                ctx.record(
-                    ChildRunStarted(
-                        node_id=task.node_id,
-                        visit=task.visit,
-                        child_run_id=child_id,
-                        agent=task.agent,
-                        prompt=task.prompt,
-                    )
+            child_id = new_run_id()
+            # Durable before the child exists, so a resumed parent finds its child.
+            ctx.record(
+                ChildRunStarted(
+                    node_id=task.node_id,
+                    visit=task.visit,
+                    child_run_id=child_id,
+                    agent=task.agent,
+                    prompt=task.prompt,
                 )
-                checkpoint = getattr(ctx, "checkpoint", None)
-                if checkpoint is not None:
-                    checkpoint()
-            parent.launcher.start(
-                loaded,
-                prompt=task.prompt,
-                node_id=task.node_id,
-                run_id=child_id,
-                variables=variables,
             )
+            checkpoint = getattr(ctx, "checkpoint", None)
+            if checkpoint is not None:
+                checkpoint()
+        parent.launcher.start(
+            loaded,
+            prompt=task.prompt,
+            node_id=task.node_id,
+            run_id=child_id,
+            variables=variables,
+        )
+        return child_id, knowledge, started
+
+    @staticmethod
+    def _scope(task: Any, ctx: Any, loop: Any = None) -> tuple[CancelToken, Any]:
+        """The child's token: it fires with the visit's, and at the node's timeout
+        (a timer of ``loop``'s when awaited there, else a timer thread); and what
+        releases both hooks."""
         token = CancelToken()
         unhook = ctx.cancel.on_cancel(lambda: token.cancel(ctx.cancel.reason or "cancelled"))
-        timer_reason = f"agent node '{task.node_id}' timed out after {task.timeout:g}s"
-        import threading
+        timer: Any
+        if loop is not None:
+            timer = loop.call_later(task.timeout, token.cancel, _timed_out(task))
+        else:
+            import threading
 
-        timer = threading.Timer(task.timeout, token.cancel, args=(timer_reason,))
-        timer.daemon = True
-        timer.start()
-        try:
-            outcome = parent.launcher.drive(child_id, knowledge, token)
-        finally:
+            timer = threading.Timer(task.timeout, token.cancel, args=(_timed_out(task),))
+            timer.daemon = True
+            timer.start()
+
+        def release() -> None:
             timer.cancel()
             unhook()
+
+        return token, release
+
+    def _conclude(
+        self, task: Any, ctx: Any, child_id: str, outcome: Any, token: CancelToken, started: float
+    ) -> None:
+        """Record how the child ended (and extract its structured output)."""
         duration = round((time.monotonic() - started) * 1000, 3)
         if outcome.status == "waiting":
             raise ChildWaiting(
@@ -221,7 +268,7 @@ class AgentActor:
         error = outcome.error
         ended_with_parent = False
         if outcome.status == "cancelled":
-            if token.reason == timer_reason:
+            if token.reason == _timed_out(task):
                 error = f"timed out after {task.timeout:g}s (the node's timeout)"
             else:
                 error = token.reason or "cancelled"
@@ -282,6 +329,11 @@ class AgentActor:
             )
         finally:
             factory.close()
+
+
+def _timed_out(task: Any) -> str:
+    """The reason the child's token is cancelled with at the node's timeout."""
+    return f"agent node '{task.node_id}' timed out after {task.timeout:g}s"
 
 
 #: The statuses of a child run whose output the agent node takes.

@@ -89,6 +89,12 @@ class ChildLauncher(Protocol):
     def drive(self, child_id: str, knowledge: dict[str, Any] | None, token: CancelToken) -> Any:
         """Drive the child run to its end or its wait; returns its outcome."""
 
+    def driver(self, child_id: str, knowledge: dict[str, Any] | None, token: CancelToken) -> Any:
+        """The child run's driver, for :meth:`drive_async` (reads the store: blocks)."""
+
+    async def drive_async(self, child: Any, token: CancelToken) -> Any:
+        """Drive ``child`` in a supervisor of its own; awaits its outcome, no thread held."""
+
 
 @dataclass(frozen=True)
 class RunPorts:
