@@ -386,31 +386,22 @@ def test_max_agent_depth_stops_a_spawn_too_deep(
     assert res.stdout.strip() == "parent got: child stopped: Max agent depth exceeded (2/1)"
 
 
-def test_on_a_terminal_the_question_is_asked_there(
-    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path, tmp_path: Path
-) -> None:
+def _on_a_terminal(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path, tmp_path: Path, *args: str
+) -> Any:
+    """``graphrun ARGS`` on a pseudo-terminal (its stdout to ``stdout.txt``), once it
+    shows the question "Proceed now?"."""
     import re
-    import sys
 
     import pexpect
 
-    fake_llm.script(tool_calls(("user__confirm", {"question": "Proceed now?"})), text("went on"))
     env = {k: v for k, v in graphrun.env(**_env(fake_llm, cfg)).items()}
     env.pop("GRAPHRUN_NO_TTY", None)
     env.update(TERM="xterm", OUT=str(tmp_path / "stdout.txt"))
+    command = ["-c", 'exec "$@" >"$OUT"', "sh", sys.executable, "-m", "graphrun.cli", *args]
     child = pexpect.spawn(
         "/bin/sh",
-        [
-            "-c",
-            'exec "$@" >"$OUT"',
-            "sh",
-            sys.executable,
-            "-m",
-            "graphrun.cli",
-            "run",
-            "asker",
-            "go",
-        ],
+        command,
         env=env,
         cwd=str(tmp_path),
         encoding="utf-8",
@@ -418,8 +409,26 @@ def test_on_a_terminal_the_question_is_asked_there(
         dimensions=(30, 120),
     )
     try:
-        while child.expect(["Proceed now", re.escape("\x1b[6n")]) != 0:
-            child.send("\x1b[5;1R")  # answer cursor-position requests as a terminal does
+        while child.expect(["Proceed now", re.escape(CPR_REQUEST)]) != 0:
+            child.send(CPR_ANSWER)  # answer cursor-position requests as a terminal does
+    except BaseException:
+        child.close()
+        raise
+    return child
+
+
+#: A terminal's cursor-position request, and the answer a terminal gives.
+CPR_REQUEST, CPR_ANSWER = "\x1b[6n", "\x1b[5;1R"
+
+
+def test_on_a_terminal_the_question_is_asked_there(
+    graphrun: GraphrunCli, fake_llm: FakeLlm, cfg: Path, tmp_path: Path
+) -> None:
+    import pexpect
+
+    fake_llm.script(tool_calls(("user__confirm", {"question": "Proceed now?"})), text("went on"))
+    child = _on_a_terminal(graphrun, fake_llm, cfg, tmp_path, "run", "asker", "go")
+    try:
         child.send("1\r")
         child.expect(pexpect.EOF)
     finally:
@@ -437,7 +446,6 @@ def test_the_run_timeout_closes_a_question_an_llm_tool_asks_on_the_terminal(
     # The question is part of the llm node's visit: the run's clock runs while it
     # is asked, and its timeout closes the prompt rather than waiting for a person.
     import re
-    import sys
 
     import pexpect
 
@@ -458,24 +466,11 @@ def test_the_run_timeout_closes_a_question_an_llm_tool_asks_on_the_terminal(
         encoding="utf-8",
     )
     fake_llm.script(tool_calls(("user__confirm", {"question": "Proceed now?"})), text("went on"))
-    env = {k: v for k, v in graphrun.env(**_env(fake_llm, cfg)).items()}
-    env.pop("GRAPHRUN_NO_TTY", None)
-    env.update(TERM="xterm", OUT=str(tmp_path / "stdout.txt"))
-    child = pexpect.spawn(
-        "/bin/sh",
-        ["-c", 'exec "$@" >"$OUT"', "sh", sys.executable, "-m", "graphrun.cli", "run", "timed"],
-        env=env,
-        cwd=str(tmp_path),
-        encoding="utf-8",
-        timeout=30,
-        dimensions=(30, 120),
-    )
+    child = _on_a_terminal(graphrun, fake_llm, cfg, tmp_path, "run", "timed")
     try:
-        while child.expect(["Proceed now", re.escape("\x1b[6n")]) != 0:
-            child.send("\x1b[5;1R")
         asked = time.monotonic()
-        while child.expect([pexpect.EOF, re.escape("\x1b[6n")]) != 0:
-            child.send("\x1b[5;1R")
+        while child.expect([pexpect.EOF, re.escape(CPR_REQUEST)]) != 0:
+            child.send(CPR_ANSWER)
         waited = time.monotonic() - asked
     finally:
         child.close()
