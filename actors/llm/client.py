@@ -510,11 +510,15 @@ def _httpx_error(exc: BaseException, request: httpx.Request) -> Exception | None
     if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
         if isinstance(exc, aiohttp.ConnectionTimeoutError):
             return httpx.ConnectTimeout(str(exc) or "connect timed out", request=request)
-        # Say what the system said, as a blocking connect does
-        # ("[Errno 111] Connection refused").
-        code = _os_errno(exc)
-        message = f"[Errno {code}] {os.strerror(code)}" if code else str(exc)
-        return httpx.ConnectError(message, request=request)
+        # Say what the system said, as a blocking connect does ("[Errno 111]
+        # Connection refused", "[Errno -2] Name or service not known": a resolver's
+        # codes are negative, and only its own error knows their text).
+        found = _os_error(exc)
+        if found is None or found.errno is None:
+            return httpx.ConnectError(str(exc), request=request)
+        code = found.errno
+        text = os.strerror(code) if code > 0 else found.strerror or str(found)
+        return httpx.ConnectError(f"[Errno {code}] {text}", request=request)
     if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors too
         return httpx.ReadTimeout(str(exc) or "read timed out", request=request)
     if isinstance(exc, aiohttp.InvalidURL):
@@ -528,8 +532,8 @@ def _httpx_error(exc: BaseException, request: httpx.Request) -> Exception | None
     return None
 
 
-def _os_errno(exc: BaseException) -> int | None:
-    """The errno of the first system error among ``exc``'s causes, if any."""
+def _os_error(exc: BaseException) -> OSError | None:
+    """The first system error with an errno among ``exc``'s causes, if any."""
     todo: list[BaseException] = [exc]
     seen: set[int] = set()
     while todo:
@@ -538,7 +542,7 @@ def _os_errno(exc: BaseException) -> int | None:
             continue
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno:
-            return current.errno
+            return current
         if isinstance(current, BaseExceptionGroup):
             todo.extend(current.exceptions)
         todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)

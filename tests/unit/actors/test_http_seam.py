@@ -4,6 +4,7 @@ that another thread can abort, and a factory that leaves no thread behind."""
 from __future__ import annotations
 
 import gc
+import re
 import threading
 import time
 
@@ -155,3 +156,12 @@ def test_a_refused_connection_says_so_and_is_transient() -> None:
         _call(factory)
     assert "Connection refused" in caught.value.message
     assert caught.value.transient
+
+
+def test_a_host_that_does_not_resolve_is_named_by_the_resolver() -> None:
+    # The resolver's codes are negative; the system's strerror does not know them.
+    config = load_llm_config(None, env={"OPENAI_BASE_URL": "http://no-such-host.invalid/v1"})
+    with ClientFactory(config) as factory, pytest.raises(LlmCallError) as caught:
+        _call(factory)
+    assert "Unknown error" not in caught.value.message
+    assert re.search(r"\[Errno -\d+\] \w", caught.value.message), caught.value.message
