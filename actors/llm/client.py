@@ -26,6 +26,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import json
 import logging
 import os
 import threading
@@ -200,15 +201,7 @@ class ClientFactory:
         decode, as a live httpx call would. Retries: none here; ours are counted,
         recorded, and only for transient errors.
         """
-        import aiohttp
-
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ssl=shared_ssl_context()),
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=self._connect_timeout, sock_read=self._read_timeout
-            ),
-            auto_decompress=False,
-        )
+        return _new_session(self._connect_timeout, self._read_timeout)
 
     def abort_on(self, token: CancelToken) -> contextlib.AbstractContextManager[None]:
         """While in this block, ``token`` firing aborts this thread's in-flight request."""
@@ -261,6 +254,32 @@ def shared_ssl_context() -> Any:
 # --- live calls on an event loop, abortable from any thread ------------------------
 
 _NOTHING_TO_ABORT = contextlib.nullcontext()
+
+
+def _new_session(connect: float, read: float) -> aiohttp.ClientSession:
+    """A pooled aiohttp session, made on the loop thread where it is used (see
+    :meth:`ClientFactory._async_client`)."""
+    import aiohttp
+
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ssl=shared_ssl_context()),
+        timeout=aiohttp.ClientTimeout(total=None, connect=connect, sock_read=read),
+        auto_decompress=False,
+    )
+
+
+def loop_client(loop: EffectLoop) -> Any:
+    """The live client kept with ``loop`` for HTTP that is not an llm node's (a rag
+    node's embedding and rerank requests), awaited on that loop with
+    ``post_async``. It sends on the session an llm call with the default timeouts
+    uses on that loop, so both share one connection pool; the loop closes it when
+    it stops. Each request says its own timeout: ``(connect, read)`` seconds."""
+    key = ("aiohttp", CONNECT_TIMEOUT, READ_TIMEOUT)
+
+    def session() -> Any:
+        return loop.keep(key, lambda: _new_session(CONNECT_TIMEOUT, READ_TIMEOUT))
+
+    return loop.keep(("live client",), lambda: _LiveClient(loop, _AbortRegistry(), session))
 
 
 class _LiveClient:
@@ -317,17 +336,31 @@ class _LiveClient:
                 scope.unwatch()
 
     async def post_async(
-        self, url: str, *, content: bytes, headers: Any = None, timeout: Any = None
+        self,
+        url: str,
+        *,
+        content: bytes,
+        headers: Any = None,
+        timeout: Any = None,
+        cancelled_as_read_error: bool = True,
     ) -> Any:
         """:meth:`post` for a coroutine on the client's own loop (never another):
         the same response and the same httpx exceptions. Cancelling the awaiting
         task aborts the request (``httpx.ReadError``), as a token does for
-        :meth:`post`. (The request itself, not a coroutine around :meth:`_send`:
-        a map's calls each keep one coroutine fewer alive while they wait.)"""
+        :meth:`post`; or, with ``cancelled_as_read_error`` false, the task ends
+        cancelled, as any awaited request's does. (The request itself, not a
+        coroutine around :meth:`_send`: a map's calls each keep one coroutine fewer
+        alive while they wait.)"""
         try:
             async with self._request(url, content, headers, timeout) as response:
                 body = await response.read()
                 return _httpx_response(response.status, list(response.raw_headers), body)
+        except asyncio.CancelledError as exc:
+            if not cancelled_as_read_error:
+                raise
+            aborted = _as_httpx(exc, url)  # httpx.ReadError, always
+            assert aborted is not None
+            raise aborted from exc
         except BaseException as exc:
             mapped = _as_httpx(exc, url)
             if mapped is None:
@@ -422,6 +455,15 @@ class _Received:
         import httpx
 
         return httpx.codes.get_reason_phrase(self.status_code)
+
+    @property
+    def text(self) -> str:
+        """The body as text (UTF-8; what is not is replaced)."""
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body parsed as JSON (raises ``ValueError`` when it is not)."""
+        return json.loads(self.content)
 
 
 def _basic(username: str, password: str) -> str:
@@ -830,4 +872,5 @@ __all__ = [
     "ReplayTransport",
     "TaskOutcome",
     "canonical_json",
+    "loop_client",
 ]

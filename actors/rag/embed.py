@@ -29,12 +29,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from graphrun.actors.rag.http import describe, json_post
+from graphrun.actors.rag.http import describe, http_failure, json_post, post_awaited
 from graphrun.actors.rag.http import tls as _tls
 from graphrun.actors.rag.loaders import RagError
 
 if TYPE_CHECKING:
-    import httpx
     import numpy as np
 
 DEFAULT_BATCH_SIZE = 64
@@ -196,7 +195,7 @@ async def embed_async(
     embedder: Embedder,
     texts: Sequence[str],
     *,
-    client: httpx.AsyncClient,
+    client: Any,
     offload: Offload,
 ) -> np.ndarray:
     """``embedder.embed(texts)`` from a coroutine on a run's event loop: an HTTP
@@ -399,16 +398,17 @@ class OpenAIEmbedder:
                     rows.add(self._vectors(response, batch))
         return rows.array()
 
-    async def embed_async(self, texts: Sequence[str], client: httpx.AsyncClient) -> np.ndarray:
-        """:meth:`embed`, each batch an awaited request on ``client``'s event loop
-        (cancelling the awaiting task cancels the request in flight)."""
-        import httpx
-
+    async def embed_async(self, texts: Sequence[str], client: Any) -> np.ndarray:
+        """:meth:`embed`, each batch an awaited request with ``client`` (the loop's:
+        :func:`~graphrun.actors.rag.http.loop_client`) on its event loop; cancelling
+        the awaiting task cancels the request in flight."""
         rows = _Rows(self)
         for batch in self._batches(texts):
             try:
-                response = await client.post(self.url, **self._request(batch))
-            except httpx.HTTPError as exc:
+                response = await post_awaited(client, self.url, **self._request(batch))
+            except Exception as exc:
+                if not http_failure(exc):
+                    raise
                 raise self._unreachable(exc) from None
             rows.add(self._vectors(response, batch))
         return rows.array()
@@ -432,7 +432,7 @@ class OpenAIEmbedder:
             hint="check the base URL (…_BASE_URL, ending in /v1) and that the server runs",
         )
 
-    def _vectors(self, response: httpx.Response, batch: list[str]) -> list[list[float]]:
+    def _vectors(self, response: Any, batch: list[str]) -> list[list[float]]:
         """One batch's vectors from the endpoint's answer, in input order."""
         if response.status_code >= 400:
             raise RagError(

@@ -1,12 +1,13 @@
 """The HTTP client a run's rag requests are awaited with, kept with its event loop.
 
 A query's embedding request (and a reranker's) is awaited on the run's
-:class:`~graphrun.actors.loop.EffectLoop`, with one ``httpx.AsyncClient`` kept
-for the loop's life (:meth:`EffectLoop.keep`): its connections are reused by
-every rag visit of the run, its child runs, or a worker's runs, and it is closed
-when the loop stops. The blocking paths (``graphrun rag rebuild``, a knowledge
-base built at load time) use ``httpx.Client``; both send the same requests and
-read the answers through the same code, so they fail alike.
+:class:`~graphrun.actors.loop.EffectLoop` with the live client kept for the
+loop's life (:func:`graphrun.actors.llm.client.loop_client`): aiohttp, on the
+session the run's llm calls use there, so one pool of connections serves both,
+and a live run imports no httpx for it. The loop closes it when it stops. The
+blocking paths (``graphrun rag rebuild``, a knowledge base built at load time)
+use ``httpx.Client``; both send the same requests, read the answers through the
+same code and name a failure alike.
 """
 
 from __future__ import annotations
@@ -16,31 +17,39 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import httpx
-
     from graphrun.actors.loop import EffectLoop
 
-#: The key of the client in :meth:`EffectLoop.keep`.
-_KEY = ("httpx.AsyncClient", "rag")
+
+def loop_client(loop: EffectLoop) -> Any:
+    """The client kept with ``loop`` for rag requests (made on first use); to be
+    awaited on that loop only, with :func:`post_awaited`."""
+    from graphrun.actors.llm.client import loop_client as kept
+
+    return kept(loop)
 
 
-class _Kept:
-    """The loop's client, closed by :meth:`EffectLoop.stop` (an async ``close``)."""
+async def post_awaited(
+    client: Any, url: str, *, content: bytes, headers: Any, timeout: float
+) -> Any:
+    """A ``POST`` awaited with the loop's client: the response, read in full. A
+    failure is raised as the httpx exception a blocking request raises (see
+    :func:`http_failure`); cancelling the awaiting task cancels the request and
+    ends the task cancelled."""
+    return await client.post_async(
+        url,
+        content=content,
+        headers=headers,
+        timeout=(timeout, timeout),
+        cancelled_as_read_error=False,
+    )
 
-    def __init__(self) -> None:
-        import httpx
 
-        self.client = httpx.AsyncClient(verify=tls())
+def http_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is an HTTP failure (httpx's, as either path raises it), not a
+    bug or an interrupt. httpx is imported here, on a failure only."""
+    import httpx
 
-    async def close(self) -> None:
-        await self.client.aclose()
-
-
-def loop_client(loop: EffectLoop) -> httpx.AsyncClient:
-    """The ``httpx.AsyncClient`` kept with ``loop`` for rag requests (made on first
-    use); to be awaited on that loop only."""
-    kept: _Kept = loop.keep(_KEY, _Kept)
-    return kept.client
+    return isinstance(exc, httpx.HTTPError)
 
 
 def json_post(payload: Any, api_key: str | None, timeout: float) -> dict[str, Any]:
@@ -94,4 +103,4 @@ def tls() -> Any:
     return shared_ssl_context()
 
 
-__all__ = ["describe", "json_post", "loop_client", "tls"]
+__all__ = ["describe", "http_failure", "json_post", "loop_client", "post_awaited", "tls"]

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graphrun.actors.rag.http import describe, json_post, tls
+from graphrun.actors.rag.http import describe, http_failure, json_post, post_awaited, tls
 from graphrun.actors.rag.loaders import RagError
 
 if TYPE_CHECKING:
-    import httpx
     import numpy as np
 
 VECTOR_WEIGHT = 1.125
@@ -321,15 +320,18 @@ class Reranker:
         return self._ranked(response, documents)
 
     async def rerank_async(
-        self, client: httpx.AsyncClient, query: str, documents: list[str], top_n: int
+        self, client: Any, query: str, documents: list[str], top_n: int
     ) -> list[tuple[int, float]]:
-        """:meth:`rerank`, awaited on ``client``'s event loop (cancelling the awaiting
-        task cancels the request)."""
-        import httpx
-
+        """:meth:`rerank`, awaited with ``client`` (the loop's:
+        :func:`~graphrun.actors.rag.http.loop_client`) on its event loop; cancelling
+        the awaiting task cancels the request."""
         try:
-            response = await client.post(self.url, **self._request(query, documents, top_n))
-        except httpx.HTTPError as exc:
+            response = await post_awaited(
+                client, self.url, **self._request(query, documents, top_n)
+            )
+        except Exception as exc:
+            if not http_failure(exc):
+                raise
             raise self._unreachable(exc) from None
         return self._ranked(response, documents)
 
@@ -351,7 +353,7 @@ class Reranker:
             node_id=self.node_id,
         )
 
-    def _ranked(self, response: httpx.Response, documents: list[str]) -> list[tuple[int, float]]:
+    def _ranked(self, response: Any, documents: list[str]) -> list[tuple[int, float]]:
         """The endpoint's answer as ``(index, score)`` pairs, best first."""
         if response.status_code >= 400:
             raise RagError(

@@ -51,7 +51,6 @@ from graphrun.actors.rag.loaders import (
 )
 
 if TYPE_CHECKING:
-    import httpx
     import numpy as np
 
 __all__ = [
@@ -269,7 +268,7 @@ class KnowledgeBase:
         query: str,
         top_k: int | None = None,
         *,
-        client: httpx.AsyncClient,
+        client: Any,
         offload: Offload,
     ) -> list[tuple[int, float]]:
         """:meth:`search` (hybrid) from a coroutine on a run's event loop: the query's
@@ -306,7 +305,7 @@ class KnowledgeBase:
         query: str,
         top_k: int | None = None,
         *,
-        client: httpx.AsyncClient,
+        client: Any,
         offload: Offload,
     ) -> RetrievalResult:
         """:meth:`query` from a coroutine on a run's event loop (see :meth:`search_async`)."""
@@ -600,7 +599,7 @@ async def _build_async(
     cfg: KbConfig,
     *,
     config_dir: Path | None,
-    client: httpx.AsyncClient,
+    client: Any,
     offload: Offload,
 ) -> tuple[KnowledgeBase, RebuildReport]:
     """:func:`_build` from a coroutine on a run's event loop: documents are loaded and
@@ -895,7 +894,7 @@ async def load_or_build_async(
     *,
     rag_defaults: Mapping[str, Any] | None,
     config_dir: Path | None,
-    client: httpx.AsyncClient,
+    client: Any,
     offload: Offload,
 ) -> KnowledgeBase:
     """:func:`load_or_build` (non-interactive) from a coroutine on a run's event

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,12 +147,11 @@ def test_a_live_call_refuses_a_server_no_trusted_ca_vouches_for(tls_llm, tmp_pat
 def test_an_embedding_request_names_the_tls_failure(tls_llm, monkeypatch):
     """A rag request (blocking or awaited) to a server no trusted CA vouches for is
     described by what TLS said, not as the system error of the same number."""
-    import asyncio
-
     import httpx
 
     from graphrun.actors.llm.client import shared_ssl_context
-    from graphrun.actors.rag.http import describe, json_post, tls
+    from graphrun.actors.loop import EffectLoop
+    from graphrun.actors.rag.http import describe, json_post, loop_client, post_awaited, tls
 
     server, _ = tls_llm
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
@@ -159,20 +159,22 @@ def test_an_embedding_request_names_the_tls_failure(tls_llm, monkeypatch):
     shared_ssl_context.cache_clear()
     url = f"{server.url_openai}/embeddings"
     post = json_post({"model": "m", "input": ["x"]}, "sk-test", 5.0)
+    loop = EffectLoop("tls-test-loop")
     try:
         with httpx.Client(verify=tls()) as client, pytest.raises(httpx.ConnectError) as blocked:
             client.post(url, **post)
 
-        async def awaited() -> httpx.ConnectError:
-            async with httpx.AsyncClient(verify=tls()) as client:
-                with pytest.raises(httpx.ConnectError) as failed:
-                    await client.post(url, **post)
-                return failed.value
+        async def awaited(client: Any) -> httpx.ConnectError:
+            with pytest.raises(httpx.ConnectError) as failed:
+                await post_awaited(client, url, **post)
+            return failed.value
 
-        for exc in (blocked.value, asyncio.run(awaited())):
+        on_loop = loop.submit(awaited(loop_client(loop))).result(timeout=30)
+        for exc in (blocked.value, on_loop):
             said = describe(exc)
             assert "CERTIFICATE_VERIFY_FAILED" in said, said
             assert "Errno" not in said
     finally:
+        loop.stop()
         shared_ssl_context.cache_clear()
     assert server.requests == []

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -126,18 +127,22 @@ def test_the_query_embedding_is_requested_from_the_runs_loop_thread(
     loop = EffectLoop("rag-test-loop")
     sent: list[tuple[str, str]] = []  # (thread name, request path), as each request goes out
 
-    async def on_request(request: Any) -> None:
-        sent.append((threading.current_thread().name, request.url.path))
-
     # The client the run's rag requests share, kept with the loop the run is given.
     client = loop_client(loop)
-    client.event_hooks = {"request": [on_request], "response": []}
+    post = client.post_async
+
+    async def watched(url: str, **request: Any) -> Any:
+        sent.append((threading.current_thread().name, urlsplit(url).path))
+        return await post(url, **request)
+
+    client.post_async = watched
     try:
         outcome = _run(store, root, effect_loop=loop)
         assert loop_client(loop) is client
+        session = client._session  # its pooled connections, made on first use
     finally:
         loop.stop()
-    assert client.is_closed  # closed with the loop
+    assert session is not None and session.closed  # closed with the loop
     assert outcome.status == "completed", outcome.error
     assert outcome.output is not None and outcome.output.startswith("./knowledge/bees/")
     # The knowledge base was built during the run: its chunks and then the query were
@@ -265,3 +270,38 @@ def test_the_runs_timeout_stops_a_knowledge_base_build(
         time.sleep(0.05)
     assert server.embeddings_abandoned == 1
     assert not (root / "retrieve.yaml").exists()  # no knowledge base half written
+
+
+def test_a_live_rag_run_awaits_its_requests_on_aiohttp_and_imports_no_httpx(
+    tmp_path: Path, server: FakeLlm
+) -> None:
+    """`graphrun run` (a real process) answers the query with its embedding request
+    on the loop's aiohttp session: httpx, whose package loads its command line's
+    modules, is not imported for it. (A knowledge base the command builds before
+    the run, at load time as Loki does, is built with httpx's blocking client.)"""
+    import os
+    import subprocess
+    import sys
+
+    root = _agent(tmp_path, ONE.format(timeout=30))
+    _prebuilt(root)
+    server.reset()
+    environ = dict(os.environ, GRAPHRUN_DB=str(tmp_path / "cli.db"))
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "graphrun.cli", "run", str(root), QUESTION],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environ,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("./knowledge/bees/")
+    assert _embedding_inputs(server) == [[QUESTION]]
+    modules = {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "aiohttp" in modules
+    assert "httpx" not in modules and "pygments" not in modules

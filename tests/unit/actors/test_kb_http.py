@@ -303,16 +303,16 @@ def test_an_embedding_client_of_config_yaml_is_reached_at_its_api_base_with_its_
 
 
 def _awaited(coro_fn: Any) -> Any:
-    """Run ``coro_fn(client)`` on a fresh event loop with a client of its own."""
-    import asyncio
+    """Run ``coro_fn(client)`` on a run's kind of event loop, with the client kept
+    with it (as a rag node awaits its requests)."""
+    from graphrun.actors.loop import EffectLoop
+    from graphrun.actors.rag.http import loop_client
 
-    import httpx
-
-    async def main() -> Any:
-        async with httpx.AsyncClient() as client:
-            return await coro_fn(client)
-
-    return asyncio.run(main())
+    loop = EffectLoop("kb-test-loop")
+    try:
+        return loop.submit(coro_fn(loop_client(loop))).result(timeout=60)
+    finally:
+        loop.stop()
 
 
 def _offload() -> Any:
@@ -429,19 +429,16 @@ def test_cancelling_an_awaited_embedding_closes_its_connection() -> None:
     acceptor = threading.Thread(target=accept, daemon=True)
     acceptor.start()
 
-    async def main() -> None:
-        import httpx
-
-        async with httpx.AsyncClient() as client:
-            task = asyncio.ensure_future(emb.embed_async(["a"], client))
-            await asyncio.sleep(0.5)
-            assert not task.done()
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+    async def main(client: Any) -> None:
+        task = asyncio.ensure_future(emb.embed_async(["a"], client))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
     try:
-        asyncio.run(main())
+        _awaited(main)
         acceptor.join(timeout=5)
         (conn,) = accepted
         conn.settimeout(5)
