@@ -431,16 +431,33 @@ def _until_readable(stream_in: TextIO, stream_out: TextIO, cancel: CancelToken |
         fd = stream_in.fileno()
     except (AttributeError, OSError, ValueError):
         return
-    import select
+    import selectors
+    import threading
 
     wake_r, wake_w = os.pipe()
-    unhook = cancel.on_cancel(lambda: os.write(wake_w, b"!"))
+    guard = threading.Lock()
+    open_ = [True]
+
+    def wake() -> None:  # any thread; never after the pipe is closed (its number reused)
+        with guard:
+            if open_[0]:
+                os.write(wake_w, b"!")
+
+    unhook = cancel.on_cancel(wake)
     try:
-        ready, _, _ = select.select([fd, wake_r], [], [])
+        with selectors.DefaultSelector() as selector:
+            try:
+                selector.register(fd, selectors.EVENT_READ)
+            except (OSError, ValueError):  # a regular file: always readable
+                return
+            selector.register(wake_r, selectors.EVENT_READ)
+            ready = [key.fd for key, _ in selector.select()]
     finally:
         unhook()
-        os.close(wake_r)
-        os.close(wake_w)
+        with guard:
+            open_[0] = False
+            os.close(wake_r)
+            os.close(wake_w)
     if fd not in ready:
         stream_out.write("\n")
         raise _withdrawn(cancel)
