@@ -355,13 +355,9 @@ class _LiveClient:
             async with self._request(url, content, headers, timeout) as response:
                 body = await response.read()
                 return _httpx_response(response.status, list(response.raw_headers), body)
-        except asyncio.CancelledError as exc:
-            if not cancelled_as_read_error:
-                raise
-            aborted = _as_httpx(exc, url)  # httpx.ReadError, always
-            assert aborted is not None
-            raise aborted from exc
         except BaseException as exc:
+            if not cancelled_as_read_error and isinstance(exc, asyncio.CancelledError):
+                raise
             mapped = _as_httpx(exc, url)
             if mapped is None:
                 raise
@@ -552,15 +548,8 @@ def _httpx_error(exc: BaseException, request: httpx.Request) -> Exception | None
     if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
         if isinstance(exc, aiohttp.ConnectionTimeoutError):
             return httpx.ConnectTimeout(str(exc) or "connect timed out", request=request)
-        # Say what the system said, as a blocking connect does ("[Errno 111]
-        # Connection refused", "[Errno -2] Name or service not known": a resolver's
-        # codes are negative, and only its own error knows their text).
-        found = _os_error(exc)
-        if found is None or found.errno is None:
-            return httpx.ConnectError(str(exc), request=request)
-        code = found.errno
-        text = os.strerror(code) if code > 0 else found.strerror or str(found)
-        return httpx.ConnectError(f"[Errno {code}] {text}", request=request)
+        # Say what the system said, as a blocking connect does.
+        return httpx.ConnectError(system_error(exc) or str(exc), request=request)
     if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors too
         return httpx.ReadTimeout(str(exc) or "read timed out", request=request)
     if isinstance(exc, aiohttp.InvalidURL):
@@ -572,6 +561,22 @@ def _httpx_error(exc: BaseException, request: httpx.Request) -> Exception | None
     if isinstance(exc, aiohttp.ClientError | OSError):
         return httpx.ReadError(str(exc) or type(exc).__name__, request=request)
     return None
+
+
+def system_error(exc: BaseException) -> str | None:
+    """What the system said where ``exc`` comes from, as a blocking connect names
+    it: ``[Errno 111] Connection refused``, ``[Errno -2] Name or service not known``
+    (a resolver's codes are negative, and only its own error knows their text).
+    None when no system error is among its causes, or the first is TLS's (an SSL
+    error's errno is OpenSSL's reason, not the system's)."""
+    import ssl
+
+    found = _os_error(exc)
+    if found is None or found.errno is None or isinstance(found, ssl.SSLError):
+        return None
+    code = found.errno
+    text = os.strerror(code) if code > 0 else found.strerror or str(found)
+    return f"[Errno {code}] {text}"
 
 
 def _os_error(exc: BaseException) -> OSError | None:
@@ -873,4 +878,5 @@ __all__ = [
     "TaskOutcome",
     "canonical_json",
     "loop_client",
+    "system_error",
 ]

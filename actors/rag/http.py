@@ -13,7 +13,6 @@ same code and name a failure alike.
 from __future__ import annotations
 
 import json
-import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -68,32 +67,13 @@ def describe(exc: Exception) -> str:
     (``[Errno 111] Connection refused``), as a blocking connect names it, where the
     async transport says only ``All connection attempts failed``. A TLS failure is
     named by what TLS said (its errno is OpenSSL's reason, not a system error)."""
-    import ssl
-
     import httpx
 
+    from graphrun.actors.llm.client import system_error
+
     if isinstance(exc, httpx.ConnectError):
-        found = _os_error(exc)
-        if found is not None and found.errno is not None and not isinstance(found, ssl.SSLError):
-            code = found.errno
-            return f"[Errno {code}] {os.strerror(code) if code > 0 else found.strerror}"
+        return system_error(exc) or str(exc)
     return str(exc)
-
-
-def _os_error(exc: BaseException) -> OSError | None:
-    """The system error with an errno that ``exc`` comes from, if any: down its
-    causes (the first of a group's), a bounded number of steps."""
-    current: BaseException | None = exc
-    for _ in range(16):
-        if current is None:
-            return None
-        if isinstance(current, OSError) and current.errno is not None:
-            return current
-        if isinstance(current, BaseExceptionGroup):
-            current = current.exceptions[0]
-        else:
-            current = current.__cause__ or current.__context__
-    return None
 
 
 def tls() -> Any:

@@ -145,16 +145,6 @@ class AgentActor:
     def __init__(self, ports: RunPorts) -> None:
         self.ports = ports
 
-    def perform(self, task: Any, ctx: Any) -> None:
-        """One visit, blocking the calling thread while the child runs."""
-        child_id, knowledge, started = self._begin(task, ctx)
-        token, release = self._scope(task, ctx)
-        try:
-            outcome = self.ports.launcher.drive(child_id, knowledge, token)
-        finally:
-            release()
-        self._conclude(task, ctx, child_id, outcome, token, started)
-
     async def run(self, task: Any, ctx: Any) -> None:
         """One visit, awaited on the run's loop: starting the child (its graph loaded,
         ``ChildRunStarted`` committed) and recording how it ended block, so they go
@@ -233,21 +223,12 @@ class AgentActor:
         return child_id, knowledge, started
 
     @staticmethod
-    def _scope(task: Any, ctx: Any, loop: Any = None) -> tuple[CancelToken, Any]:
+    def _scope(task: Any, ctx: Any, loop: Any) -> tuple[CancelToken, Any]:
         """The child's token: it fires with the visit's, and at the node's timeout
-        (a timer of ``loop``'s when awaited there, else a timer thread); and what
-        releases both hooks."""
+        (a timer of ``loop``'s); and what releases both hooks."""
         token = CancelToken()
         unhook = ctx.cancel.on_cancel(lambda: token.cancel(ctx.cancel.reason or "cancelled"))
-        timer: Any
-        if loop is not None:
-            timer = loop.call_later(task.timeout, token.cancel, _timed_out(task))
-        else:
-            import threading
-
-            timer = threading.Timer(task.timeout, token.cancel, args=(_timed_out(task),))
-            timer.daemon = True
-            timer.start()
+        timer = loop.call_later(task.timeout, token.cancel, _timed_out(task))
 
         def release() -> None:
             timer.cancel()
