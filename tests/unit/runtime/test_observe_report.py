@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import msgspec
+from hypothesis import given, settings
+from hypothesis.strategies import text
 
+from graphrun.actors.terminal import terminal_safe
 from graphrun.eventstore.events import (
     HumanInputReceived,
     HumanInputRequested,
@@ -24,7 +28,15 @@ from graphrun.runtime.engine.usage import (
     run_usage,
 )
 from graphrun.runtime.observe.logs import log_markdown
-from graphrun.runtime.observe.report import render_report, request_messages, view_run
+from graphrun.runtime.observe.report import (
+    _PLAIN,
+    _json,
+    _markdown,
+    _md,
+    render_report,
+    request_messages,
+    view_run,
+)
 
 
 # Events as they will be once parallel branches record which branch they ran in.
@@ -281,3 +293,58 @@ def test_what_a_run_brings_is_written_out_not_obeyed():
     assert "approve \\u202eon\\x1b[2K now" in page  # the model's reply, as Markdown
     assert "Ship \\u202eevil?" in page and "yes\\x1b[1A" in page  # question, answer
     assert "say \\u202eyes" in page  # the request as sent
+
+
+# The characters a plain paragraph may hold, those that make Markdown of it, and a
+# few that make it more than one line or start a block.
+_PLAIN_CHARS = "abcXYZ019 ,.;:?!()%/=+'\"-"
+_MARKDOWN_CHARS = "*_`#>[]<&\\~|\t\n\r\u00e9\u202e\x1b"
+_INLINE_CHARS = "*_`[]<&\\"
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    text(alphabet=_PLAIN_CHARS, max_size=24)
+    | text(alphabet=_PLAIN_CHARS + _INLINE_CHARS, max_size=16)
+    | text(alphabet=_PLAIN_CHARS + _MARKDOWN_CHARS, max_size=24)
+)
+def test_plain_text_is_rendered_as_the_markdown_parser_renders_it(value: str) -> None:
+    """A one-line text a report shows without parsing it renders exactly as the
+    parser renders it; any other text is parsed."""
+    md = _md()
+    assert _markdown(md, value) == f'<div class="md">{md.render(terminal_safe(value))}</div>'
+
+
+def test_every_short_text_renders_as_the_parser_renders_it() -> None:
+    """Every text of up to five characters over Markdown's markers and the plain
+    ones, a letter first: the shortcut never takes one the parser renders otherwise
+    (an emphasis, an escape, an entity, a code span)."""
+    import itertools
+
+    md = _md()
+    alphabet = "a1 *_`[]<>&\\\"'!#-.(:"
+    for n in range(4):
+        for middle in itertools.product(alphabet, repeat=n):
+            for value in ("a" + "".join(middle), "a" + "".join(middle) + "c"):
+                assert _markdown(md, value) == (
+                    f'<div class="md">{md.render(terminal_safe(value))}</div>'
+                ), value
+
+
+@given(text(alphabet=_PLAIN_CHARS, min_size=1, max_size=24))
+def test_the_plain_path_is_taken_for_words_and_plain_punctuation(value: str) -> None:
+    """(So the property above tests the shortcut, not only the parser.)"""
+    if value[0].isalpha() and not value.endswith(" "):
+        assert _PLAIN.fullmatch(value)
+
+
+def test_bodies_are_shown_as_indented_json_with_sorted_keys() -> None:
+    """An llm call's request and response read as JSON, keys sorted, as sent; what
+    msgspec cannot sort falls back to the standard library, as before."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "ünï \u2028"}], "n": 10**20}
+    assert _json(body) == json.dumps(body, indent=2, ensure_ascii=False, sort_keys=True)
+    assert _json({"a": [], "b": {}, "c": None, "d": 1.5}) == (
+        '{\n  "a": [],\n  "b": {},\n  "c": null,\n  "d": 1.5\n}'
+    )
+    assert _json({1: "x"}) == json.dumps({1: "x"}, indent=2, sort_keys=True)
+    assert _json({"when": object}) == json.dumps({"when": str(object)}, indent=2)
