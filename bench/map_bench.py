@@ -9,8 +9,9 @@ and <= 1.3x the peak RSS of the 1,000-item one (the ideal is 10x the time and th
 same memory beyond the results themselves). Then ``show``, ``report`` and ``replay``
 of the two runs: what each command does after start-up, as CPU time (a busy machine
 blurs wall time far more), the 10,000-item run's <= 10.5x the 1,000-item one's
-(linear). Each size is costed in processes of its own (three, the median taken; the
-two sizes' processes alternate), each calling the command twice to warm up and then
+(linear). Each size is costed in processes of its own (five, the median taken, so
+that two processes a host's hiccup slowed move nothing; the two sizes' processes
+alternate), each calling the command twice to warm up and then
 several times (20 at 1,000 items, 2 at 10,000): the mean per call counts Python's
 full collections at the rate they come. A full collection walks every object the
 process holds; at 1,000 items one comes every few calls, so the least of a few calls
@@ -49,6 +50,8 @@ TIME_TARGET = 10.5
 RSS_TARGET = 1.3
 LINEAR_TARGET = 10.5
 CONCURRENCY = 100
+#: Fresh processes each command is costed in, per size (the median judged).
+COST_PROCESSES = 5
 #: (small, large) item counts, runs of each size (medians judged)
 SIZES = {"full": (1_000, 10_000, 3), "quick": (300, 3_000, 1), "smoke": (20, 200, 1)}
 
@@ -139,13 +142,13 @@ def one_cost(command: str, db: str, run_id: str, calls: int) -> None:
 
 
 def command_costs(command: str, runs: dict[int, dict[str, Any]]) -> dict[int, dict[str, float]]:
-    """For each map in ``runs`` (by item count), the median over three fresh processes
+    """For each map in ``runs`` (by item count), the median over COST_PROCESSES fresh processes
     of ``command``'s mean cost per call on it. The sizes' processes alternate (one of
-    each, three times), so that a machine that speeds up or slows down during the
+    each, COST_PROCESSES times), so that a machine that speeds up or slows down during the
     measurement weighs on every size alike."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--cost", command]
     found: dict[int, list[dict[str, float]]] = {items: [] for items in runs}
-    for _ in range(3):
+    for _ in range(COST_PROCESSES):
         for items, run in runs.items():
             calls = max(2, 20_000 // items)
             done = subprocess.run(
