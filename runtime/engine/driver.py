@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty, SimpleQueue
@@ -328,6 +328,77 @@ def recorded_config(store: Store, run_id: str, *, first: Event | None = None) ->
     return own
 
 
+class PersonTime:
+    """The time a person has been asked on the terminal in a run, or in a run it
+    started: the run's timeouts do not count it, as they do not count a run that
+    pauses for a person (exit 3, then ``graphrun approve``). A child run's adds up
+    into its parent's. Any thread."""
+
+    def __init__(self, monotonic: Callable[[], float], parent: PersonTime | None = None) -> None:
+        self._monotonic = monotonic
+        self._parent = parent
+        self._lock = threading.Lock()
+        self._asking = 0  # questions open now (a parallel step's child runs may ask two)
+        self._since = 0.0
+        self._total = 0.0
+
+    @contextlib.contextmanager
+    def asking(self) -> Iterator[None]:
+        """A person is asked for the block's length."""
+        self._begin()
+        try:
+            yield
+        finally:
+            self._end()
+
+    def _begin(self) -> None:
+        with self._lock:
+            if not self._asking:
+                self._since = self._monotonic()
+            self._asking += 1
+        if self._parent is not None:
+            self._parent._begin()
+
+    def _end(self) -> None:
+        with self._lock:
+            self._asking -= 1
+            if not self._asking:
+                self._total += self._monotonic() - self._since
+        if self._parent is not None:
+            self._parent._end()
+
+    @property
+    def now(self) -> bool:
+        """Whether a person is being asked at this moment."""
+        return self._asking > 0
+
+    def total(self) -> float:
+        """Seconds a person has been asked so far (the question open now included)."""
+        with self._lock:
+            open_for = self._monotonic() - self._since if self._asking else 0.0
+            return self._total + open_for
+
+
+class Deadline:
+    """A run's ``settings.timeout`` from now, moved on by the time a person is asked
+    (:class:`PersonTime`) until it passes."""
+
+    __slots__ = ("_at", "_credited", "_monotonic", "_person")
+
+    def __init__(self, timeout: float, person: PersonTime, monotonic: Callable[[], float]) -> None:
+        self._monotonic = monotonic
+        self._at = monotonic() + timeout
+        self._person = person
+        self._credited = person.total()
+
+    def left(self) -> float:
+        """Seconds left (none once it passed)."""
+        return self._at + (self._person.total() - self._credited) - self._monotonic()
+
+    def passed(self) -> bool:
+        return self.left() <= 0
+
+
 class Driver:
     """Drives one run to its end, to a wait for a person, or to cancellation."""
 
@@ -365,9 +436,10 @@ class Driver:
         # ``_pending_lock`` (taken after it, never before it).
         self._effects_lock = threading.Lock()
         self.timed_out: float | None = None
-        # Seconds the last step spent asking a person on the terminal: the run's
-        # timeout does not count them (as it does not count a run's wait for one).
-        self.asked_for = 0.0
+        # The time a person is asked on the terminal, here or in a child run: the
+        # run's timeout does not count it (as it does not count a run's wait for one).
+        # A child run's driver is given one that adds up into its parent's.
+        self.person = PersonTime(self.clock.monotonic)
         self.refused: GraphrunError | None = None
         self._pending_lock = threading.Lock()
         self._effects_by_type: dict[str, Any] = {}
@@ -698,7 +770,7 @@ class Driver:
         elif self.options.listener is not None:
             self.options.listener(list(events), self.durable)
         timeout = self.graph.settings.timeout
-        deadline = self.clock.monotonic() + timeout if timeout else None
+        deadline = Deadline(timeout, self.person, self.clock.monotonic) if timeout else None
         # A recorded source stops the loop where its log stops (``LogEnds``).
         before_decide = getattr(self.options.effect_source, "before_decide", None)
         while True:
@@ -711,7 +783,7 @@ class Driver:
                 reason = self.cancel.reason or "cancelled"
                 self._speculate((RunCancelled(reason=reason, by=self.cancelled_by),))
                 break
-            if deadline is not None and self.clock.monotonic() > deadline:
+            if deadline is not None and deadline.passed():
                 self._timeout(timeout, None)
                 break
             if before_decide is not None:
@@ -736,8 +808,6 @@ class Driver:
             if not (step.node_type in _ASKS_A_PERSON and self._only_resumed()):
                 self.flush()
             waiting = self._perform(step, deadline, timeout)
-            if deadline is not None and self.asked_for:
-                deadline += self.asked_for
             if self.interrupted is not None:
                 break
             if waiting is not None:
@@ -796,11 +866,10 @@ class Driver:
             self._speculate((ChildCancelled(child_run_id=child, reason=reason),))
 
     def _perform(
-        self, step: decider.Perform, deadline: float | None, timeout: float | None
+        self, step: decider.Perform, deadline: Deadline | None, timeout: float | None
     ) -> HumanInputRequested | None:
         node_id = step.node_id
         visit = self.state.current_visit
-        self.asked_for = 0.0
         self.node_cancel = CancelToken()
         if self.cancel.cancelled:
             self.node_cancel.cancel(self.cancel.reason or "cancelled")
@@ -836,14 +905,12 @@ class Driver:
                 # served here, like a recorded effect, without the actor hand-off.
                 effect.perform(step.task, ctx)
             else:
-                # A person asked on the terminal: the run's clock stops meanwhile.
+                # A person asked on the terminal: the run's clock stops meanwhile (and
+                # so do its ancestors').
                 asking = step.node_type in _ASKS_A_PERSON
-                started = self.clock.monotonic()
                 future = self.effect_loop.start(self._runner(step.node_type)(step.task, ctx))
-                try:
-                    self._wait(future, None if asking else deadline, timeout, node_id)
-                finally:
-                    self.asked_for = self.clock.monotonic() - started if asking else 0.0
+                with self.person.asking() if asking else contextlib.nullcontext():
+                    self._wait(future, deadline, timeout, node_id)
                 failed = future.exception() if future.done() else None
                 if failed is not None and self.timed_out is None:
                     raise _effect_error(failed, self.node_cancel)
@@ -893,7 +960,7 @@ class Driver:
     def _perform_many(
         self,
         tasks: tuple[decider.Perform, ...],
-        deadline: float | None,
+        deadline: Deadline | None,
         timeout: float | None,
         join_policy: Any = None,
     ) -> HumanInputRequested | None:
@@ -964,7 +1031,7 @@ class Driver:
         while step.outstanding():
             slice_ = _CANCEL_POLL_EVERY
             if deadline is not None and not step.timed_out:
-                slice_ = max(0.0, min(slice_, deadline - self.clock.monotonic()))
+                slice_ = max(0.0, min(slice_, deadline.left()))
             if join.deadline is not None and not join.settled:
                 slice_ = max(0.0, min(slice_, join.deadline - self.clock.monotonic()))
             done = step.finished(slice_)
@@ -1008,7 +1075,7 @@ class Driver:
             ):
                 reason = join.timeout_reason()
                 join.settle(step.cancel_rest(reason), reason)
-            elif deadline is not None and not step.timed_out and self.clock.monotonic() >= deadline:
+            elif deadline is not None and not step.timed_out and deadline.passed():
                 step.time_out(f"run timeout ({timeout:g}s)")
             else:
                 self._while_in_flight()
@@ -1130,7 +1197,7 @@ class Driver:
         return True
 
     def _wait_out_retry(
-        self, effects: tuple[Any, ...], token: CancelToken, deadline: float | None
+        self, effects: tuple[Any, ...], token: CancelToken, deadline: Deadline | None
     ) -> bool:
         """Wait what is left of a pending retry's delay (from its recorded time), in
         slices that watch for cancel requests and the run's timeout; a replay does
@@ -1148,7 +1215,7 @@ class Driver:
             self._while_in_flight()
             if self.cancel.cancelled or self.interrupted is not None:
                 return False
-            if deadline is not None and self.clock.monotonic() > deadline:
+            if deadline is not None and deadline.passed():
                 return False
 
     def _settle(
@@ -1175,17 +1242,17 @@ class Driver:
         return "failed", f"internal error: {type(exc).__name__}: {exc}"
 
     def _wait(
-        self, future: TaskOutcome, deadline: float | None, timeout: float | None, node_id: str
+        self, future: TaskOutcome, deadline: Deadline | None, timeout: float | None, node_id: str
     ) -> None:
         """Wait for the node's effect in slices that watch for cancel requests, the
         lease and the run's timeout (which cancels the effect and fails the run)."""
         while True:
             slice_ = _CANCEL_POLL_EVERY
             if deadline is not None:
-                slice_ = max(0.0, min(slice_, deadline - self.clock.monotonic()))
+                slice_ = max(0.0, min(slice_, deadline.left()))
             if future.wait(slice_):
                 return
-            if deadline is not None and self.clock.monotonic() >= deadline:
+            if deadline is not None and deadline.passed():
                 self.node_cancel.cancel(f"run timeout ({timeout:g}s)")
                 future.wait(30)
                 assert timeout is not None
@@ -1740,7 +1807,10 @@ class _ChildDriving:
         # The child's own variables, as recorded when it began (never the parent's).
         options = for_run(_child_options(parent.options, knowledge), parent.store, child_id)
         options.effect_loop = parent.effect_loop  # its effects are awaited beside the parent's
-        return Driver(parent.store, child_id, options, cancel=token)
+        child = Driver(parent.store, child_id, options, cancel=token)
+        # A person the child asks stops the parent's clocks too.
+        child.person = PersonTime(child.clock.monotonic, parent=parent.person)
+        return child
 
     def drive(
         self, child_id: str, knowledge: dict[str, Any] | None, token: CancelToken

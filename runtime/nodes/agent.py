@@ -137,6 +137,41 @@ class AgentNode(NodeBase, tag="agent", kw_only=True):
         return []
 
 
+class _Scope:
+    """What stops a visit's child run: its token fires with the visit's, and at the
+    node's ``timeout`` (a timer of the run's loop). Time a person is asked in the
+    child (``person``: its driver's :class:`~graphrun.runtime.engine.driver.PersonTime`)
+    does not count: the timeout moves on by it."""
+
+    def __init__(self, task: Any, ctx: Any, loop: Any) -> None:
+        self.token = CancelToken()
+        self.person: Any = None
+        self._loop = loop
+        self._reason = _timed_out(task)
+        self._credited = 0.0  # person time the timeout has already moved on by
+        token = self.token
+        self._unhook = ctx.cancel.on_cancel(lambda: token.cancel(ctx.cancel.reason or "cancelled"))
+        self._timer = loop.call_later(task.timeout, self._expire)
+
+    def _expire(self) -> None:
+        person = self.person
+        if person is not None:
+            asked = person.total() - self._credited
+            if asked > 0 or person.now:
+                self._credited += asked
+                self._timer = self._loop.call_later(max(asked, _ASKED_AGAIN), self._expire)
+                return
+        self.token.cancel(self._reason)
+
+    def release(self) -> None:
+        self._timer.cancel()
+        self._unhook()
+
+
+#: How soon a timeout that came while a person is asked looks again.
+_ASKED_AGAIN = 0.5
+
+
 class AgentActor:
     """The ``agent`` node actor."""
 
@@ -155,13 +190,15 @@ class AgentActor:
         from graphrun.actors.loop import blocking
 
         child_id, knowledge, started = await blocking(ctx, self._begin, task, ctx)
-        token, release = self._scope(task, ctx, asyncio.get_running_loop())
+        scope = _Scope(task, ctx, asyncio.get_running_loop())
+        token = scope.token
         try:
             launcher = self.ports.launcher
             child = await blocking(ctx, launcher.driver, child_id, knowledge, token)
+            scope.person = getattr(child, "person", None)
             outcome = await launcher.drive_async(child, token)
         finally:
-            release()
+            scope.release()
         await blocking(ctx, self._conclude, task, ctx, child_id, outcome, token, started)
 
     def _begin(self, task: Any, ctx: Any) -> tuple[str, dict[str, Any] | None, float]:
@@ -221,20 +258,6 @@ class AgentActor:
             variables=variables,
         )
         return child_id, knowledge, started
-
-    @staticmethod
-    def _scope(task: Any, ctx: Any, loop: Any) -> tuple[CancelToken, Any]:
-        """The child's token: it fires with the visit's, and at the node's timeout
-        (a timer of ``loop``'s); and what releases both hooks."""
-        token = CancelToken()
-        unhook = ctx.cancel.on_cancel(lambda: token.cancel(ctx.cancel.reason or "cancelled"))
-        timer = loop.call_later(task.timeout, token.cancel, _timed_out(task))
-
-        def release() -> None:
-            timer.cancel()
-            unhook()
-
-        return token, release
 
     def _conclude(
         self, task: Any, ctx: Any, child_id: str, outcome: Any, token: CancelToken, started: float

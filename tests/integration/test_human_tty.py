@@ -228,3 +228,52 @@ def test_a_cancel_from_another_process_closes_the_prompt(terminal, graphrun, age
     assert not of_type(evs, "NodeFailed")
     last = evs[-1]
     assert (last["type"], last["by"], last["reason"]) == ("RunCancelled", "ops", "superseded")
+
+
+# A parent whose agent node hands the gate to a child run.
+DELEGATING = """
+version: "1.0"
+name: boss
+start: delegate
+nodes:
+  delegate:
+    type: agent
+    agent: gate
+    prompt: "ship it"
+    state_updates: {said: "{{output}}"}
+    next: done
+  done:
+    type: end
+    output: "boss: {{said}}"
+"""
+
+
+@pytest.mark.parametrize(
+    "limit",
+    [
+        ("start: delegate\n", "start: delegate\nsettings:\n  timeout: 2\n"),  # the parent run's
+        ("    agent: gate\n", "    agent: gate\n    timeout: 2\n"),  # the agent node's
+    ],
+    ids=["run-timeout", "agent-node-timeout"],
+)
+def test_time_a_child_run_asks_a_person_does_not_count_against_its_parents(
+    terminal, graphrun, agent, tmp_path, limit
+):
+    # The gate is asked in the child run, on the parent's terminal; the person
+    # answers after the 2 s the parent (or its agent node) may take. Neither is
+    # charged for it.
+    gate = _agent(agent, APPROVAL)
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "gate").symlink_to(gate)
+    boss = agent(DELEGATING.replace(*limit))
+    shown = terminal("run", str(boss), "--agents-dir", str(agents))
+    shown.expect("own text")
+    time.sleep(3)
+    shown.child.send("1" + ENTER)
+    status, out, screen = shown.finish()
+    assert status == 0, screen
+    assert out == "boss: shipped v2.1 (approve)\n"
+    evs = events(graphrun.db, graphrun.last_run())
+    assert evs[-1]["type"] == "RunCompleted"
+    assert not of_type(evs, "TimeoutFired")
