@@ -129,6 +129,32 @@ def test_a_live_call_trusts_the_ca_the_environment_names(tls_llm, tmp_path):
     assert "httpx" not in modules and "pygments" not in modules
 
 
+def test_a_live_call_trusts_a_ca_directory_the_environment_names(tls_llm, tmp_path):
+    """SSL_CERT_DIR (no SSL_CERT_FILE): a directory of CA certificates under their
+    subject-hash names, as ``openssl rehash`` lays them out."""
+    server, ca = tls_llm
+    folder = tmp_path / "certs"
+    folder.mkdir()
+    subject_hash = subprocess.run(
+        ["openssl", "x509", "-hash", "-noout", "-in", str(ca)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (folder / f"{subject_hash}.0").write_bytes(ca.read_bytes())
+    server.script(text("over TLS, from a directory"))
+    done = _run(tmp_path, server.url_openai, SSL_CERT_DIR=str(folder))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "over TLS, from a directory"
+    # An empty directory vouches for nobody: the same server is refused.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    server.script(text("never"))
+    refused = _run(tmp_path, server.url_openai, SSL_CERT_DIR=str(empty))
+    assert refused.returncode != 0
+    assert "certificate" in refused.stderr.lower(), refused.stderr[-2000:]
+
+
 def test_a_live_call_refuses_a_server_no_trusted_ca_vouches_for(tls_llm, tmp_path):
     """Without SSL_CERT_FILE, certifi's bundle is trusted, and it does not hold the
     test's CA: the call fails on the certificate, saying so (not as a system error

@@ -276,27 +276,45 @@ SLEEPY = """
       c: {{type: script, script: scripts/sleep.py, state_updates: {{}}, next: join}}
       join: {{type: end, output: "{{{{done}}}}"}}
 """
-SLEEP = "import json, time\ntime.sleep(1)\nprint(json.dumps({'done': 1}))\n"
+# Sleeps 1 s, and writes down when it ran (a file per process, beside the script).
+SLEEP = """\
+import json, os, pathlib, time
+began = time.time()
+time.sleep(1)
+marks = pathlib.Path(__file__).with_name("marks")
+marks.mkdir(exist_ok=True)
+(marks / str(os.getpid())).write_text(f"{began} {time.time()}")
+print(json.dumps({'done': 1}))
+"""
+
+
+def _intervals(root: Path) -> list[tuple[float, float]]:
+    """When each sleep.py process ran, in the order they began."""
+    marks = root / "scripts" / "marks"
+    spans = [tuple(map(float, f.read_text().split())) for f in marks.iterdir()]
+    return sorted(spans)  # type: ignore[arg-type]
 
 
 def test_branches_run_concurrently(store: SqliteStore, tmp_path: Path) -> None:
     root = agent(tmp_path, SLEEPY.format(cap=8), {"fan.py": emit({}), "sleep.py": SLEEP})
-    started = time.monotonic()
     outcome = run(store, root)
-    elapsed = time.monotonic() - started
     assert outcome.status == "completed", outcome.error
     assert outcome.output == "[1,1,1]"
-    assert elapsed < 2.5, elapsed  # three 1 s branches at once (generous for a loaded box)
+    spans = _intervals(root)
+    # All three were asleep at once: the last began before the first ended.
+    assert len(spans) == 3 and max(b for b, _ in spans) < min(e for _, e in spans), spans
 
 
 def test_max_concurrency_one_runs_branches_one_at_a_time(
     store: SqliteStore, tmp_path: Path
 ) -> None:
     root = agent(tmp_path, SLEEPY.format(cap=1), {"fan.py": emit({}), "sleep.py": SLEEP})
-    started = time.monotonic()
     outcome = run(store, root)
     assert outcome.status == "completed", outcome.error
-    assert time.monotonic() - started >= 3.0
+    spans = _intervals(root)
+    # One after another: each began after the one before it ended.
+    assert len(spans) == 3, spans
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(2)), spans
 
 
 def test_a_parallel_run_replays_without_performing_anything(
