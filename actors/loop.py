@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Coroutine
@@ -33,6 +34,9 @@ T = TypeVar("T")
 #: How long stopping a loop waits for one kept object to close (a pooled session).
 _CLOSE_SECONDS = 10.0
 
+#: A coroutine handed over with :meth:`EffectLoop.submit`, and its future.
+_Submitted = tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]
+
 
 class EffectLoop:
     """An asyncio event loop on a daemon thread of its own.
@@ -43,20 +47,63 @@ class EffectLoop:
 
     def __init__(self, name: str = "graphrun-effects") -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
         self._shared: dict[Any, Any] = {}
         self._lock = threading.Lock()
         self.stopped = False
         self._winding_down: threading.Event | None = None
+        # What other threads handed over and the loop has not started yet (refused,
+        # each waiter told, if it never will), and whether the loop's thread is over.
+        self._handed: set[_Handed] = set()
+        self._submitted: set[_Submitted] = set()
+        self._over = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        """The loop's thread: the loop until it stops, then whatever is left ended, so
+        that nobody waits for a task the loop will never run."""
+        try:
+            self.loop.run_forever()
+        finally:
+            with contextlib.suppress(Exception):  # (a task that will not end, say)
+                _drain(self.loop)
+            with self._lock:
+                self._over = True
+                handed, self._handed = self._handed, set()
+                submitted, self._submitted = self._submitted, set()
+            for batch in handed:
+                batch.refuse()
+            for coro, future in submitted:
+                if future.cancel() and _not_started(coro):
+                    coro.close()
 
     def on_loop(self) -> bool:
         """Whether the caller runs on the loop's own thread."""
         return threading.get_ident() == self._thread.ident
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Run ``coro`` on the loop (from another thread); cancelling the future cancels it."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        """Run ``coro`` on the loop (from another thread); cancelling the future cancels
+        it. Should the loop stop before running it, the future is cancelled.
+
+        Raises:
+            RuntimeError: the loop has stopped (``coro`` is closed, never run).
+        """
+        with self._lock:
+            over = self._over
+            if not over:
+                future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+                pair = (coro, future)
+                self._submitted.add(pair)
+        if over:
+            coro.close()
+            raise RuntimeError("the run's event loop has stopped")
+        # (Outside the lock: a future done already calls back at once, here.)
+        future.add_done_callback(lambda _: self._forget(pair))
+        return future
+
+    def _forget(self, pair: Any) -> None:
+        with self._lock:
+            self._submitted.discard(pair)
 
     def start(self, coro: Coroutine[Any, Any, Any]) -> TaskOutcome:
         """Run ``coro`` as a task on the loop; the outcome completes with it.
@@ -77,11 +124,30 @@ class EffectLoop:
             for coro, outcome in pairs:
                 self.loop.create_task(_into(coro, outcome))
 
-        if self.on_loop():
+        if self.on_loop():  # (the loop is running: it cannot stop meanwhile)
             create()
-        else:
-            self.loop.call_soon_threadsafe(create)
-        return [outcome for _, outcome in pairs]
+            return [outcome for _, outcome in pairs]
+        # From another thread: started by the loop unless it is stopping by then.
+        handed = _Handed(coros, [outcome for _, outcome in pairs])
+
+        def start() -> None:
+            with self._lock:
+                taken = handed in self._handed and self._winding_down is None
+                self._handed.discard(handed)
+            if taken:
+                create()
+            else:
+                handed.refuse()
+
+        with self._lock:
+            over = self._over
+            if not over:
+                self._handed.add(handed)
+                with contextlib.suppress(RuntimeError):  # closed: refused at the end
+                    self.loop.call_soon_threadsafe(start)
+        if over:
+            handed.refuse()
+        return handed.outcomes
 
     def keep(self, key: Any, make: Callable[[], T]) -> T:
         """The object kept under ``key`` for the loop's life (``make()`` on first use;
@@ -143,11 +209,55 @@ class EffectLoop:
 
 
 def _cancel_others() -> None:
-    """Cancel every task on the running loop but the one calling."""
+    """Cancel every task on the running loop but the one calling, and but those not
+    started yet (a cancel would reach one before it could tell whoever waits on it:
+    :func:`_drain` ends them once they have started)."""
     me = asyncio.current_task()
     for task in asyncio.all_tasks():
-        if task is not me:
+        if task is not me and not _not_started(task.get_coro()):
             task.cancel()
+
+
+def _not_started(coro: Any) -> bool:
+    """Whether ``coro`` is a coroutine that has not begun running."""
+    try:
+        return inspect.getcoroutinestate(coro) == inspect.CORO_CREATED
+    except AttributeError:  # not a native coroutine: taken as begun
+        return False
+
+
+def _drain(loop: asyncio.AbstractEventLoop) -> None:
+    """After ``loop`` stopped: the tasks still on it are started (their first step),
+    cancelled and let end, bounded (as ``asyncio.run`` does as it closes a loop)."""
+    for _ in range(3):  # (a task ending may start another)
+        left = asyncio.all_tasks(loop)
+        if not left:
+            return
+        loop.run_until_complete(_end_all(left))
+
+
+async def _end_all(tasks: set[asyncio.Task[Any]]) -> None:
+    await asyncio.sleep(0)  # those not started yet take their first step
+    for task in tasks:
+        task.cancel()
+    await asyncio.wait(tasks, timeout=_CLOSE_SECONDS)
+
+
+class _Handed:
+    """Coroutines another thread handed to a loop, and their outcomes: refused (each
+    closed unrun, each outcome ended cancelled) if the loop stops first."""
+
+    __slots__ = ("coros", "outcomes")
+
+    def __init__(self, coros: list[Coroutine[Any, Any, Any]], outcomes: list[TaskOutcome]) -> None:
+        self.coros = coros
+        self.outcomes = outcomes
+
+    def refuse(self) -> None:
+        for coro in self.coros:
+            coro.close()
+        for outcome in self.outcomes:
+            outcome._end(asyncio.CancelledError("the run's event loop has stopped"))
 
 
 # One lock for every TaskOutcome: it is held only to read or swap an outcome's few

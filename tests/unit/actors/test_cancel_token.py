@@ -210,3 +210,46 @@ def test_begin_stop_returns_at_once_and_stop_waits_for_what_was_kept_to_close() 
     assert not loop._thread.is_alive()
     assert loop.loop.is_closed()
     loop.stop()  # and stopping again is no error
+
+
+def test_an_effect_handed_to_a_stopped_loop_ends_cancelled_at_once() -> None:
+    """Started after the loop stopped (a child run's next step, as its parent ends):
+    its outcome ends cancelled at once, the coroutine closed, never run."""
+    loop = EffectLoop("test-stopped")
+    loop.stop()
+    ran: list[str] = []
+
+    async def work() -> None:
+        ran.append("ran")
+
+    coro = work()
+    outcome = loop.start(coro)
+    assert outcome.wait(2)
+    assert isinstance(outcome.exception(), asyncio.CancelledError)
+    assert coro.cr_frame is None and not ran  # closed: no "never awaited" warning
+    with pytest.raises(RuntimeError, match="stopped"):
+        loop.submit(work()).result(timeout=2)
+
+
+def test_effects_handed_over_while_the_loop_stops_all_end() -> None:
+    """Handed to the loop from another thread while it stops: each one either runs
+    or ends cancelled; none is left waiting for a loop that will not run it."""
+
+    async def work() -> None:
+        await asyncio.sleep(0)
+
+    def hand_over(loop: EffectLoop, going: threading.Event, outcomes: list[TaskOutcome]) -> None:
+        going.set()
+        for _ in range(200):
+            outcomes.extend(loop.start_many([work(), work()]))
+
+    for _ in range(20):
+        loop = EffectLoop("test-stopping")
+        outcomes: list[TaskOutcome] = []
+        going = threading.Event()
+        feeder = threading.Thread(target=hand_over, args=(loop, going, outcomes))
+        feeder.start()
+        going.wait()
+        loop.stop()
+        feeder.join()
+        assert all(outcome.wait(2) for outcome in outcomes)
