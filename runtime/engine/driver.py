@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
 import os
 import shutil
 import socket
@@ -392,7 +393,10 @@ class Deadline:
         self._credited = person.total()
 
     def left(self) -> float:
-        """Seconds left (none once it passed)."""
+        """Seconds left: none once it passed; unbounded while a person is asked (the
+        clock stands still, however little was left when the question came)."""
+        if self._person.now:
+            return math.inf
         return self._at + (self._person.total() - self._credited) - self._monotonic()
 
     def passed(self) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from graphrun.runtime.engine.driver import Deadline, PersonTime
 
 
@@ -23,8 +25,9 @@ def test_a_deadline_moves_on_by_the_time_a_person_is_asked() -> None:
     with person.asking():
         ticks.now += 30.0
         assert person.now and not deadline.passed()
-        assert deadline.left() == 1.0  # frozen while the question is open
+        assert deadline.left() == math.inf  # the clock stands still meanwhile
     assert not person.now and person.total() == 30.0
+    assert deadline.left() == 1.0
     ticks.now += 0.5
     assert deadline.left() == 0.5
     ticks.now += 0.5
@@ -37,6 +40,7 @@ def test_time_asked_before_a_deadline_began_is_not_credited_to_it() -> None:
     with person.asking():
         ticks.now += 10.0
     deadline = Deadline(2.0, person, ticks)
+    assert deadline.left() == 2.0
     ticks.now += 2.0
     assert deadline.passed()
 
@@ -47,6 +51,7 @@ def test_a_child_runs_question_stops_its_parents_clock_and_two_overlap_once() ->
     first, second = PersonTime(ticks, parent=parent), PersonTime(ticks, parent=parent)
     deadline = Deadline(5.0, parent, ticks)
     with first.asking():
+        assert deadline.left() == math.inf  # a child's question stops the parent's clock
         ticks.now += 4.0
         with second.asking():  # two child runs of a parallel step ask at once
             ticks.now += 6.0
