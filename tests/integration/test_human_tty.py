@@ -179,16 +179,21 @@ def test_replay_on_a_terminal_asks_nobody(terminal, graphrun, agent):
 TIMED = APPROVAL.replace("start: draft\n", "start: draft\nsettings:\n  timeout: 2\n")
 
 
+def _approved_late(shown: Terminal) -> tuple[int, str, str]:
+    """The first option chosen 3 s after the question shows (past a 2 s timeout)."""
+    shown.expect("own text")
+    time.sleep(3)
+    shown.child.send("1" + ENTER)
+    return shown.finish()
+
+
 @pytest.mark.parametrize("term", ["xterm", "dumb"])
 def test_time_at_the_prompt_does_not_count_against_the_run_timeout(terminal, graphrun, agent, term):
     # xterm: prompt_toolkit's widget; dumb: the plain numbered prompt. The person
     # answers after the 2 s the run may take: a run that waits for a person is
     # not charged for it, on a terminal as when it pauses (exit 3) for `approve`.
     shown = terminal("run", str(_agent(agent, TIMED)), term=term)
-    shown.expect("own text")
-    time.sleep(3)
-    shown.child.send("1" + ENTER)
-    status, out, screen = shown.finish()
+    status, out, screen = _approved_late(shown)
     assert status == 0, screen
     assert out == "shipped v2.1 (approve)\n"
     evs = events(graphrun.db, graphrun.last_run())
@@ -268,10 +273,7 @@ def test_time_a_child_run_asks_a_person_does_not_count_against_its_parents(
     (agents / "gate").symlink_to(gate)
     boss = agent(DELEGATING.replace(*limit))
     shown = terminal("run", str(boss), "--agents-dir", str(agents))
-    shown.expect("own text")
-    time.sleep(3)
-    shown.child.send("1" + ENTER)
-    status, out, screen = shown.finish()
+    status, out, screen = _approved_late(shown)
     assert status == 0, screen
     assert out == "boss: shipped v2.1 (approve)\n"
     evs = events(graphrun.db, graphrun.last_run())
